@@ -1,0 +1,3 @@
+from ddpify.cli import app
+
+app()
