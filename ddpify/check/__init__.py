@@ -1,0 +1,1 @@
+"""ddpify check: a DDP linter."""
