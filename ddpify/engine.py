@@ -2,37 +2,77 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import io
+import tokenize
+from pathlib import Path
+
+import libcst as cst
+
+from ddpify.analysis.script import AnalysisError
+from ddpify.results import ConvertError, ConvertResult, Note
+
+__all__ = ["ConvertError", "ConvertResult", "Note", "convert_source", "read_source", "convert_file"]
 
 
-class ConvertError(Exception):
-    """Input that cannot be converted safely; carries the file and line to report."""
+def read_source(path: Path) -> tuple[str, str]:
+    """The text of a script and its encoding (PEP 263 cookie or UTF-8)."""
+    name = str(path)
+    if not path.exists():
+        raise ConvertError(name, 0, "no such file")
+    if not path.is_file():
+        raise ConvertError(name, 0, "not a file")
+    raw = path.read_bytes()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+        return raw.decode(encoding), encoding
+    except (SyntaxError, LookupError) as exc:
+        raise ConvertError(name, 1, f"unknown encoding: {exc}") from None
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConvertError(name, line, f"cannot decode as {encoding}: not a Python source file?") from None
 
-    def __init__(self, path: str, line: int, message: str) -> None:
-        super().__init__(f"{path}:{line}: {message}")
-        self.path = path
-        self.line = line
-        self.message = message
 
-
-@dataclass(frozen=True)
-class Note:
-    """One line of the conversion summary."""
-
-    line: int
-    message: str
-
-
-@dataclass
-class ConvertResult:
-    """The converted code and what the conversion did and left for the user."""
-
-    code: str
-    changes: list[Note] = field(default_factory=list)
-    todos: list[Note] = field(default_factory=list)
-    already_distributed: bool = False
+def parse(source: str, path: str) -> cst.Module:
+    """Parse with libcst, turning its syntax errors into a one-line ConvertError."""
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        message = str(exc).splitlines()[0]
+        raise ConvertError(path, exc.raw_line, f"syntax error: {message}") from None
 
 
 def convert_source(source: str, path: str = "<string>") -> ConvertResult:
-    """Convert one script's source; raise ConvertError when it cannot be done safely."""
-    raise NotImplementedError
+    """Convert one script's source and verify the result; raise ConvertError if unsafe."""
+    from ddpify.convert import convert_module
+
+    module = parse(source, path)
+    try:
+        compile(source, path, "exec")
+    except SyntaxError as exc:
+        raise ConvertError(path, exc.lineno or 1, f"syntax error: {exc.msg}") from None
+    try:
+        result = convert_module(module)
+    except AnalysisError as exc:
+        raise ConvertError(path, exc.line, exc.message) from None
+    if not result.already_distributed:
+        _verify(result.code, path)
+    return result
+
+
+def _verify(code: str, path: str) -> None:
+    """The output must compile and be a fixed point of the conversion."""
+    from ddpify.convert import convert_module
+
+    try:
+        compile(code, path, "exec")
+        again = convert_module(cst.parse_module(code))
+    except (SyntaxError, cst.ParserSyntaxError, AnalysisError) as exc:  # pragma: no cover - a bug
+        raise ConvertError(path, 1, f"internal error: the converted script does not verify ({exc})") from None
+    if not again.already_distributed:  # pragma: no cover - a bug
+        raise ConvertError(path, 1, "internal error: converting the output again would change it")
+
+
+def convert_file(path: Path) -> tuple[ConvertResult, str]:
+    """Read and convert a file; return the result and the file's encoding."""
+    source, encoding = read_source(path)
+    return convert_source(source, str(path)), encoding

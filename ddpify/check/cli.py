@@ -1,7 +1,146 @@
-"""Commands of `ddpify check` (placeholder until the linter lands)."""
+"""Commands of the linter: ``ddpify check``, ``ddpify rules``, ``ddpify rule CODE``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
 
 import typer
+
+from ddpify.check import output
+from ddpify.check.config import Config, ConfigError, discover, load_file
+from ddpify.check.rule import all_rules, rules_by_code, select_rules, valid_selector
+from ddpify.check.runner import check_paths, iter_python_files
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def _split(values: Optional[List[str]]) -> Optional[list[str]]:
+    if values is None:
+        return None
+    out = [v.strip().upper() for value in values for v in value.split(",") if v.strip()]
+    return out
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(EXIT_ERROR)
+
+
+def check(
+    paths: Optional[List[Path]] = typer.Argument(None, help="Files or folders to check (default: .)."),
+    format: str = typer.Option("text", "--format", help="Output format: text, json or github."),
+    select: Optional[List[str]] = typer.Option(
+        None, "--select", help="Codes or prefixes to enable (replaces the default set; ALL for every rule)."
+    ),
+    extend_select: Optional[List[str]] = typer.Option(
+        None, "--extend-select", help="Codes or prefixes to enable on top of the selection (e.g. DDP9)."
+    ),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Codes or prefixes to disable."),
+    fix: bool = typer.Option(False, "--fix", help="Apply safe fixes in place."),
+    statistics: bool = typer.Option(False, "--statistics", help="Count findings per rule instead of listing them."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: all cores)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="A pyproject.toml to read [tool.ddpify] from (default: discovered)."
+    ),
+    color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Colour text output (default: on a terminal)."),
+) -> None:
+    """Find DDP pitfalls: wrong results, hangs, wasted GPUs, duplicated logs."""
+    if format not in output.FORMATS:
+        raise _fail(f"unknown format {format!r}; choose one of {', '.join(output.FORMATS)}")
+    paths = paths or [Path(".")]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise _fail(f"no such file or folder: {', '.join(missing)}")
+    try:
+        cfg = load_file(config) or Config() if config else discover(paths[0])
+    except ConfigError as exc:
+        raise _fail(str(exc))
+    cli_select, cli_extend, cli_ignore = _split(select), _split(extend_select) or [], _split(ignore) or []
+    for sel in (cli_select or []) + cli_extend + cli_ignore + (cfg.select or []) + cfg.ignore + cfg.extend_select:
+        if not valid_selector(sel):
+            raise _fail(f"unknown rule code or prefix {sel!r} (see `ddpify rules`)")
+    enabled = select_rules(
+        cli_select if cli_select is not None else cfg.select,
+        ignore=cfg.ignore + cli_ignore,
+        extend_select=cfg.extend_select + cli_extend,
+    )
+    files = iter_python_files(paths, cfg)
+    tasks = []
+    for f in files:
+        per_file = cfg.ignored_for(f)
+        codes = frozenset(c for c in enabled if not any(c.startswith(p.upper()) for p in per_file))
+        tasks.append((f, codes))
+    results = check_paths(tasks, fix=fix, jobs=jobs)
+    findings = [f for r in results for f in r.findings]
+    findings.sort(key=lambda f: (f.path, f.line, f.column, f.code))
+    errors = [r.error for r in results if r.error]
+    fixed = sum(r.fixed_count for r in results)
+    if color is None:
+        color = format == "text" and sys.stdout.isatty()
+    if statistics:
+        if format == "json":
+            counts: dict[str, int] = {}
+            for f in findings:
+                counts[f.code] = counts.get(f.code, 0) + 1
+            typer.echo(json.dumps([{"code": c, "count": n} for c, n in sorted(counts.items())], indent=2))
+        elif findings:
+            typer.echo(output.format_statistics(findings))
+    else:
+        text = output.render(findings, format, color)
+        if text or format == "json":
+            typer.echo(text)
+    if format == "text":
+        if fixed:
+            typer.echo(f"Fixed {fixed} finding{'s' if fixed != 1 else ''}.")
+        if findings:
+            n_fix = sum(f.fixable for f in findings)
+            hint = f" ({n_fix} fixable with --fix)" if n_fix and not fix else ""
+            typer.echo(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''}{hint}.")
+    for e in errors:
+        typer.echo(f"error: {e}", err=True)
+    if errors:
+        raise typer.Exit(EXIT_ERROR)
+    raise typer.Exit(EXIT_FINDINGS if findings else EXIT_CLEAN)
+
+
+def rules() -> None:
+    """List every rule: code, name, whether on by default and fixable."""
+    for r in all_rules():
+        default = "default" if r.DEFAULT else "opt-in "
+        fixable = "fix" if r.FIXABLE else "   "
+        typer.echo(f"{r.CODE}  {default}  {fixable}  {r.NAME:<36} {r.MESSAGE}")
+
+
+def rule(code: str = typer.Argument(..., help="A rule code, e.g. DDP121.")) -> None:
+    """Print one rule's documentation page."""
+    r = rules_by_code().get(code.strip().upper())
+    if r is None:
+        raise _fail(f"unknown rule {code!r} (see `ddpify rules`)")
+    typer.echo(rule_page(r))
+
+
+def rule_page(r) -> str:
+    flags = []
+    flags.append("on by default" if r.DEFAULT else "off by default (opinionated): enable with --extend-select")
+    if r.DISTRIBUTED_ONLY:
+        flags.append("applies to files that use torch.distributed / DDP")
+    if r.FIXABLE:
+        flags.append("fixable with --fix")
+    return f"# {r.NAME} ({r.CODE})\n\nMessage: {r.MESSAGE}\n\n{'; '.join(flags).capitalize()}.\n\n{r.doc()}\n"
 
 
 def register(app: typer.Typer) -> None:
     """Add the linter's commands to the main CLI."""
+    app.command("check")(check)
+    app.command("rules")(rules)
+    app.command("rule")(rule)
+
+
+def make_app() -> typer.Typer:
+    """A CLI with only the linter's commands (``python -m ddpify.check``)."""
+    app = typer.Typer(add_completion=False, no_args_is_help=True, help="ddpify's DDP linter.")
+    register(app)
+    return app

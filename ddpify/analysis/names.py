@@ -1,0 +1,77 @@
+"""Qualified names of the PyTorch APIs that ddpify recognises, and helpers to match them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import libcst as cst
+from libcst.metadata import QualifiedName
+
+DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+RANDOM_SAMPLER = frozenset({"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"})
+SEQUENTIAL_SAMPLER = frozenset(
+    {"torch.utils.data.SequentialSampler", "torch.utils.data.sampler.SequentialSampler"}
+)
+TORCH_DEVICE = frozenset({"torch.device"})
+TORCH_SAVE = frozenset({"torch.save"})
+SET_DEVICE = frozenset({"torch.cuda.set_device"})
+PRINT = frozenset({"builtins.print", "print"})
+OPTIMIZER_PREFIX = "torch.optim."
+LOGGING_CALLS = frozenset(
+    f"logging.{level}" for level in ("debug", "info", "warning", "error", "critical", "exception", "log")
+)
+
+# Any of these in a script means it is already distributed: convert leaves it alone.
+DISTRIBUTED_MARKERS = frozenset(
+    {
+        "torch.distributed.init_process_group",
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.parallel.distributed.DistributedDataParallel",
+        "torch.nn.DistributedDataParallel",
+        "torch.utils.data.DistributedSampler",
+        "torch.utils.data.distributed.DistributedSampler",
+        "torch.multiprocessing.spawn",
+    }
+)
+
+QualifiedNames = Mapping[cst.CSTNode, "set[QualifiedName]"]
+
+
+def names_of(qnames: QualifiedNames, node: cst.CSTNode) -> set[str]:
+    """The qualified names a node may refer to, as plain strings."""
+    value = qnames.get(node, ())
+    if callable(value):  # libcst resolves qualified names lazily
+        value = value()
+    return {q.name for q in value}
+
+
+def is_cuda_string(node: cst.BaseExpression) -> bool:
+    """`"cuda"` or `"cuda:N"` as a literal string."""
+    if not isinstance(node, cst.SimpleString):
+        return False
+    value = node.evaluated_value
+    return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
+
+
+def call_name(call: cst.Call) -> str | None:
+    """The method name of `x.name(...)`, or the function name of `name(...)`."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    if isinstance(call.func, cst.Name):
+        return call.func.value
+    return None
+
+
+def receiver(call: cst.Call) -> cst.BaseExpression | None:
+    """`x` in `x.method(...)`."""
+    return call.func.value if isinstance(call.func, cst.Attribute) else None
+
+
+def keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    """The `name=` argument of a call."""
+    return next((a for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+
+
+def positional(call: cst.Call) -> list[cst.Arg]:
+    """The positional (not starred, not keyword) arguments of a call."""
+    return [a for a in call.args if a.keyword is None and a.star == ""]

@@ -1,0 +1,306 @@
+"""One analysis of a training script, shared by every conversion pass.
+
+Metadata (qualified names, parents, positions) is resolved once here; passes only
+read the facts below and never walk the tree for names themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import (
+    MetadataWrapper,
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+)
+
+from ddpify.analysis import names as N
+
+ScopeNode = cst.CSTNode  # a cst.Module or a cst.FunctionDef
+
+
+class AnalysisError(Exception):
+    """The script has no shape ddpify can convert safely."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+@dataclass
+class Loader:
+    """A `name = DataLoader(...)` statement."""
+
+    name: str
+    call: cst.Call
+    stmt: cst.SimpleStatementLine
+    scope: ScopeNode
+
+
+@dataclass
+class EpochLoop:
+    """Where `set_epoch` goes: the loop around one pass over a training loader."""
+
+    loop: cst.For
+    scope: ScopeNode
+    loader_expr: str  # the loader as named in `scope` (a variable or a parameter)
+
+
+@dataclass
+class Script:
+    """Facts about one script that the conversion passes read."""
+
+    module: cst.Module
+    qnames: N.QualifiedNames
+    parents: dict
+    positions: dict
+    calls: list[cst.Call] = field(default_factory=list)
+    functions: dict[str, cst.FunctionDef] = field(default_factory=dict)
+    distributed_marker: cst.CSTNode | None = None
+    model_name: str = ""
+    model_scope: ScopeNode | None = None
+    optimizer_stmt: cst.BaseStatement | None = None
+    loaders: list[Loader] = field(default_factory=list)
+    train_loaders: list[Loader] = field(default_factory=list)
+    epoch_loops: dict[str, list[EpochLoop]] = field(default_factory=dict)
+    training_functions: set[str] = field(default_factory=set)
+    eval_calls: list[cst.Call] = field(default_factory=list)
+    ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
+
+    # -- tree navigation -------------------------------------------------
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.parents.get(node)
+
+    def line(self, node: cst.CSTNode) -> int:
+        pos = self.positions.get(node)
+        return pos.start.line if pos else 1
+
+    def ancestors(self, node: cst.CSTNode):
+        node = self.parent(node)
+        while node is not None:
+            yield node
+            node = self.parent(node)
+
+    def scope_of(self, node: cst.CSTNode) -> ScopeNode:
+        """The function (or the module) whose body holds `node`."""
+        return next(a for a in self.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Module)))
+
+    def body_of(self, scope: ScopeNode) -> cst.CSTNode:
+        """The node whose `.body` lists the scope's top-level statements."""
+        return scope if isinstance(scope, cst.Module) else scope.body
+
+    def top_statement(self, node: cst.CSTNode, scope: ScopeNode) -> cst.BaseStatement:
+        """The statement of `scope`'s own body that contains `node`."""
+        body = self.body_of(scope)
+        child = node
+        for anc in self.ancestors(node):
+            if anc is body:
+                return child
+            child = anc
+        raise ValueError("node is not inside scope")
+
+    def statement_line(self, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+        """The simple statement line that holds `node`, if any."""
+        for anc in [node, *self.ancestors(node)]:
+            if isinstance(anc, cst.SimpleStatementLine):
+                return anc
+            if isinstance(anc, (cst.BaseCompoundStatement, cst.FunctionDef)):
+                return None
+        return None
+
+    def enclosing_loop(self, node: cst.CSTNode, scope: ScopeNode) -> cst.For | None:
+        """The nearest `for` around `node` inside `scope`."""
+        for anc in self.ancestors(node):
+            if anc is scope:
+                return None
+            if isinstance(anc, cst.For):
+                return anc
+        return None
+
+    def inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+        return node is outer or any(a is outer for a in self.ancestors(node))
+
+    def calls_in(self, outer: cst.CSTNode) -> list[cst.Call]:
+        return [c for c in self.calls if self.inside(c, outer)]
+
+    def names(self, node: cst.CSTNode) -> set[str]:
+        return N.names_of(self.qnames, node)
+
+    def is_call_to(self, call: cst.Call, qualified: frozenset[str]) -> bool:
+        return bool(self.names(call.func) & qualified)
+
+    def local_function(self, call: cst.Call) -> cst.FunctionDef | None:
+        """The module-level function a call invokes, if it is one of the script's."""
+        if isinstance(call.func, cst.Name):
+            return self.functions.get(call.func.value)
+        return None
+
+
+class _CallCollector(cst.CSTVisitor):
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.script.calls.append(node)
+        if self.script.distributed_marker is None and self.script.names(node.func) & N.DISTRIBUTED_MARKERS:
+            self.script.distributed_marker = node
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self.script.distributed_marker is None and self.script.names(node) & N.DISTRIBUTED_MARKERS:
+            self.script.distributed_marker = node
+
+
+def analyze(wrapper: MetadataWrapper) -> Script:
+    """Resolve metadata once and find the model, loaders, loops and helpers of a script."""
+    script = Script(
+        module=wrapper.module,
+        qnames=wrapper.resolve(QualifiedNameProvider),
+        parents=wrapper.resolve(ParentNodeProvider),
+        positions=wrapper.resolve(PositionProvider),
+    )
+    module = wrapper.module
+    script.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    module.visit(_CallCollector(script))
+    if script.distributed_marker is not None:
+        return script
+    script.training_functions = {
+        name for name, fn in script.functions.items() if _has_backward(script, fn)
+    }
+    _find_model(script)
+    _find_loaders(script)
+    _find_ddp_names_and_eval_calls(script)
+    return script
+
+
+def _has_backward(script: Script, outer: cst.CSTNode) -> bool:
+    return any(N.call_name(c) == "backward" and N.receiver(c) is not None for c in script.calls_in(outer))
+
+
+def _find_model(script: Script) -> None:
+    """The model is what the (first) optimizer trains: `torch.optim.X(model.parameters(), ...)`."""
+    for call in script.calls:
+        qualified = script.names(call.func)
+        if not any(
+            q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
+            for q in qualified
+        ):
+            continue
+        for inner in script.calls_in(call):
+            owner = N.receiver(inner)
+            if N.call_name(inner) == "parameters" and isinstance(owner, cst.Name):
+                script.model_name = owner.value
+                script.model_scope = script.scope_of(call)
+                script.optimizer_stmt = script.top_statement(call, script.model_scope)
+                return
+    raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
+
+
+def _find_loaders(script: Script) -> None:
+    for call in script.calls:
+        if not script.is_call_to(call, N.DATALOADER):
+            continue
+        assign = script.parent(call)
+        line = script.parent(assign) if assign is not None else None
+        if (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)
+            and isinstance(line, cst.SimpleStatementLine)
+        ):
+            script.loaders.append(Loader(assign.targets[0].target.value, call, line, script.scope_of(call)))
+        else:
+            raise AnalysisError(script.line(call), "DataLoader is not assigned to a plain variable; cannot attach a DistributedSampler")
+    if not script.loaders:
+        raise AnalysisError(1, "no DataLoader to distribute: found no `torch.utils.data.DataLoader(...)` assignment")
+    for loader in script.loaders:
+        loops = _epoch_loops(script, loader.name, loader.scope, depth=0)
+        if loops is not None:
+            script.train_loaders.append(loader)
+            script.epoch_loops[loader.name] = loops
+    if not script.train_loaders:
+        raise AnalysisError(
+            script.line(script.loaders[0].call),
+            "cannot tell which DataLoader trains the model: none is iterated by a loop that calls `.backward()`",
+        )
+
+
+def _mentions(node: cst.CSTNode, name: str) -> bool:
+    found = False
+
+    class _Find(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            nonlocal found
+            found = found or n.value == name
+
+    node.visit(_Find())
+    return found
+
+
+def _epoch_loops(script: Script, name: str, scope: ScopeNode, depth: int) -> list[EpochLoop] | None:
+    """Epoch loops around training passes over loader `name` in `scope`; None if it never trains."""
+    if depth > 3:
+        return None
+    found: list[EpochLoop] | None = None
+    for loop in _loops_in(script, scope):
+        if _mentions(loop.iter, name) and _has_backward(script, loop.body):
+            outer = script.enclosing_loop(loop, scope)
+            found = found or []
+            if outer is not None:
+                found.append(EpochLoop(outer, scope, name))
+    for call in script.calls_in(scope):
+        fn = script.local_function(call)
+        if fn is None or script.scope_of(call) is not scope or fn.name.value not in script.training_functions:
+            continue
+        param = _param_receiving(fn, call, name)
+        if param is None:
+            continue
+        outer = script.enclosing_loop(call, scope)
+        inner = _epoch_loops(script, param, fn, depth + 1)
+        if outer is not None:
+            found = (found or []) + [EpochLoop(outer, scope, name)]
+        elif inner is not None:
+            found = (found or []) + inner
+    return found
+
+
+def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
+    loops: list[cst.For] = []
+
+    class _Loops(cst.CSTVisitor):
+        def visit_For(self, node: cst.For) -> None:
+            loops.append(node)
+
+    script.body_of(scope).visit(_Loops())
+    return [loop for loop in loops if script.scope_of(loop) is scope]
+
+
+def _param_receiving(fn: cst.FunctionDef, call: cst.Call, name: str) -> str | None:
+    """The parameter of `fn` that receives variable `name` at this call."""
+    params = [p.name.value for p in fn.params.params]
+    for index, arg in enumerate(N.positional(call)):
+        if isinstance(arg.value, cst.Name) and arg.value.value == name and index < len(params):
+            return params[index]
+    for arg in call.args:
+        if arg.keyword is not None and isinstance(arg.value, cst.Name) and arg.value.value == name:
+            return arg.keyword.value
+    return None
+
+
+def _find_ddp_names_and_eval_calls(script: Script) -> None:
+    """Which names hold the DDP model in which function, and which helper calls only evaluate."""
+    scope = script.model_scope
+    script.ddp_names[scope] = {script.model_name}
+    for call in script.calls_in(scope):
+        fn = script.local_function(call)
+        if fn is None or script.scope_of(call) is not scope:
+            continue
+        param = _param_receiving(fn, call, script.model_name)
+        if param is None:
+            continue
+        if fn.name.value in script.training_functions:
+            script.ddp_names.setdefault(fn, set()).add(param)
+        elif isinstance(script.parent(call), cst.Expr):
+            script.eval_calls.append(call)

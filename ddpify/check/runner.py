@@ -1,0 +1,212 @@
+"""Check files: find them, run the enabled rules once per file (in parallel), apply fixes."""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import libcst as cst
+
+from ddpify.check.config import DEFAULT_EXCLUDE, Config
+from ddpify.check.context import FileContext
+from ddpify.check.fix import apply_replacements
+from ddpify.check.rule import Finding, Report, Rule, all_rules
+
+PARSE_ERROR = "DDP000"
+MAX_FIX_ROUNDS = 10
+
+_NOQA_RE = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+
+
+@dataclass
+class FileResult:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    fixed_source: Optional[str] = None  # set when --fix changed the file
+    fixed_count: int = 0
+    error: Optional[str] = None  # an internal error (exit 2)
+
+
+def noqa_lines(source: str) -> dict[int, Optional[set[str]]]:
+    """line -> codes suppressed on it (None: every code)."""
+    out: dict[int, Optional[set[str]]] = {}
+    if "noqa" not in source.lower():
+        return out
+    for number, text in enumerate(source.splitlines(), start=1):
+        if "#" not in text:
+            continue
+        m = _NOQA_RE.search(text)
+        if m is None:
+            continue
+        codes = m.group("codes")
+        out[number] = None if codes is None else {c.upper() for c in re.split(r"[\s,]+", codes) if c}
+    return out
+
+
+def _suppressed(f: Finding, noqa: dict[int, Optional[set[str]]]) -> bool:
+    for line in {f.line, f.end_line}:
+        if line in noqa:
+            codes = noqa[line]
+            if codes is None or any(f.code.startswith(c) for c in codes):
+                return True
+    return False
+
+
+def _parse_error(path: str, exc: Exception) -> Finding:
+    line = getattr(exc, "raw_line", None) or getattr(exc, "lineno", None) or 1
+    col = (getattr(exc, "raw_column", None) or 0) + 1
+    message = getattr(exc, "message", None) or str(exc).splitlines()[0]
+    return Finding(
+        path=path,
+        line=line,
+        column=col,
+        end_line=line,
+        end_column=col,
+        code=PARSE_ERROR,
+        message=f"cannot parse file: {message}; fix the syntax error so the file can be checked",
+    )
+
+
+def _rules_for(codes: Iterable[str]) -> list[type[Rule]]:
+    wanted = set(codes)
+    return [r for r in all_rules() if r.CODE in wanted]
+
+
+def analyse(
+    path: str, source: str, rules: list[type[Rule]]
+) -> tuple[list[Finding], Optional[cst.Module], list[tuple[cst.CSTNode, cst.CSTNode]]]:
+    """Findings of ``rules`` on one source, its module, and the fixes offered (unsuppressed only)."""
+    try:
+        module = cst.parse_module(source)
+    except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
+        if any(r.CODE == PARSE_ERROR for r in rules):
+            return [_parse_error(path, exc)], None, []
+        return [], None, []
+    ctx = FileContext(path, source, module)
+    noqa = noqa_lines(source)
+    findings: list[Finding] = []
+    fixes: list[tuple] = []
+    for rule_cls in rules:
+        if rule_cls.CODE == PARSE_ERROR:
+            continue
+        if rule_cls.DISTRIBUTED_ONLY and not ctx.is_distributed:
+            continue
+        for report in rule_cls().check(ctx):
+            finding = _finding(ctx, rule_cls, report)
+            if _suppressed(finding, noqa):
+                continue
+            findings.append(finding)
+            fixes.extend(report.fixes)
+    findings.sort(key=lambda f: (f.line, f.column, f.code))
+    return findings, ctx.module, fixes
+
+
+def _finding(ctx: FileContext, rule_cls: type[Rule], report: Report) -> Finding:
+    pos = ctx.position(report.node)
+    return Finding(
+        path=ctx.path,
+        line=pos.start.line,
+        column=pos.start.column + 1,
+        end_line=pos.end.line,
+        end_column=pos.end.column + 1,
+        code=rule_cls.CODE,
+        message=report.message or rule_cls.MESSAGE,
+        severity=rule_cls.SEVERITY,
+        fixable=bool(report.fixes),
+    )
+
+
+def check_source(
+    source: str, path: str = "<string>", codes: Iterable[str] | None = None, fix: bool = False
+) -> FileResult:
+    """Check one file's source; with ``fix``, apply safe fixes until the source is stable."""
+    rules = list(all_rules()) if codes is None else _rules_for(codes)
+    findings, module, fixes = analyse(path, source, rules)
+    result = FileResult(path=path, findings=findings)
+    if not fix or not fixes:
+        return result
+    current = source
+    before = len(findings)
+    for _ in range(MAX_FIX_ROUNDS):
+        if not fixes or module is None:
+            break
+        new = apply_replacements(module, fixes)
+        if new == current:
+            break
+        cst.parse_module(new)  # a fix must never break the file: raises (internal error) if it did
+        current = new
+        findings, module, fixes = analyse(path, current, rules)
+    if current != source:
+        result.fixed_source = current
+        result.findings = findings
+        result.fixed_count = max(before - len(findings), 0)
+    return result
+
+
+# files ----------------------------------------------------------------------------------
+
+
+def iter_python_files(paths: Iterable[Path], config: Config) -> list[Path]:
+    """Python files under ``paths``; folders walked recursively, skipping excluded ones.
+
+    A file named explicitly is always checked (like ruff without --force-exclude),
+    unless the config excludes it.
+    """
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for path in paths:
+        if path.is_file():
+            if not config.is_excluded(path) and path.resolve() not in seen:
+                seen.add(path.resolve())
+                out.append(path)
+            continue
+        for folder, dirnames, filenames in os.walk(path):
+            here = Path(folder)
+            dirnames[:] = sorted(
+                d
+                for d in dirnames
+                if d not in DEFAULT_EXCLUDE
+                and not d.endswith(".egg-info")
+                and not config.is_excluded(here / d)
+            )
+            for name in sorted(filenames):
+                if not name.endswith((".py", ".pyi")):
+                    continue
+                file = here / name
+                if config.is_excluded(file) or file.resolve() in seen:
+                    continue
+                seen.add(file.resolve())
+                out.append(file)
+    return out
+
+
+def _check_path(args: tuple[str, tuple[str, ...], bool]) -> FileResult:
+    path, codes, fix = args
+    try:
+        source = Path(path).read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return FileResult(path=path, error=f"cannot read {path}: {exc}")
+    try:
+        result = check_source(source, path, codes, fix)
+    except Exception as exc:  # an internal error: report it, keep checking the others
+        return FileResult(path=path, error=f"internal error while checking {path}: {exc!r}")
+    if result.fixed_source is not None:
+        Path(path).write_bytes(result.fixed_source.encode("utf-8"))
+    return result
+
+
+def check_paths(
+    files: list[tuple[Path, frozenset[str]]], fix: bool = False, jobs: Optional[int] = None
+) -> list[FileResult]:
+    """Check files (each with its enabled codes), in parallel when it pays."""
+    tasks = [(str(p), tuple(sorted(codes)), fix) for p, codes in files]
+    jobs = jobs or os.cpu_count() or 1
+    if jobs <= 1 or len(tasks) < 4:
+        return [_check_path(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        chunk = max(1, len(tasks) // (jobs * 4))
+        return list(pool.map(_check_path, tasks, chunksize=chunk))

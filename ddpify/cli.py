@@ -1,0 +1,87 @@
+"""The `ddpify` command line: `convert` here, `check`/`rules`/`rule` from ddpify.check."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ddpify.check.cli import register as register_check
+from ddpify.engine import ConvertError, ConvertResult, convert_file
+
+app = typer.Typer(
+    name="ddpify",
+    help="Turn single-GPU PyTorch training scripts into DDP scripts, and lint DDP pitfalls.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def convert(
+    src: Path = typer.Argument(..., help="The single-GPU training script.", show_default=False),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the DDP script here."),
+    in_place: bool = typer.Option(False, "--in-place", help="Overwrite SRC with the DDP script."),
+    diff: bool = typer.Option(False, "--diff", help="Print a unified diff instead; exit 1 if it is not empty."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when the conversion left TODOs."),
+) -> None:
+    """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
+
+    Without -o, --in-place or --diff the converted script goes to stdout.
+    """
+    if sum(bool(x) for x in (output, in_place, diff)) > 1:
+        _fail("use only one of -o/--output, --in-place and --diff", 2)
+    if output is not None and src.exists() and output.exists() and output.resolve() == src.resolve():
+        _fail(f"{src}: refusing to overwrite the input; pass --in-place to do that", 2)
+    try:
+        result, encoding = convert_file(src)
+    except ConvertError as exc:
+        location = f"{exc.path}:{exc.line}" if exc.line else exc.path
+        _fail(f"{location}: {exc.message}")
+        return
+    if result.already_distributed:
+        note = result.changes[0]
+        typer.echo(f"{src}:{note.line}: already distributed; nothing to convert, nothing written", err=True)
+        return
+    source = src.read_bytes().decode(encoding)
+    if diff:
+        lines = difflib.unified_diff(
+            source.splitlines(keepends=True), result.code.splitlines(keepends=True), f"a/{src}", f"b/{src}"
+        )
+        sys.stdout.write("".join(lines))
+        raise typer.Exit(1 if result.code != source else 0)
+    target = src if in_place else output
+    if target is None:
+        sys.stdout.write(result.code)
+        _summary(src, None, result, err=True)
+    else:
+        target.write_bytes(result.code.encode(encoding))
+        _summary(src, target, result, err=False)
+    if strict and result.todos:
+        raise typer.Exit(1)
+
+
+def _summary(src: Path, target: Optional[Path], result: ConvertResult, err: bool) -> None:
+    """What changed (with lines), what is left to the user, and how to launch."""
+    out = target or "<stdout>"
+    lines = [f"{src} -> {out}: {len(result.changes)} change(s), {len(result.todos)} TODO(s)"]
+    lines += [f"  {src}:{n.line}: {n.message}" for n in result.changes]
+    lines += [f"  {src}:{n.line}: TODO(ddpify): {n.message}" for n in result.todos]
+    lines += [
+        "Each process keeps the script's batch size: the global batch is batch_size x processes;",
+        "  scale the learning rate if you want the single-GPU schedule (e.g. linearly).",
+        f"Launch: torchrun --nproc-per-node=N {target or 'OUT.py'} [script args]",
+    ]
+    typer.echo("\n".join(lines), err=err)
+
+
+register_check(app)

@@ -1,0 +1,51 @@
+"""`ddpify convert`: an ordered pipeline of small passes over one shared analysis."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper
+
+from ddpify.analysis.script import analyze
+from ddpify.convert import (
+    guard_rank_zero,
+    place_on_device,
+    setup_process_group,
+    shard_data,
+    teardown,
+    wrap_model,
+)
+from ddpify.convert.context import Context
+from ddpify.convert.edits import Edits, apply
+from ddpify.results import ConvertResult, Note
+
+# Order matters: later passes read the names and positions earlier ones chose.
+PASSES = (setup_process_group, place_on_device, wrap_model, shard_data, guard_rank_zero, teardown)
+
+
+def convert_module(module: cst.Module) -> ConvertResult:
+    """Convert a parsed script; raises AnalysisError when it cannot be done safely."""
+    wrapper = MetadataWrapper(module)
+    script = analyze(wrapper)
+    if script.distributed_marker is not None:
+        line = script.line(script.distributed_marker)
+        return ConvertResult(
+            module.code,
+            [Note(line, "already distributed: nothing to convert")],
+            already_distributed=True,
+        )
+    edits = Edits(wrapper.module)
+    ctx = Context(script, edits)
+    for convert_pass in PASSES:
+        convert_pass.run(ctx)
+    converted = apply(wrapper.module, edits)
+    imports = CodemodContext()
+    for module_name, obj, asname in edits.imports:
+        AddImportsVisitor.add_needed_import(imports, module_name, obj, asname)
+    converted = AddImportsVisitor(imports).transform_module(converted)
+    return ConvertResult(
+        converted.code,
+        sorted(set(edits.changes), key=lambda n: n.line),
+        sorted(set(edits.todos), key=lambda n: n.line),
+    )

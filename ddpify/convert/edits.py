@@ -1,0 +1,135 @@
+"""Edits that passes request against the original tree, applied together in one traversal.
+
+Passes never rebuild the tree themselves: they say "replace this node", "insert these
+statements before/after that one", "guard this statement with that condition". The
+applier composes nested edits bottom-up, so a `.cuda()` rewritten inside a print that
+is also guarded keeps both changes. Untouched code stays byte-identical.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import libcst as cst
+
+from ddpify.results import Note
+
+Rewrite = Callable[[cst.CSTNode], cst.CSTNode]
+
+
+class Edits:
+    """The plan all passes add to, plus the summary notes they produce."""
+
+    def __init__(self, config: cst.Module) -> None:
+        self.config = config
+        self.rewrites: dict[cst.CSTNode, list[Rewrite]] = defaultdict(list)
+        self.before: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)
+        self.after: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)
+        self.guards: dict[cst.CSTNode, str] = {}
+        self.removed: set[cst.CSTNode] = set()
+        self.changes: list[Note] = []
+        self.todos: list[Note] = []
+        self.imports: list[tuple[str, str | None, str | None]] = []
+
+    # -- requests --------------------------------------------------------
+    def rewrite(self, node: cst.CSTNode, fn: Rewrite) -> None:
+        self.rewrites[node].append(fn)
+
+    def replace(self, node: cst.CSTNode, new: cst.CSTNode) -> None:
+        self.rewrite(node, lambda _updated: new)
+
+    def insert_before(self, stmt: cst.CSTNode, code: str | Sequence[cst.BaseStatement]) -> None:
+        self.before[stmt].extend(self.statements(code))
+
+    def insert_after(self, stmt: cst.CSTNode, code: str | Sequence[cst.BaseStatement]) -> None:
+        self.after[stmt].extend(self.statements(code))
+
+    def guard(self, stmt: cst.CSTNode, condition: str) -> None:
+        """Run `stmt` only when `condition` holds (adjacent guards share one `if`)."""
+        self.guards.setdefault(stmt, condition)
+
+    def remove(self, stmt: cst.CSTNode) -> None:
+        self.removed.add(stmt)
+
+    def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
+        if (module, obj, asname) not in self.imports:
+            self.imports.append((module, obj, asname))
+
+    def change(self, line: int, message: str) -> None:
+        self.changes.append(Note(line, message))
+
+    def todo(self, stmt: cst.CSTNode, line: int, message: str) -> None:
+        """Leave `# TODO(ddpify): message` above `stmt` and list it in the summary."""
+        self.todos.append(Note(line, message))
+        comment = cst.EmptyLine(comment=cst.Comment(f"# TODO(ddpify): {message}"))
+        self.rewrite(stmt, lambda updated: updated.with_changes(leading_lines=[*updated.leading_lines, comment]))
+
+    # -- building blocks -------------------------------------------------
+    def statements(self, code: str | Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        if not isinstance(code, str):
+            return list(code)
+        parsed = cst.parse_module(code, config=self.config.config_for_parsing)
+        body = list(parsed.body)
+        if parsed.header and body:  # a leading comment belongs to the first statement
+            body[0] = body[0].with_changes(leading_lines=[*parsed.header, *body[0].leading_lines])
+        return body
+
+    def expression(self, code: str) -> cst.BaseExpression:
+        return cst.parse_expression(code, config=self.config.config_for_parsing)
+
+
+class _Applier(cst.CSTTransformer):
+    def __init__(self, edits: Edits) -> None:
+        self.edits = edits
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        for fn in self.edits.rewrites.get(original, ()):
+            updated = fn(updated)
+        if isinstance(original, (cst.Module, cst.IndentedBlock)):
+            updated = updated.with_changes(body=self._body(original.body, updated.body))
+        return updated
+
+    def _body(self, originals: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode]) -> list[cst.CSTNode]:
+        edits = self.edits
+        out: list[cst.CSTNode] = []
+        run: list[cst.CSTNode] = []
+        run_condition: str | None = None
+
+        def flush() -> None:
+            nonlocal run, run_condition
+            if run:
+                out.append(self._guarded(run, run_condition))
+            run, run_condition = [], None
+
+        for orig, upd in zip(originals, updated):
+            condition = edits.guards.get(orig)
+            if edits.before.get(orig) or condition != run_condition:
+                flush()
+            out.extend(edits.before.get(orig, ()))
+            if orig not in edits.removed:
+                if condition is None:
+                    out.append(upd)
+                else:
+                    run.append(upd)
+                    run_condition = condition
+            if edits.after.get(orig):
+                flush()
+                out.extend(edits.after[orig])
+        flush()
+        return out
+
+    def _guarded(self, stmts: list[cst.CSTNode], condition: str) -> cst.If:
+        first = stmts[0]
+        leading = getattr(first, "leading_lines", ())
+        body = [first.with_changes(leading_lines=()), *stmts[1:]]
+        return cst.If(
+            test=self.edits.expression(condition),
+            body=cst.IndentedBlock(body=body),
+            leading_lines=leading,
+        )
+
+
+def apply(module: cst.Module, edits: Edits) -> cst.Module:
+    """Apply every requested edit to the original module in one traversal."""
+    return module.visit(_Applier(edits))

@@ -1,0 +1,72 @@
+"""Make every "the GPU" in the script mean this process's device.
+
+`.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `torch.device("cuda")` and
+`device="cuda"` become the process's device where the code can name it; elsewhere the
+explicit index is dropped, so `torch.cuda.set_device(local_rank)` picks the GPU.
+The script's own `torch.cuda.set_device(...)` calls are removed: setup does it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.convert.context import Context
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    for call in script.calls:
+        if ctx.device_stmt is not None and script.inside(call, ctx.device_stmt):
+            continue
+        visible = ctx.device_visible(script.scope_of(call))
+        device = edits.expression(ctx.device) if visible else None
+        name = N.call_name(call)
+        if script.is_call_to(call, N.SET_DEVICE):
+            line = script.statement_line(call)
+            if line is not None and len(line.body) == 1 and isinstance(line.body[0], cst.Expr):
+                edits.remove(line)
+                edits.change(script.line(call), "removed the script's `torch.cuda.set_device`: setup selects LOCAL_RANK's GPU")
+        elif name == "cuda" and isinstance(call.func, cst.Attribute):
+            _cuda_call(ctx, call, device)
+        elif name == "to" and N.positional(call) and _means_gpu(ctx, N.positional(call)[0].value):
+            target = N.positional(call)[0]
+            edits.replace(target.value, device or edits.expression('"cuda"'))
+            edits.change(script.line(call), f"`.to(...)` now targets `{ctx.device if visible else 'cuda'}`")
+        elif script.is_call_to(call, N.TORCH_DEVICE) and _means_gpu(ctx, call) and device is not None:
+            edits.replace(call, device)
+            edits.change(script.line(call), f"`torch.device(...)` is now `{ctx.device}`")
+        else:
+            arg = N.keyword(call, "device")
+            if arg is not None and N.is_cuda_string(arg.value):
+                edits.replace(arg.value, device or edits.expression('"cuda"'))
+                edits.change(script.line(call), f"`device=` now names `{ctx.device if visible else 'cuda'}`")
+
+
+def _cuda_call(ctx: Context, call: cst.Call, device: cst.BaseExpression | None) -> None:
+    """`x.cuda(i, non_blocking=b)` -> `x.to(device, non_blocking=b)` (or `x.cuda(non_blocking=b)`)."""
+    script, edits = ctx.script, ctx.edits
+    if device is not None:
+
+        def to_device(updated: cst.Call) -> cst.Call:
+            keywords = [a for a in updated.args if a.keyword is not None]
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if keywords else cst.MaybeSentinel.DEFAULT
+            return updated.with_changes(
+                func=updated.func.with_changes(attr=cst.Name("to")), args=[cst.Arg(device, comma=comma), *keywords]
+            )
+
+        edits.rewrite(call, to_device)
+        edits.change(script.line(call), f"`.cuda()` is now `.to({ctx.device})`")
+    elif N.positional(call):
+        edits.rewrite(call, lambda updated: updated.with_changes(args=[a for a in updated.args if a.keyword]))
+        edits.change(script.line(call), "`.cuda(i)` is now `.cuda()`: the current device is LOCAL_RANK's GPU")
+
+
+def _means_gpu(ctx: Context, node: cst.BaseExpression) -> bool:
+    """A "cuda"/"cuda:N" string, `torch.device("cuda"...)`, or a bare GPU index."""
+    if N.is_cuda_string(node):
+        return True
+    if isinstance(node, cst.Call) and ctx.script.is_call_to(node, N.TORCH_DEVICE):
+        args = N.positional(node)
+        return bool(args) and N.is_cuda_string(args[0].value)
+    return False

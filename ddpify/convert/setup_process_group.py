@@ -1,0 +1,178 @@
+"""Insert process-group setup from torchrun's environment and pin this process's device.
+
+The script's own device line (`device = torch.device("cuda" if ... else "cpu")`) is
+kept and pointed at `cuda:<local_rank>`; without one, a device line is added. NCCL is
+used when that device is a GPU (after `torch.cuda.set_device`), gloo otherwise, and a
+one-process group when the script runs under plain `python`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import Script, ScopeNode
+from ddpify.convert.context import Context
+
+LOCAL_RANK = """
+# torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; under plain `python` this is one process.
+{local_rank} = int(os.environ.get("LOCAL_RANK", 0))
+"""
+
+DEVICE = '{device} = torch.device(f"cuda:{{{local_rank}}}" if torch.cuda.is_available() else "cpu")\n'
+CPU_DEVICE = '{device} = torch.device("cpu")\n'
+
+INIT = """
+if {device_type} == "cuda":
+    torch.cuda.set_device({device})
+backend = "nccl" if {device_type} == "cuda" else "gloo"
+if "WORLD_SIZE" in os.environ:  # launched by torchrun
+    dist.init_process_group(backend)
+else:  # plain `python`: a process group of one
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+"""
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    found = _device_statement(script, script.model_scope)
+    if found is None and not isinstance(script.model_scope, cst.Module):
+        found = _device_statement(script, script.module)
+    names = {"local_rank": ctx.local_rank}
+    if found is not None:
+        stmt, ctx.device, is_torch_device = found
+        ctx.setup_scope = script.scope_of(stmt)
+        ctx.device_stmt = stmt
+        ctx.device_type = f"{ctx.device}.type" if is_torch_device else f"torch.device({ctx.device}).type"
+        _point_at_local_rank(ctx, stmt)
+        edits.insert_before(stmt, LOCAL_RANK.format(**names))
+        edits.insert_after(stmt, INIT.format(device=ctx.device, device_type=ctx.device_type))
+        body = list(script.body_of(ctx.setup_scope).body)
+        ctx.init_index = body.index(stmt) + 1
+        edits.change(script.line(stmt), f"`{ctx.device}` is this process's GPU (`cuda:<local_rank>`) or the CPU")
+    else:
+        ctx.setup_scope = script.model_scope
+        body = list(script.body_of(ctx.setup_scope).body)
+        anchor = _anchor(script, body)
+        ctx.device_type = f"{ctx.device}.type"
+        device_line = DEVICE if _uses_gpu(script) else CPU_DEVICE
+        edits.insert_before(
+            anchor,
+            LOCAL_RANK.format(**names)
+            + device_line.format(device=ctx.device, **names)
+            + INIT.format(device=ctx.device, device_type=ctx.device_type),
+        )
+        ctx.init_index = body.index(anchor)
+        if not _uses_gpu(script):
+            edits.change(script.line(anchor), "the script never uses a GPU: every process trains on the CPU (gloo)")
+    edits.need_import("os")
+    edits.need_import("torch.distributed", asname="dist")
+    edits.change(
+        script.line(body[min(ctx.init_index, len(body) - 1)]),
+        "process group from torchrun's environment (NCCL with CUDA after set_device, gloo on CPU)",
+    )
+
+
+def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStatement, str, bool] | None:
+    """The first top-level statement of `scope` that binds a device: (stmt, name, is torch.device)."""
+    for stmt in script.body_of(scope).body:
+        assigns = _assignments(stmt)
+        if not assigns:
+            continue
+        targets = {t for t, _ in assigns}
+        values = [v for _, v in assigns]
+        if len(targets) == 1 and all(_is_device_value(script, v) for v in values):
+            is_torch_device = all(
+                isinstance(v, cst.Call) and script.is_call_to(v, N.TORCH_DEVICE) for v in values
+            )
+            return stmt, targets.pop(), is_torch_device
+    return None
+
+
+def _assignments(stmt: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
+    """`name = value` pairs of a simple assignment, or of both branches of an if/else."""
+    if m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name())])])):
+        assign = stmt.body[0]
+        return [(assign.targets[0].target.value, assign.value)]
+    if isinstance(stmt, cst.If) and isinstance(stmt.orelse, cst.Else):
+        pairs = []
+        for block in (stmt.body, stmt.orelse.body):
+            if len(block.body) != 1:
+                return []
+            inner = _assignments(block.body[0])
+            if not inner:
+                return []
+            pairs += inner
+        return pairs
+    return []
+
+
+def _is_device_value(script: Script, value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
+        return True
+    if N.is_cuda_string(value):
+        return True
+    return isinstance(value, cst.IfExp) and (N.is_cuda_string(value.body) or N.is_cuda_string(value.orelse))
+
+
+def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
+    """Make every "cuda" in the device statement mean `cuda:<local_rank>`."""
+    script, edits = ctx.script, ctx.edits
+    per_rank = f'f"cuda:{{{ctx.local_rank}}}"'
+    or_cpu = f'{per_rank} if torch.cuda.is_available() else "cpu"'
+    for _, value in _assignments(stmt):
+        if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
+            args = N.positional(value)
+            if args and N.is_cuda_string(args[0].value):
+                # torch.device("cuda") / torch.device("cuda", 0): this process's GPU, or the CPU.
+                edits.replace(value, edits.expression(f"torch.device({or_cpu})"))
+                continue
+            if args and isinstance(args[0].value, cst.IfExp):
+                value = args[0].value
+        if N.is_cuda_string(value):
+            edits.replace(value, edits.expression(or_cpu))
+        elif isinstance(value, cst.IfExp):
+            for branch in (value.body, value.orelse):
+                if N.is_cuda_string(branch):
+                    edits.replace(branch, edits.expression(per_rank))
+
+
+def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:
+    """The first top-level statement that does GPU, model, data or output work."""
+    for stmt in body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or m.matches(
+            stmt, m.SimpleStatementLine(body=[m.OneOf(m.Import(), m.ImportFrom(), m.Expr(m.SimpleString()))])
+        ):
+            continue
+        if isinstance(stmt, (cst.For, cst.While, cst.With)) or _does_work(script, stmt):
+            return stmt
+    return body[-1]
+
+
+def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
+    if script.optimizer_stmt is stmt:
+        return True
+    for call in script.calls_in(stmt):
+        qualified = script.names(call.func)
+        if (
+            N.call_name(call) in {"cuda", "to"}
+            or qualified & (N.DATALOADER | N.TORCH_DEVICE | N.PRINT | N.TORCH_SAVE)
+            or any(q.startswith("torch.cuda.") for q in qualified)
+            or script.local_function(call) is not None
+        ):
+            return True
+    return m.matches(
+        stmt,
+        m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(script.model_name))])]),
+    )
+
+
+def _uses_gpu(script: Script) -> bool:
+    """Does the single-GPU script put anything on a GPU at all?"""
+    for call in script.calls:
+        if N.call_name(call) == "cuda" or any(q.startswith("torch.cuda.") for q in script.names(call.func)):
+            return True
+        if any(N.is_cuda_string(a.value) for a in call.args):
+            return True
+    return False

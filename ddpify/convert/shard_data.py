@@ -1,0 +1,127 @@
+"""Give each training DataLoader a DistributedSampler and call `set_epoch` every epoch.
+
+The sampler takes the loader's shuffle (a `shuffle=` argument, a `**kwargs` dict that may
+hold one, or a RandomSampler/SequentialSampler it replaces); the loader keeps its batch
+size, `drop_last` and workers. Evaluation loaders are left alone.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import AnalysisError, Loader
+from ddpify.convert.context import Context
+
+SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle})\n"
+SET_EPOCH = "{sampler}.set_epoch({epoch})\n"
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    for loader in script.train_loaders:
+        sampler = _sampler_name(loader.name)
+        dataset = _dataset(ctx, loader, sampler)
+        shuffle = _take_shuffle(ctx, loader, sampler)
+        if shuffle is None:
+            continue
+        edits.insert_before(loader.stmt, SAMPLER.format(sampler=sampler, dataset=dataset, shuffle=shuffle))
+        edits.need_import("torch.utils.data.distributed", "DistributedSampler")
+        edits.change(script.line(loader.stmt), f"`{loader.name}` reads this process's shard through `{sampler}`")
+        for epoch in script.epoch_loops[loader.name]:
+            owner = sampler if epoch.scope is loader.scope else f"{epoch.loader_expr}.sampler"
+            _set_epoch(ctx, epoch.loop, owner)
+
+
+def _sampler_name(loader: str) -> str:
+    if loader.endswith("loader"):
+        return loader[: -len("loader")] + "sampler"
+    return f"{loader}_sampler"
+
+
+def _dataset(ctx: Context, loader: Loader, sampler: str) -> str:
+    """The loader's dataset as a name both sampler and loader can use (hoisted if built inline)."""
+    args = N.positional(loader.call)
+    arg = args[0] if args else N.keyword(loader.call, "dataset")
+    if arg is None:
+        raise AnalysisError(ctx.script.line(loader.call), f"cannot find the dataset of `{loader.name}`")
+    code = ctx.script.module.code_for_node(arg.value)
+    if isinstance(arg.value, (cst.Name, cst.Attribute)):
+        return code
+    name = sampler[: -len("sampler")] + "dataset"
+    ctx.edits.insert_before(loader.stmt, f"{name} = {code}\n")
+    ctx.edits.replace(arg.value, cst.Name(name))
+    return name
+
+
+def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
+    """Move the loader's shuffle into the sampler: return it as code and rewrite the call."""
+    script, edits = ctx.script, ctx.edits
+    call = loader.call
+    sampler_arg = cst.Arg(
+        keyword=cst.Name("sampler"),
+        value=cst.Name(sampler),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    if N.keyword(call, "batch_sampler") is not None:
+        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` uses a batch_sampler: wrap its sampler in a DistributedSampler by hand")
+        return None
+    existing = N.keyword(call, "sampler")
+    if existing is not None:
+        value = existing.value
+        if isinstance(value, cst.Call) and script.is_call_to(value, N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER):
+            shuffle = "True" if script.is_call_to(value, N.RANDOM_SAMPLER) else "False"
+            edits.replace(value, cst.Name(sampler))
+            return shuffle
+        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
+        return None
+    shuffle_arg = N.keyword(call, "shuffle")
+    if shuffle_arg is not None:
+        edits.rewrite(shuffle_arg, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=cst.Name(sampler)))
+        return script.module.code_for_node(shuffle_arg.value)
+    star = next((a for a in call.args if a.star == "**"), None)
+    if star is not None:
+        # The kwargs dict may carry a shuffle (e.g. `cuda_kwargs = {"shuffle": True}`): the
+        # sampler takes it and the loader gets the dict without it.
+        kwargs = script.module.code_for_node(star.value)
+        edits.replace(star.value, edits.expression(f'{{**{kwargs}, "shuffle": False}}'))
+        edits.rewrite(call, lambda updated: _insert_before_star(updated, sampler_arg))
+        return f'{kwargs}.get("shuffle", False)'
+    edits.rewrite(call, lambda updated: _insert_before_star(updated, sampler_arg))
+    return "False"
+
+
+def _insert_before_star(call: cst.Call, arg: cst.Arg) -> cst.Call:
+    """Add a keyword argument after the last plain argument, keeping the call's layout."""
+    args = list(call.args)
+    index = next((i for i, a in enumerate(args) if a.star == "**"), len(args))
+    if index == 0:
+        return call.with_changes(args=[arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *args])
+    previous = args[index - 1]
+    if index == len(args):
+        # Append: the old last argument takes its neighbour's separator, the new one its ending.
+        before = args[index - 2].comma if index > 1 else None
+        sep = before if isinstance(before, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        args[index - 1] = previous.with_changes(comma=sep)
+    args.insert(index, arg.with_changes(comma=previous.comma))
+    return call.with_changes(args=args)
+
+
+def _set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
+    """`sampler.set_epoch(epoch)` as the first statement of the epoch loop."""
+    script, edits = ctx.script, ctx.edits
+    target = loop.target
+    if isinstance(target, cst.Name) and target.value == "_":
+        edits.replace(target, cst.Name("epoch"))
+        epoch = "epoch"
+    elif isinstance(target, cst.Name):
+        epoch = target.value
+    else:
+        edits.todo(loop, script.line(loop), f"call `{sampler}.set_epoch(epoch)` at the top of this loop")
+        return
+    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else None
+    if body is None:
+        edits.todo(loop, script.line(loop), f"call `{sampler}.set_epoch({epoch})` at the top of this loop")
+        return
+    edits.insert_before(body[0], SET_EPOCH.format(sampler=sampler, epoch=epoch))
+    edits.change(script.line(loop), f"`{sampler}.set_epoch({epoch})` reshuffles the shards every epoch")

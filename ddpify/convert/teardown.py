@@ -1,0 +1,31 @@
+"""Destroy the process group when the script's setup scope finishes."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.convert.context import Context
+
+TEARDOWN = "dist.destroy_process_group()\n"
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    body = list(script.body_of(ctx.setup_scope).body)
+    last = body[-1]
+    if isinstance(ctx.setup_scope, cst.Module):
+        # A flat script ends at its last statement, unless a `__main__` block follows.
+        last = next((s for s in reversed(body) if not _is_main_guard(s)), last)
+    if _is_return(last):
+        edits.insert_before(last, TEARDOWN)
+    else:
+        edits.insert_after(last, TEARDOWN)
+    edits.change(script.line(last), "`dist.destroy_process_group()` at the end")
+
+
+def _is_return(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return)
+
+
+def _is_main_guard(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.If) and "__name__" in cst.Module([]).code_for_node(stmt.test)

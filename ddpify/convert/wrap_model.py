@@ -1,0 +1,49 @@
+"""Wrap the trained model in DistributedDataParallel once it is on its device.
+
+The wrap goes right after the last top-level statement that builds, moves or loads
+the model and before anything runs it; `device_ids` is passed only for CUDA.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis.script import AnalysisError
+from ddpify.convert.context import Context
+
+WRAP = '{model} = DDP({model}, device_ids=[{local_rank}] if {device_type} == "cuda" else None)\n'
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    model, scope = script.model_name, script.model_scope
+    last = None
+    for stmt in script.body_of(scope).body:
+        if _prepares(stmt, model):
+            last = stmt
+        elif last is not None and _runs(script, stmt, model):
+            break
+    if last is None:
+        raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
+    ctx.wrap_after = last
+    edits.insert_after(last, WRAP.format(model=model, local_rank=ctx.local_rank, device_type=ctx.device_type))
+    edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
+    edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
+
+
+def _prepares(stmt: cst.CSTNode, model: str) -> bool:
+    """`model = ...` or `model.to(...)`/`model.cuda()`/`model.load_state_dict(...)` as a statement."""
+    assigns = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(model))])])
+    method = m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(model))))])
+    return m.matches(stmt, assigns | method)
+
+
+def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
+    """Does `stmt` loop, call the model, or hand it to another function?"""
+    if isinstance(stmt, (cst.For, cst.While)):
+        return True
+    for call in script.calls_in(stmt):
+        if m.matches(call.func, m.Name(model)) or any(m.matches(a.value, m.Name(model)) for a in call.args):
+            return True
+    return False

@@ -1,0 +1,33 @@
+"""What a conversion returns, and the error it raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class ConvertError(Exception):
+    """Input that cannot be converted safely; carries the file and line to report."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}")
+        self.path = path
+        self.line = line
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Note:
+    """One line of the conversion summary."""
+
+    line: int
+    message: str
+
+
+@dataclass
+class ConvertResult:
+    """The converted code and what the conversion did and left for the user."""
+
+    code: str
+    changes: list[Note] = field(default_factory=list)
+    todos: list[Note] = field(default_factory=list)
+    already_distributed: bool = False
