@@ -73,10 +73,16 @@ class Edits:
         body = list(parsed.body)
         if parsed.header and body:  # a leading comment belongs to the first statement
             body[0] = body[0].with_changes(leading_lines=[*parsed.header, *body[0].leading_lines])
-        return body
+        return [_without_blank_indent(stmt) for stmt in body]
 
     def expression(self, code: str) -> cst.BaseExpression:
         return cst.parse_expression(code, config=self.config.config_for_parsing)
+
+
+def _without_blank_indent(stmt: cst.BaseStatement) -> cst.BaseStatement:
+    """Blank lines of inserted code carry no indentation (no trailing whitespace)."""
+    lines = [line.with_changes(indent=False) if line.comment is None else line for line in stmt.leading_lines]
+    return stmt.with_changes(leading_lines=lines)
 
 
 class _Applier(cst.CSTTransformer):

@@ -23,8 +23,7 @@ LOCAL_RANK = """
 DEVICE = '{device} = torch.device(f"cuda:{{{local_rank}}}" if torch.cuda.is_available() else "cpu")\n'
 CPU_DEVICE = '{device} = torch.device("cpu")\n'
 
-INIT = """
-if {device_type} == "cuda":
+INIT = """if {device_type} == "cuda":
     torch.cuda.set_device({device})
 backend = "nccl" if {device_type} == "cuda" else "gloo"
 if "WORLD_SIZE" in os.environ:  # launched by torchrun
