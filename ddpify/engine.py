@@ -33,12 +33,17 @@ def read_source(path: Path) -> tuple[str, str]:
 
 
 def parse(source: str, path: str) -> cst.Module:
-    """Parse with libcst, turning its syntax errors into a one-line ConvertError."""
+    """Compile (for CPython's precise message) then parse with libcst; errors become ConvertError."""
+    hint = "" if path.endswith((".py", ".pyw", "<string>")) else " (is this a Python file?)"
     try:
+        compile(source, path, "exec", dont_inherit=True)
         return cst.parse_module(source)
+    except SyntaxError as exc:
+        raise ConvertError(path, exc.lineno or 1, f"syntax error: {exc.msg}{hint}") from None
     except cst.ParserSyntaxError as exc:
-        message = str(exc).splitlines()[0]
-        raise ConvertError(path, exc.raw_line, f"syntax error: {message}") from None
+        raise ConvertError(path, exc.raw_line, f"syntax error: {str(exc).splitlines()[0]}{hint}") from None
+    except ValueError as exc:  # e.g. null bytes
+        raise ConvertError(path, 1, f"not Python source: {exc}{hint}") from None
 
 
 def convert_source(source: str, path: str = "<string>") -> ConvertResult:
@@ -46,10 +51,6 @@ def convert_source(source: str, path: str = "<string>") -> ConvertResult:
     from ddpify.convert import convert_module
 
     module = parse(source, path)
-    try:
-        compile(source, path, "exec")
-    except SyntaxError as exc:
-        raise ConvertError(path, exc.lineno or 1, f"syntax error: {exc.msg}") from None
     try:
         result = convert_module(module)
     except AnalysisError as exc:
