@@ -217,6 +217,10 @@ def _find_loaders(script: Script) -> None:
         raise AnalysisError(1, "no DataLoader to distribute: found no `torch.utils.data.DataLoader(...)` assignment")
     for loader in script.loaders:
         loops = _epoch_loops(script, loader.name, loader.scope, depth=0)
+        for name, scope in _returned_to(script, loader):
+            more = _epoch_loops(script, name, scope, depth=0)
+            if more is not None:
+                loops = (loops or []) + more
         if loops is not None:
             script.train_loaders.append(loader)
             script.epoch_loops[loader.name] = loops
@@ -225,6 +229,53 @@ def _find_loaders(script: Script) -> None:
             script.line(script.loaders[0].call),
             "cannot tell which DataLoader trains the model: none is iterated by a loop that calls `.backward()`",
         )
+
+
+def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
+    """Where a loader built by a helper (`return train_loader, test_loader`) lands in callers."""
+    fn = loader.scope
+    if not isinstance(fn, cst.FunctionDef):
+        return []
+    position = None
+    for ret in _returns(fn):
+        values = ret.value.elements if isinstance(ret.value, cst.Tuple) else [ret.value]
+        for index, element in enumerate(values):
+            value = element.value if isinstance(element, cst.Element) else element
+            if isinstance(value, cst.Name) and value.value == loader.name:
+                position = (index, len(values))
+    if position is None:
+        return []
+    found = []
+    for call in script.calls:
+        if script.local_function(call) is not fn:
+            continue
+        assign = script.parent(call)
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+            continue
+        target = assign.targets[0].target
+        index, count = position
+        if count == 1 and isinstance(target, cst.Name):
+            found.append((target.value, script.scope_of(call)))
+        elif isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == count:
+            name = target.elements[index].value
+            if isinstance(name, cst.Name):
+                found.append((name.value, script.scope_of(call)))
+    return found
+
+
+def _returns(fn: cst.FunctionDef) -> list[cst.Return]:
+    found: list[cst.Return] = []
+
+    class _Returns(cst.CSTVisitor):
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is fn
+
+    fn.visit(_Returns())
+    return found
 
 
 def _mentions(node: cst.CSTNode, name: str) -> bool:

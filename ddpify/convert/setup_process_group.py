@@ -94,15 +94,16 @@ def _assignments(stmt: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
     if m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name())])])):
         assign = stmt.body[0]
         return [(assign.targets[0].target.value, assign.value)]
-    if isinstance(stmt, cst.If) and isinstance(stmt.orelse, cst.Else):
+    if isinstance(stmt, cst.If) and stmt.orelse is not None:
+        # if/elif/else: every branch must be one assignment to the same name.
         pairs = []
-        for block in (stmt.body, stmt.orelse.body):
-            if len(block.body) != 1:
+        branch: cst.CSTNode | None = stmt
+        while branch is not None:
+            block = branch.body
+            if len(block.body) != 1 or not _assignments(block.body[0]):
                 return []
-            inner = _assignments(block.body[0])
-            if not inner:
-                return []
-            pairs += inner
+            pairs += _assignments(block.body[0])
+            branch = branch.orelse if isinstance(branch, cst.If) else None
         return pairs
     return []
 
@@ -120,17 +121,18 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
     script, edits = ctx.script, ctx.edits
     per_rank = f'f"cuda:{{{ctx.local_rank}}}"'
     or_cpu = f'{per_rank} if torch.cuda.is_available() else "cpu"'
+    branches = isinstance(stmt, cst.If)  # each branch already chose CUDA or not
     for _, value in _assignments(stmt):
         if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
             args = N.positional(value)
             if args and N.is_cuda_string(args[0].value):
-                # torch.device("cuda") / torch.device("cuda", 0): this process's GPU, or the CPU.
-                edits.replace(value, edits.expression(f"torch.device({or_cpu})"))
+                # torch.device("cuda") / torch.device("cuda", 0): this process's GPU (or the CPU).
+                edits.replace(value, edits.expression(f"torch.device({per_rank if branches else or_cpu})"))
                 continue
             if args and isinstance(args[0].value, cst.IfExp):
                 value = args[0].value
         if N.is_cuda_string(value):
-            edits.replace(value, edits.expression(or_cpu))
+            edits.replace(value, edits.expression(per_rank if branches else or_cpu))
         elif isinstance(value, cst.IfExp):
             for branch in (value.body, value.orelse):
                 if N.is_cuda_string(branch):

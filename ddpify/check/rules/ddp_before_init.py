@@ -1,0 +1,70 @@
+from ddpify.check.context import DDP_CLASSES
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class DDPBeforeInitProcessGroup(Rule):
+    """DDP model built before the process group exists.
+
+    ## What it does
+    Flags `DistributedDataParallel(...)` in a file that never calls
+    `torch.distributed.init_process_group`, or that calls it later in the same function.
+
+    ## Why is this bad?
+    DDP broadcasts the parameters of rank 0 when it is constructed; without a default
+    process group it raises `RuntimeError: Default process group has not been initialized`.
+
+    ## Example
+    ```python
+    model = DDP(model, device_ids=[local_rank])
+    dist.init_process_group("nccl")
+    ```
+
+    ## Use instead
+    ```python
+    dist.init_process_group("nccl")
+    model = DDP(model, device_ids=[local_rank])
+    ```
+
+    ## Fix safety
+    No automatic fix: where the process group is made is a decision about the script's start-up.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
+    - https://pytorch.org/tutorials/intermediate/ddp_tutorial.html
+    """
+
+    CODE = "DDP101"
+    NAME = "ddp-before-init-process-group"
+    MESSAGE = "DDP model created before `init_process_group`; initialise the process group first"
+    VALID = [
+        "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('gloo')\nmodel = DDP(model)\n",
+        "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "def setup():\n    dist.init_process_group('gloo')\ndef main():\n    setup()\n    model = DDP(net)\n",
+    ]
+    INVALID = [
+        Invalid("import torch\nmodel = torch.nn.parallel.DistributedDataParallel(net)\n"),
+        Invalid(
+            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "def main():\n    model = DDP(net)\n    dist.init_process_group('gloo')\n"
+        ),
+    ]
+
+    INIT = ("torch.distributed.init_process_group",)
+
+    def check(self, ctx):
+        inits = ctx.calls_to(*self.INIT)
+        # helpers named like setup functions that we cannot see into (imported) count as init
+        helper = any(
+            c.name in ("init_distributed_mode", "init_distributed", "setup_distributed", "ddp_setup", "setup")
+            and not ctx.local_callees(c)
+            for c in ctx.calls
+        )
+        for ci in ctx.calls_to(*DDP_CLASSES):
+            if not inits:
+                if not helper:
+                    yield Report(ci.node)
+                continue
+            same = [i for i in inits if i.func is ci.func and ci.func is not None]
+            if same and all(ctx.line(i.node) > ctx.line(ci.node) for i in same):
+                yield Report(ci.node)

@@ -1,0 +1,46 @@
+from ddpify.check.context import positional, string_value
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class LocalRankArgument(Rule):
+    """`--local_rank` command-line argument left over from `torch.distributed.launch`.
+
+    ## What it does
+    Flags `parser.add_argument("--local_rank")` / `"--local-rank"`.
+
+    ## Why is this bad?
+    `torch.distributed.launch` is deprecated; `torchrun` does not pass `--local_rank`, it sets
+    the `LOCAL_RANK` environment variable. The argument keeps its default (often 0 or -1) and
+    every process picks the same GPU, or the script thinks it is not distributed.
+
+    ## Example
+    ```python
+    parser.add_argument("--local_rank", type=int, default=0)
+    ```
+
+    ## Use instead
+    ```python
+    local_rank = int(os.environ["LOCAL_RANK"])
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://pytorch.org/docs/stable/elastic/run.html (torchrun, "Transitioning from torch.distributed.launch")
+    """
+
+    CODE = "DDP104"
+    NAME = "local-rank-argument"
+    MESSAGE = "`--local_rank` argument is for the deprecated `torch.distributed.launch`; read `os.environ['LOCAL_RANK']` (torchrun)"
+    DISTRIBUTED_ONLY = False
+    VALID = ["import os\nlocal_rank = int(os.environ['LOCAL_RANK'])\n", "parser.add_argument('--rank', type=int)\n"]
+    INVALID = [Invalid("parser.add_argument('--local_rank', type=int, default=0)\n"),
+               Invalid("parser.add_argument('--local-rank', type=int, default=-1)\n")]
+
+    def check(self, ctx):
+        for ci in ctx.method_calls("add_argument"):
+            for arg in positional(ci.node):
+                if string_value(arg.value) in ("--local_rank", "--local-rank"):
+                    yield Report(ci.node)
+                    break

@@ -1,0 +1,50 @@
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class MissingDestroyProcessGroup(Rule):
+    """Process group never destroyed.
+
+    ## What it does
+    Flags `init_process_group` in a file that never calls `destroy_process_group`.
+
+    ## Why is this bad?
+    Without it NCCL may hang or print warnings at exit, and resources (ports, communicators)
+    are leaked; since PyTorch 2.4 it warns `ProcessGroupNCCL.cpp: process group has NOT been destroyed`.
+
+    ## Example
+    ```python
+    dist.init_process_group("nccl")
+    train()
+    ```
+
+    ## Use instead
+    ```python
+    dist.init_process_group("nccl")
+    try:
+        train()
+    finally:
+        dist.destroy_process_group()
+    ```
+
+    ## Fix safety
+    No automatic fix: where the script ends (and ends early) is for the author to say.
+
+    ## References
+    - https://pytorch.org/docs/stable/distributed.html#shutdown
+    """
+
+    CODE = "DDP105"
+    NAME = "missing-destroy-process-group"
+    MESSAGE = "`init_process_group` without `destroy_process_group`; destroy the group when training ends"
+    SEVERITY = "warning"
+    VALID = ["import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.destroy_process_group()\n"]
+    INVALID = [Invalid("import torch.distributed as dist\ndist.init_process_group('gloo')\n")]
+
+    def check(self, ctx):
+        if ctx.calls_to("torch.distributed.destroy_process_group") or any(
+            c.name in ("cleanup", "destroy_process_group", "ddp_cleanup", "cleanup_distributed") and not ctx.local_callees(c)
+            for c in ctx.calls
+        ):
+            return
+        for ci in ctx.calls_to("torch.distributed.init_process_group"):
+            yield Report(ci.node)
