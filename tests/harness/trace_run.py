@@ -1,0 +1,277 @@
+"""Run a training script unchanged and record what it did, for the integration tests.
+
+    python tests/harness/trace_run.py SCRIPT [ARGS...]
+    torchrun --standalone --nproc-per-node=2 tests/harness/trace_run.py SCRIPT [ARGS...]
+    torchrun ... tests/harness/trace_run.py --plan PLAN.json
+
+The script is executed with ``runpy.run_path(SCRIPT, run_name="__main__")`` and ``sys.argv``
+set as if it had been started directly. Nothing in the script is edited and torch.distributed
+is real; the runner only wraps a few torch entry points to take notes, always calling the
+original:
+
+* ``DataLoader.__init__``: every loader gets an id (creation order) and its dataset length,
+  sampler class, batch size and drop_last are noted.
+* ``_BaseDataLoaderIter.__init__`` / ``_next_index``: every ``iter(loader)`` starts a *pass*;
+  each index (or batch of indices) the loader's sampler hands out in this process is appended
+  to it. The hook sits in the main process, so it sees the indices with worker processes too.
+  A pass is ``complete`` once its sampler is exhausted.
+* ``torch.save``: the path, and the keys / shapes of the state_dict saved (a mapping of tensors,
+  or the first such mapping nested one level down, e.g. ``{"model": sd, "epoch": 3}``).
+* ``torch.optim.Optimizer.__init__``: every optimizer; their parameters at the end of the run
+  are written to ``params-<tag>.pt`` as ``[[tensor, ...] per optimizer]``.
+* ``torch.distributed.init_process_group`` / ``destroy_process_group`` and the
+  ``DistributedDataParallel`` constructor: calls, backend, world size and rank.
+
+Output, in ``$DDPIFY_TRACE_DIR`` (default: the working directory), with ``<tag>`` = ``<RANK>``
+(``RANK`` from torchrun's environment, 0 without it) or ``<label>-<RANK>`` for a plan:
+``trace-<tag>.json`` and ``params-<tag>.pt``. They are written even when the script fails;
+the runner then exits with the script's status.
+
+A plan (a JSON list of ``{"label", "script", "args", "env", "cwd"}``) runs several scripts one
+after the other in the same processes, to pay for torchrun's start-up once. ``env`` and ``cwd``
+apply to that run only. A failing run stops the plan. Each run re-creates its process group
+(the scripts destroy theirs at the end), which torch supports within one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+import torch.utils.data.dataloader as dataloader_module
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+_original_save = torch.save
+_trace: dict = {}
+_optimizers: list = []
+
+
+def _new_trace(label: str | None, script: str, args: list[str]) -> None:
+    _optimizers.clear()
+    _trace.clear()
+    _trace.update(
+        label=label,
+        script=script,
+        argv=args,
+        env_rank=int(os.environ.get("RANK", 0)),
+        env_world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        init_process_group=[],
+        destroy_process_group=0,
+        ddp_wrapped=0,
+        loaders=[],
+        passes=[],
+        saves=[],
+        optimizers=0,
+        dist_initialized_at_exit=None,
+        exit_code=None,
+        error=None,
+    )
+
+
+def _wrap(owner, name, make_wrapper):
+    original = getattr(owner, name)
+    setattr(owner, name, make_wrapper(original))
+
+
+# --- DataLoader: loaders, passes and the indices of each pass --------------------------------
+
+
+def _loader_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            dataset_len = len(self.dataset)
+        except TypeError:
+            dataset_len = None
+        self._ddpify_trace_id = len(_trace["loaders"])
+        _trace["loaders"].append(
+            dict(
+                id=self._ddpify_trace_id,
+                dataset_len=dataset_len,
+                dataset_type=type(self.dataset).__name__,
+                sampler=type(self.sampler).__name__,
+                batch_size=self.batch_size,
+                drop_last=self.drop_last,
+            )
+        )
+
+    return __init__
+
+
+def _iter_init(original):
+    def __init__(self, loader, *args, **kwargs):
+        self._ddpify_pass = dict(loader=getattr(loader, "_ddpify_trace_id", None), indices=[], complete=False)
+        _trace["passes"].append(self._ddpify_pass)
+        original(self, loader, *args, **kwargs)
+
+    return __init__
+
+
+def _next_index(original):
+    def _next_index(self):
+        record = getattr(self, "_ddpify_pass", None)
+        try:
+            index = original(self)
+        except StopIteration:
+            if record is not None:
+                record["complete"] = True
+            raise
+        if record is not None:
+            if isinstance(index, (list, tuple)):
+                record["indices"].extend(int(i) for i in index)
+            else:
+                record["indices"].append(int(index))
+        return index
+
+    return _next_index
+
+
+# --- torch.save -------------------------------------------------------------------------------
+
+
+def _tensor_mapping(obj):
+    if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj
+    if isinstance(obj, Mapping):
+        for value in obj.values():
+            if isinstance(value, Mapping) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+                return value
+    return None
+
+
+def _save(original):
+    def save(obj, f, *args, **kwargs):
+        state = _tensor_mapping(obj)
+        _trace["saves"].append(
+            dict(
+                path=os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__,
+                obj_type=type(obj).__name__,
+                keys=list(state) if state is not None else None,
+                shapes={k: list(v.shape) for k, v in state.items()} if state is not None else None,
+                module_prefix=any(str(k).startswith("module.") for k in state) if state is not None else None,
+            )
+        )
+        return original(obj, f, *args, **kwargs)
+
+    return save
+
+
+# --- optimizers and torch.distributed -----------------------------------------------------
+
+
+def _optimizer_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _optimizers.append(self)
+        _trace["optimizers"] += 1
+
+    return __init__
+
+
+def _init_process_group(original):
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _trace["init_process_group"].append(
+            dict(backend=str(dist.get_backend()), world_size=dist.get_world_size(), rank=dist.get_rank())
+        )
+        return result
+
+    return init_process_group
+
+
+def _destroy_process_group(original):
+    def destroy_process_group(*args, **kwargs):
+        _trace["destroy_process_group"] += 1
+        return original(*args, **kwargs)
+
+    return destroy_process_group
+
+
+def _ddp_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _trace["ddp_wrapped"] += 1
+
+    return __init__
+
+
+def install_hooks() -> None:
+    _wrap(DataLoader, "__init__", _loader_init)
+    _wrap(dataloader_module._BaseDataLoaderIter, "__init__", _iter_init)
+    _wrap(dataloader_module._BaseDataLoaderIter, "_next_index", _next_index)
+    _wrap(torch, "save", _save)
+    _wrap(torch.optim.Optimizer, "__init__", _optimizer_init)
+    _wrap(dist, "init_process_group", _init_process_group)
+    _wrap(dist, "destroy_process_group", _destroy_process_group)
+    _wrap(DistributedDataParallel, "__init__", _ddp_init)
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+def run_one(script: str, args: list[str], label: str | None = None, env: dict | None = None, cwd: str | None = None) -> int:
+    """Run one script in this process and write its trace; return its exit status."""
+    _new_trace(label, script, args)
+    saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), os.getcwd()
+    os.environ.update(env or {})
+    if cwd:
+        os.makedirs(cwd, exist_ok=True)
+        os.chdir(cwd)
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would have it
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            _trace["error"] = f"SystemExit({exc.code!r})"
+    except BaseException:  # noqa: BLE001 - reported in the trace and on stderr, status 1
+        traceback.print_exc()
+        _trace["error"] = traceback.format_exc()
+        code = 1
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    _trace["exit_code"] = code
+    _trace["dist_initialized_at_exit"] = dist.is_initialized()
+    out_dir = os.environ.get("DDPIFY_TRACE_DIR", os.getcwd())
+    tag = f"{label}-{_trace['env_rank']}" if label else str(_trace["env_rank"])
+    params = [[p.detach().cpu().clone() for g in opt.param_groups for p in g["params"]] for opt in _optimizers]
+    _original_save(params, os.path.join(out_dir, f"params-{tag}.pt"))
+    with open(os.path.join(out_dir, f"trace-{tag}.json"), "w") as fh:
+        json.dump(_trace, fh)
+    _optimizers.clear()
+    return code
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    install_hooks()
+    if argv[0] == "--plan":
+        with open(argv[1]) as fh:
+            plan = json.load(fh)
+        for run in plan:
+            code = run_one(run["script"], run.get("args", []), run["label"], run.get("env"), run.get("cwd"))
+            if code:
+                return code
+        return 0
+    return run_one(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

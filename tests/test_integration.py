@@ -1,0 +1,357 @@
+"""Converted scripts under real torchrun (2 CPU processes, gloo): the promises of PRODUCT.md hold.
+
+For every case in CASES, one module-scoped fixture launches
+
+* torchrun --standalone --nproc-per-node=2 over tests/harness/trace_run.py, running the converted
+  script twice in the same processes: shuffle on (run "shuffle") and shuffle off (run "ordered"),
+  per-process batch B;
+* plain python over trace_run.py: the single-process reference with batch 2B and shuffle off
+  (run "baseline": the original script, or the converted one where the original needs a GPU),
+  and the converted script as one process (run "plain", same knobs as the baseline),
+
+and the tests below read the traces (indices each process fetched per DataLoader pass, saves,
+final optimizer parameters) and the combined stdout. Letters refer to the brief:
+(a) disjoint complete shards per epoch, (b) a new order every epoch with shuffle on,
+(c) same parameters as one process with batch 2B, (d) one voice, (e) one portable checkpoint,
+(f) `python converted.py` is one process. Exclusions are stated per case with a reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import NPROC, ROOT, run_plan
+
+B = 16  # per-process batch in the torchrun runs; the single-process reference uses NPROC * B
+ATOL = 1e-5
+
+
+def env_knobs(epochs):
+    def knobs(batch, shuffle):
+        return [], {"BATCH_SIZE": str(batch), "SHUFFLE": "1" if shuffle else "0", "EPOCHS": str(epochs)}
+
+    return knobs
+
+
+def cli_knobs(batch_flag, epochs, shuffle_on=(), shuffle_off=("--no-shuffle",), extra=()):
+    def knobs(batch, shuffle):
+        return [batch_flag, str(batch), "--epochs", str(epochs), *(shuffle_on if shuffle else shuffle_off), *extra], {}
+
+    return knobs
+
+
+@dataclass
+class Case:
+    converted: str  # path under the repo root of the script that runs under torchrun
+    original: str  # its single-GPU input
+    knobs: object  # (batch, shuffle) -> (argv, env)
+    epochs: int
+    train_size: int  # len(dataset) of the training DataLoader; identifies it in the traces
+    per_epoch: list[str]  # regexes that must match exactly `epochs` times in the combined stdout
+    once: str | None  # regex that must match exactly once in the combined stdout
+    checkpoint: str  # path (relative to the run's cwd) of the state_dict the script saves
+    saves_per_run: int | None = 1  # torch.save calls per run; None: data dependent, compared to the baseline
+    original_runs_on_cpu: bool = True  # False: the reference is the converted script under plain python
+    equivalence: bool | str = True  # True, or the reason (c) does not apply
+    notes: list[str] = field(default_factory=list)
+
+
+def fixture(name, **kw):
+    return Case(converted=f"fixtures/convert/{name}.out.py", original=f"fixtures/convert/{name}.in.py", **kw)
+
+
+def example(name, **kw):
+    return Case(converted=f"examples/{name}_ddp.py", original=f"examples/{name}.py", **kw)
+
+
+BATCHNORM = "BatchNorm statistics are per process under DDP (no SyncBatchNorm on CPU/gloo), so results differ from one process with 2B by design"
+NEEDS_GPU = "the original calls .cuda()/'cuda' without a fallback and cannot run on this CPU machine"
+
+CASES = {
+    "flat_script": fixture(
+        "flat_script", knobs=env_knobs(3), epochs=3, train_size=512,
+        per_epoch=[r"epoch \d/3 mean loss"], once=r"Training complete, saved model\.pt", checkpoint="model.pt",
+    ),
+    "main_argparse": fixture(
+        "main_argparse", knobs=cli_knobs("--batch-size", 3), epochs=3, train_size=512,
+        per_epoch=[r"epoch \d: val_loss="], once=r"best val_loss=", checkpoint="best.pt",
+        saves_per_run=None,  # saves whenever val loss improves
+    ),
+    "mnist_examples": fixture(
+        "mnist_examples", knobs=cli_knobs("--batch-size", 2, extra=("--save-model",)), epochs=2, train_size=512,
+        per_epoch=[r"Test set: Average loss", r"Train Epoch: \d \[0/"],
+        once=None,  # the pytorch/examples shape prints nothing once per run; its per-epoch lines are checked
+        checkpoint="mnist_cnn.pt",
+    ),
+    "seed000_convnet": fixture(
+        "seed000_convnet", knobs=cli_knobs("-b", 2), epochs=2, train_size=512,
+        per_epoch=[r"Epoch \[\d/2\], Step"], once=r"Training complete in:", checkpoint="convnet.ckpt",
+        original_runs_on_cpu=False, equivalence=BATCHNORM,
+    ),
+    "device_cuda_string": fixture(
+        "device_cuda_string", knobs=env_knobs(2), epochs=2, train_size=384,
+        per_epoch=[r"\[epoch \d\] last batch loss"], once=r"(?m)^done$", checkpoint="logreg.pt",
+        original_runs_on_cpu=False,
+    ),
+    "device_cuda0": fixture(
+        "device_cuda0", knobs=env_knobs(2), epochs=2, train_size=256,
+        per_epoch=[r"epoch=\d reconstruction_loss="], once=r"saved autoencoder\.pt", checkpoint="autoencoder.pt",
+        original_runs_on_cpu=False,
+    ),
+    "device_ifexp": fixture(
+        "device_ifexp", knobs=env_knobs(3), epochs=3, train_size=480,
+        per_epoch=[r"epoch \d: loss"], once=r"finished training", checkpoint="mlp.pt",
+    ),
+    "device_dot_cuda": fixture(
+        "device_dot_cuda", knobs=env_knobs(2), epochs=2, train_size=320,
+        per_epoch=[r"epoch \d loss"], once=r"learned weights:", checkpoint="linear.pt",
+        original_runs_on_cpu=False,
+    ),
+    "device_to_string": fixture(
+        "device_to_string", knobs=env_knobs(2), epochs=2, train_size=256,
+        per_epoch=[r"epoch \d: train acc"], once=r"all epochs done", checkpoint="tiny_cnn.pt",
+        original_runs_on_cpu=False,
+    ),
+    "shuffle_runtime": fixture(
+        "shuffle_runtime", knobs=cli_knobs("--batch-size", 2, shuffle_on=("--shuffle",)), epochs=2, train_size=448,
+        per_epoch=[r"epoch \d done \("], once=r"checkpoint written to", checkpoint="shuffle_runtime.pt",
+    ),
+    "examples/mnist": example(
+        "mnist", knobs=cli_knobs("--batch-size", 2, extra=("--save-model", "--train-size", "256", "--test-size", "64")),
+        epochs=2, train_size=256,
+        per_epoch=[r"Test set: Average loss", r"Train Epoch: \d \[0/"], once=r"Final test accuracy:",
+        checkpoint="mnist_cnn.pt",
+    ),
+    "examples/mnist_convnet": example(
+        "mnist_convnet", knobs=cli_knobs("-b", 2, extra=("--train-size", "512")), epochs=2, train_size=512,
+        per_epoch=[r"Epoch \[\d/2\], Step \[16/16\]"], once=r"Training complete in:", checkpoint="convnet.ckpt",
+        equivalence=BATCHNORM,
+    ),
+}  # fmt: skip
+
+
+@dataclass
+class Results:
+    case: Case
+    dist: object  # Launch of torchrun: runs "shuffle" and "ordered"
+    single: object  # Launch of python: runs "baseline" and "plain"
+
+    def log(self):
+        return f"=== torchrun ===\n{self.dist.log()}\n=== python ===\n{self.single.log()}"
+
+
+@pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
+def results(request, tmp_path_factory):
+    case = CASES[request.param]
+    converted = ROOT / case.converted
+    assert converted.exists(), f"{case.converted} missing: run pytest tests/test_golden.py --update-goldens"
+    work = tmp_path_factory.mktemp(request.param.replace("/", "_"))
+
+    def run(label, script, batch, shuffle):
+        argv, env = case.knobs(batch, shuffle)
+        return {"label": label, "script": str(script), "args": argv, "env": env}
+
+    dist = run_plan(
+        [run("shuffle", converted, B, True), run("ordered", converted, B, False)], work / "torchrun", nproc=NPROC
+    )
+    reference = ROOT / case.original if case.original_runs_on_cpu else converted
+    single_plan = [run("baseline", reference, NPROC * B, False)]
+    if case.original_runs_on_cpu:  # otherwise the baseline already is the converted script under python
+        single_plan.append(run("plain", converted, NPROC * B, False))
+    single = run_plan(single_plan, work / "python", nproc=None)
+    return Results(case, dist, single)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def train_passes(trace: dict, train_size: int) -> list[list[int]]:
+    """The index order of each complete pass over the training loader, in one process."""
+    loaders = [ld["id"] for ld in trace["loaders"] if ld["dataset_len"] == train_size]
+    assert len(loaders) == 1, f"expected one DataLoader over {train_size} samples, got {trace['loaders']}"
+    return [p["indices"] for p in trace["passes"] if p["loader"] == loaders[0] and p["complete"]]
+
+
+def check_ran(launch, labels, world_size):
+    assert launch.returncode == 0, f"exit {launch.returncode}\n{launch.log()}"
+    for label in labels:
+        for rank in range(world_size):
+            t = launch.trace(label, rank)
+            assert t["exit_code"] == 0, f"{label} rank {rank}: {t['error']}"
+
+
+def check_disjoint_shards(launch, label, train_size, epochs):
+    """(a) per epoch, the ranks' indices are disjoint, same-sized, and together the whole dataset."""
+    per_rank = [train_passes(launch.trace(label, r), train_size) for r in range(NPROC)]
+    for r, passes in enumerate(per_rank):
+        assert len(passes) == epochs, f"rank {r}: {len(passes)} complete training passes, expected {epochs}"
+    for epoch in range(epochs):
+        shards = [passes[epoch] for passes in per_rank]
+        assert not set(shards[0]) & set(shards[1]), f"epoch {epoch}: ranks share samples"
+        for r, shard in enumerate(shards):
+            assert len(shard) == len(set(shard)) == train_size // NPROC, (
+                f"epoch {epoch} rank {r}: {len(shard)} indices ({len(set(shard))} distinct), "
+                f"expected {train_size // NPROC}"
+            )
+        assert set(shards[0]) | set(shards[1]) == set(range(train_size)), f"epoch {epoch}: samples missed"
+
+
+def max_param_diff(a, b):
+    assert len(a) == len(b), f"{len(a)} vs {len(b)} optimizers"
+    diffs = []
+    for opt_a, opt_b in zip(a, b):
+        assert [t.shape for t in opt_a] == [t.shape for t in opt_b]
+        diffs += [(x - y).abs().max().item() for x, y in zip(opt_a, opt_b)]
+    return max(diffs)
+
+
+# --- tests -------------------------------------------------------------------------------------
+
+
+def test_runs_under_torchrun(results):
+    print(results.log())
+    check_ran(results.dist, ["shuffle", "ordered"], NPROC)
+    for label in ("shuffle", "ordered"):
+        for rank in range(NPROC):
+            t = results.dist.trace(label, rank)
+            assert [(g["backend"], g["world_size"], g["rank"]) for g in t["init_process_group"]] == [("gloo", NPROC, rank)]
+            assert t["ddp_wrapped"] == 1
+            assert t["destroy_process_group"] == 1 and not t["dist_initialized_at_exit"], "process group left open"
+
+
+def test_a_disjoint_shards(results):
+    print(results.log())
+    check_ran(results.dist, ["shuffle", "ordered"], NPROC)
+    for label in ("shuffle", "ordered"):
+        check_disjoint_shards(results.dist, label, results.case.train_size, results.case.epochs)
+
+
+def test_b_new_order_every_epoch_when_shuffling(results):
+    print(results.log())
+    check_ran(results.dist, ["shuffle", "ordered"], NPROC)
+    case = results.case
+    for rank in range(NPROC):
+        shuffled = train_passes(results.dist.trace("shuffle", rank), case.train_size)
+        assert shuffled[0] != sorted(shuffled[0]), f"rank {rank}: shuffle on, but epoch 0 is in order"
+        for epoch in range(1, len(shuffled)):
+            assert shuffled[epoch] != shuffled[epoch - 1], f"rank {rank}: epoch {epoch} repeats the previous order (set_epoch?)"
+        ordered = train_passes(results.dist.trace("ordered", rank), case.train_size)
+        for epoch, order in enumerate(ordered):
+            assert order == list(range(rank, case.train_size, NPROC)), f"rank {rank} epoch {epoch}: shuffle off, but not in order"
+
+
+def test_c_same_parameters_as_one_process_with_double_batch(results):
+    print(results.log())
+    check_ran(results.dist, ["shuffle", "ordered"], NPROC)
+    check_ran(results.single, ["baseline"], 1)
+    ranks = [results.dist.params("ordered", r) for r in range(NPROC)]
+    assert ranks[0] and ranks[0][0], "no optimizer parameters recorded"
+    # DDP keeps the replicas identical: this holds with BatchNorm too.
+    assert max_param_diff(ranks[0], ranks[1]) == 0.0, "ranks ended with different parameters"
+    if results.case.equivalence is not True:
+        return  # reason in CASES: results.case.equivalence
+    diff = max_param_diff(ranks[0], results.single.params("baseline", 0))
+    assert diff <= ATOL, f"max |param - single-process(batch {NPROC * B})| = {diff:g} > {ATOL}"
+
+
+def test_d_one_voice(results):
+    print(results.log())
+    check_ran(results.dist, ["shuffle", "ordered"], NPROC)
+    case = results.case
+    out = results.dist.stdout
+    runs = 2  # "shuffle" and "ordered" print into the same stdout
+    for pattern in case.per_epoch:
+        count = len(re.findall(pattern, out))
+        assert count == runs * case.epochs, f"{pattern!r}: {count} times, expected {runs} runs x {case.epochs} epochs"
+    if case.once is not None:
+        count = len(re.findall(case.once, out))
+        assert count == runs, f"{case.once!r}: {count} times, expected once per run ({runs} runs)"
+
+
+def test_e_one_portable_checkpoint(results):
+    print(results.log())
+    check_ran(results.dist, ["shuffle", "ordered"], NPROC)
+    check_ran(results.single, ["baseline"], 1)
+    case = results.case
+    reference = [s for s in results.single.trace("baseline", 0)["saves"] if s["path"] == case.checkpoint]
+    assert reference, f"the single-process run never saved {case.checkpoint}"
+    for label in ("shuffle", "ordered"):
+        assert results.dist.trace(label, 1)["saves"] == [], f"{label}: rank 1 saved a file"
+        saves = results.dist.trace(label, 0)["saves"]
+        assert {s["path"] for s in saves} == {case.checkpoint}
+        if case.saves_per_run is not None:
+            assert len(saves) == case.saves_per_run, f"{label}: {len(saves)} saves, expected {case.saves_per_run}"
+        else:
+            assert saves, f"{label}: nothing saved"
+        for s in saves:
+            assert s["keys"] is not None, f"{label}: saved something other than a state_dict: {s['obj_type']}"
+            assert not s["module_prefix"], f"{label}: keys carry the DDP 'module.' prefix: {s['keys'][:3]}"
+            assert s["shapes"] == reference[-1]["shapes"], "keys/shapes differ from the single-process checkpoint"
+    ordered = results.dist.trace("ordered", 0)["saves"]
+    if case.saves_per_run is None:  # data-dependent count: same data order as the baseline, same saves
+        assert len(ordered) == len(reference)
+    # the file on disk loads into the single-GPU model's keys
+    state = torch.load(results.dist.cwd / "ordered" / case.checkpoint, map_location="cpu", weights_only=True)
+    assert {k: list(v.shape) for k, v in state.items()} == reference[-1]["shapes"]
+
+
+def test_f_plain_python_is_one_process(results):
+    print(results.log())
+    label = "plain" if results.case.original_runs_on_cpu else "baseline"  # baseline = converted under python
+    check_ran(results.single, [label], 1)
+    case = results.case
+    t = results.single.trace(label, 0)
+    assert t["script"].endswith(case.converted)
+    assert all(g["world_size"] == 1 for g in t["init_process_group"]), t["init_process_group"]
+    assert not t["dist_initialized_at_exit"], "process group left open"
+    passes = train_passes(t, case.train_size)
+    assert len(passes) == case.epochs
+    assert all(p == list(range(case.train_size)) for p in passes), "one process must read the whole dataset in order"
+    assert [s["path"] for s in t["saves"]] and all(not s["module_prefix"] for s in t["saves"])
+    if case.once is not None:
+        assert len(re.findall(case.once, results.single.stdout)) == len(
+            [r for r in ("baseline", "plain") if (r, 0) in results.single.traces]
+        )
+    if case.original_runs_on_cpu:  # the converted script alone behaves like the original
+        diff = max_param_diff(results.single.params("plain", 0), results.single.params("baseline", 0))
+        assert diff <= ATOL, f"converted under python differs from the original by {diff:g}"
+        assert t["saves"] == results.single.trace("baseline", 0)["saves"]
+
+
+# --- the harness itself: it accepts a hand-written DDP script and rejects an unconverted one ------
+
+
+def test_harness_accepts_hand_written_ddp_script(tmp_path):
+    """pytorch/examples' multigpu_torchrun.py shape (fixtures/noop) passes the same checks."""
+    script = ROOT / "fixtures" / "noop" / "multigpu_torchrun.py"
+    launch = run_plan([{"label": "ref", "script": str(script), "args": ["2", "1", "--batch_size", str(B)]}], tmp_path, NPROC)
+    print(launch.log())
+    check_ran(launch, ["ref"], NPROC)
+    check_disjoint_shards(launch, "ref", 512, 2)  # its extra next(iter(loader)) per epoch is an incomplete pass
+    for rank in range(NPROC):
+        passes = train_passes(launch.trace("ref", rank), 512)
+        assert passes[0] != passes[1]
+        # it prints on every rank: the combined stdout holds both processes' output
+        assert len(re.findall(rf"\[GPU{rank}\] Epoch \d", launch.stdout)) == 2
+    saves = launch.trace("ref", 0)["saves"]
+    assert [s["path"] for s in saves] == ["snapshot.pt", "snapshot.pt"] and launch.trace("ref", 1)["saves"] == []
+    assert saves[0]["keys"] == ["weight", "bias"] and not saves[0]["module_prefix"]
+
+
+def test_harness_rejects_unconverted_script(tmp_path):
+    """The single-GPU original under torchrun: every rank trains on everything, prints and saves."""
+    script = ROOT / "fixtures" / "convert" / "flat_script.in.py"
+    env = {"BATCH_SIZE": str(B), "SHUFFLE": "0", "EPOCHS": "2"}
+    launch = run_plan([{"label": "raw", "script": str(script), "env": env}], tmp_path, NPROC)
+    print(launch.log())
+    check_ran(launch, ["raw"], NPROC)
+    with pytest.raises(AssertionError, match="ranks share samples"):
+        check_disjoint_shards(launch, "raw", 512, 2)
+    assert len(re.findall(r"Training complete", launch.stdout)) == NPROC
+    assert all(len(launch.trace("raw", r)["saves"]) == 1 for r in range(NPROC))
+    assert all(launch.trace("raw", r)["init_process_group"] == [] for r in range(NPROC))
