@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Iterable, Optional, Sequence, Union
 
 import libcst as cst
+from libcst._metadata_dependent import LazyValue
 from libcst.metadata import (
     CodeRange,
     MetadataWrapper,
@@ -215,8 +216,10 @@ class _Indexer(cst.CSTVisitor):
 
     # imports ----------------------------------------------------------------
     def _module_used(self, name: str) -> None:
-        if name.startswith(("torch.distributed", "torch.nn.parallel")) or name in (
-            "torch.multiprocessing",
+        if (
+            name.startswith(("torch.distributed", "torch.nn.parallel"))
+            or name == "torch.multiprocessing"
+            or name.endswith(("DistributedSampler", "DistributedDataParallel"))
         ):
             self.ctx._imports_distributed = True
         if name.split(".")[0] in FRAMEWORKS:
@@ -274,6 +277,9 @@ class _Indexer(cst.CSTVisitor):
         if node.value is not None:
             self._bind(node.target, node.value)
 
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        self.ctx.subscripts.append(node)
+
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if "LOCAL_RANK" in node.value or "WORLD_SIZE" in node.value:
             self.ctx._reads_rank_env = True
@@ -301,6 +307,7 @@ class FileContext:
         self.loops: list[Loop] = []
         self.loop_func: dict[Loop, Optional[Func]] = {}
         self.assignments: list[Binding] = []
+        self.subscripts: list[cst.Subscript] = []
         self.uses_framework = False
         self._imports_distributed = False
         self._calls_distributed = False
@@ -314,7 +321,10 @@ class FileContext:
 
     # metadata ---------------------------------------------------------------
     def qnames(self, node: cst.CSTNode) -> set[str]:
-        return {q.name for q in self._qn.get(node, ())}
+        value = self._qn.get(node, ())
+        if isinstance(value, LazyValue):  # qualified names are computed on demand, once
+            value = value()
+        return {q.name for q in value}
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self._pos[node]

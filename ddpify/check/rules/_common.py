@@ -33,3 +33,60 @@ def iterated_name(for_node: cst.For) -> str | None:
     ):
         it = it.args[0].value
     return dotted_name(it)
+
+
+def funcs_with_step_loops(ctx: FileContext) -> set:
+    return {ctx.loop_func[l] for l in ctx.step_loops if ctx.loop_func.get(l) is not None}
+
+
+def trains(ctx: FileContext, ci) -> bool:
+    """Does this call run training steps (a backward, or a local function that loops over steps)?"""
+    if ctx.is_backward(ci):
+        return True
+    looping = funcs_with_step_loops(ctx)
+    return any(ctx.step_function(f) or f in looping for f in ctx.local_callees(ci))
+
+
+def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
+    """Code that surely runs in every training process: inside a loop, a training function,
+    or after ``init_process_group`` in the same function (launcher code before spawn is not)."""
+    func = None
+    for p in ctx.ancestors(node):
+        if isinstance(p, (cst.For, cst.While)):
+            return True
+        if isinstance(p, cst.FunctionDef):
+            func = p
+            break
+    if func is None:
+        return False
+    if ctx.step_function(func) or func in funcs_with_step_loops(ctx):
+        return True
+    line = ctx.line(node)
+    if any(
+        c.func is func and ctx.line(c.node) < line
+        for c in ctx.calls_to("torch.distributed.init_process_group")
+    ):
+        return True
+    if _depth < 3:
+        return any(in_worker(ctx, s.node, _depth + 1) for s in ctx.call_sites(func))
+    return False
+
+
+def in_conditional_inside_loop(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """Under an ``if`` (e.g. ``if step % log_every == 0``) before reaching the loop or function."""
+    for p in ctx.ancestors(node):
+        if isinstance(p, (cst.If, cst.IfExp)):
+            return True
+        if isinstance(p, (cst.For, cst.While, cst.FunctionDef)):
+            return False
+    return False
+
+
+def assigned_name(ctx: FileContext, node: cst.CSTNode) -> str | None:
+    """``loader`` in ``loader = DataLoader(...)``."""
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return dotted_name(parent.targets[0].target)
+    if isinstance(parent, cst.AnnAssign):
+        return dotted_name(parent.target)
+    return None

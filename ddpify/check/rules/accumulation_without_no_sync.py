@@ -1,0 +1,81 @@
+import libcst as cst
+
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class AccumulationWithoutNoSync(Rule):
+    """Gradient accumulation without `no_sync()`.
+
+    ## What it does
+    Flags a step loop with a DDP model where `optimizer.step()` runs under an `if` that uses
+    `%` (accumulate every k micro-batches) while `backward()` runs every iteration, and the
+    file never uses `no_sync()`.
+
+    ## Why is this bad?
+    DDP all-reduces gradients on every backward, also for micro-batches whose gradients are
+    only accumulated: k-1 of every k all-reduces are wasted.
+
+    ## Example
+    ```python
+    loss.backward()
+    if (i + 1) % accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    ctx = model.no_sync() if (i + 1) % accum else contextlib.nullcontext()
+    with ctx:
+        loss.backward()
+    if (i + 1) % accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html#torch.nn.parallel.DistributedDataParallel.no_sync
+    """
+
+    CODE = "DDP204"
+    NAME = "accumulation-without-no-sync"
+    MESSAGE = "gradient accumulation all-reduces on every micro-batch; wrap non-final backwards in `model.no_sync()`"
+    SEVERITY = "warning"
+    VALID = [
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+        "for i, x in enumerate(loader):\n    with model.no_sync():\n        model(x).sum().backward()\n"
+        "    if i % 4 == 0:\n        opt.step()\n",
+    ]
+    INVALID = [
+        Invalid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+                "for i, x in enumerate(loader):\n    model(x).sum().backward()\n"
+                "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()\n"),
+    ]
+
+    def _under_modulo_if(self, ctx, node, loop) -> bool:
+        for p in ctx.ancestors(node):
+            if p is loop:
+                return False
+            if isinstance(p, cst.If) and "%" in ctx.code(p.test):
+                return True
+        return False
+
+    def check(self, ctx):
+        if not ctx.ddp_bindings or ctx.method_calls("no_sync"):
+            return
+        for loop in ctx.step_loops:
+            calls = [c for c in ctx.calls if c.loops and c.loops[-1] is loop]
+            steps = [
+                c
+                for c in calls
+                if c.name == "step" and c.receiver is not None
+                and any(w in ctx.code(c.receiver).lower() for w in ("opt", "scaler"))
+            ]
+            if not steps or not all(self._under_modulo_if(ctx, s.node, loop) for s in steps):
+                continue
+            for b in calls:
+                if ctx.is_backward(b) and not self._under_modulo_if(ctx, b.node, loop):
+                    yield Report(b.node)

@@ -1,0 +1,47 @@
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class BarrierInStepLoop(Rule):
+    """`barrier()` every training step.
+
+    ## What it does
+    Flags `dist.barrier()` in the step loop (a loop that runs a backward each iteration, or
+    a function called once per step).
+
+    ## Why is this bad?
+    Every step waits for the slowest rank twice (DDP's all-reduce already synchronises the
+    gradients): pure idle time that grows with the number of GPUs.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        dist.barrier()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/ddp.html
+    """
+
+    CODE = "DDP202"
+    NAME = "barrier-in-step-loop"
+    MESSAGE = "`barrier()` every step stalls all ranks; DDP already syncs gradients, remove it or move it out of the step loop"
+    SEVERITY = "warning"
+    VALID = ["import torch.distributed as dist\nfor x in loader:\n    model(x).sum().backward()\ndist.barrier()\n"]
+    INVALID = [Invalid("import torch.distributed as dist\nfor x in loader:\n    model(x).sum().backward()\n    dist.barrier()\n")]
+
+    def check(self, ctx):
+        for ci in ctx.calls_to("torch.distributed.barrier", "torch.distributed.monitored_barrier"):
+            if ctx.in_step(ci.node):
+                yield Report(ci.node)

@@ -1,0 +1,57 @@
+from ddpify.check.context import positional, string_value
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class CudaWithoutSetDevice(Rule):
+    """"The GPU" without saying which, in a script that never sets its device.
+
+    ## What it does
+    Flags bare `.cuda()`, `.to("cuda")`, `torch.device("cuda")` and `device="cuda"` in a
+    distributed script that never calls `torch.cuda.set_device(local_rank)`.
+
+    ## Why is this bad?
+    `"cuda"` means the current device, which is GPU 0 in every process until
+    `set_device` is called: all ranks pile onto one GPU.
+
+    ## Example
+    ```python
+    dist.init_process_group("nccl")
+    model = model.cuda()
+    ```
+
+    ## Use instead
+    ```python
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    model = model.cuda()
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/cuda.html#cuda-semantics
+    """
+
+    CODE = "DDP108"
+    NAME = "cuda-without-set-device"
+    MESSAGE = "`cuda` means GPU 0 on every rank until `torch.cuda.set_device(local_rank)` is called; set the device"
+    VALID = [
+        "import torch, torch.distributed as dist\ntorch.cuda.set_device(local_rank)\nmodel = model.cuda()\n",
+        "model = model.cuda()\n",
+    ]
+    INVALID = [
+        Invalid("import torch.distributed as dist\nmodel = model.cuda()\n"),
+        Invalid("import torch, torch.distributed as dist\ndevice = torch.device('cuda')\n"),
+    ]
+
+    def check(self, ctx):
+        if ctx.has_set_device:
+            return
+        for ci in ctx.calls:
+            if ci.receiver is not None and ci.name == "cuda" and not ci.node.args:
+                yield Report(ci.node)
+            elif ci.is_("torch.device") or (ci.receiver is not None and ci.name == "to"):
+                pos = positional(ci.node)
+                if pos and string_value(pos[0].value) == "cuda":
+                    yield Report(ci.node)

@@ -1,0 +1,44 @@
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class DataParallel(Rule):
+    """`nn.DataParallel` instead of DistributedDataParallel.
+
+    ## What it does
+    Flags `torch.nn.DataParallel(...)`, in any script.
+
+    ## Why is this bad?
+    DataParallel runs one process with one thread per GPU: the GIL, a scatter/gather through
+    GPU 0 every step and an unbalanced GPU 0 make it slower than DDP even on one machine,
+    and it is not multi-node. PyTorch recommends DDP.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(model)
+    ```
+
+    ## Use instead
+    ```python
+    model = DDP(model.to(local_rank), device_ids=[local_rank])  # under torchrun
+    ```
+
+    ## Fix safety
+    No automatic fix here; `ddpify convert` rewrites the script.
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/cuda.html#cuda-nn-ddp-instead
+    """
+
+    CODE = "DDP201"
+    NAME = "data-parallel"
+    MESSAGE = "`nn.DataParallel` is slower than DDP and single-node only; use DistributedDataParallel (`ddpify convert`)"
+    DISTRIBUTED_ONLY = False
+    SEVERITY = "warning"
+    VALID = ["from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(net)\n"]
+    INVALID = [Invalid("import torch.nn as nn\nm = nn.DataParallel(net)\n"),
+               Invalid("from torch.nn import DataParallel as DP\nm = DP(net)\n")]
+
+    def check(self, ctx):
+        for ci in ctx.calls_to("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                               "torch.nn.parallel.data_parallel.DataParallel"):
+            yield Report(ci.node)

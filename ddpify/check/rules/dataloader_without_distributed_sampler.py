@@ -1,0 +1,93 @@
+import libcst as cst
+
+from ddpify.check.context import DATALOADER, dotted_name, has_star_kwargs, is_true, kwarg
+from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import assigned_name, iterated_name
+
+_LOCAL_SAMPLERS = frozenset(
+    {
+        "torch.utils.data.RandomSampler",
+        "torch.utils.data.SequentialSampler",
+        "torch.utils.data.sampler.RandomSampler",
+        "torch.utils.data.sampler.SequentialSampler",
+    }
+)
+
+
+class DataLoaderWithoutDistributedSampler(Rule):
+    """Training DataLoader without a `DistributedSampler`.
+
+    ## What it does
+    Flags a training `DataLoader` (shuffled, named like a training loader, or iterated by the
+    step loop) with no sampler, or with a `RandomSampler`/`SequentialSampler`, in a
+    distributed script. Loaders used on rank 0 only are not flagged.
+
+    ## Why is this bad?
+    Every rank iterates the whole dataset: an epoch does N times the work and the model sees
+    each sample N times per step, so results differ from the single-GPU run.
+
+    ## Example
+    ```python
+    loader = DataLoader(dataset, batch_size=32, shuffle=True)
+    ```
+
+    ## Use instead
+    ```python
+    sampler = DistributedSampler(dataset, shuffle=True)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    ```
+
+    ## Fix safety
+    No automatic fix (`ddpify convert` does this conversion).
+
+    ## References
+    - https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
+    """
+
+    CODE = "DDP110"
+    NAME = "dataloader-without-distributed-sampler"
+    MESSAGE = "training DataLoader without DistributedSampler: every rank trains on all data; pass `sampler=DistributedSampler(dataset)`"
+    VALID = [
+        "import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\n"
+        "train_loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds))\n",
+        "import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n"
+        "test_loader = DataLoader(ds, batch_size=8, shuffle=False)\n",
+        "from torch.utils.data import DataLoader\ntrain_loader = DataLoader(ds, batch_size=8, shuffle=True)\n",
+    ]
+    INVALID = [
+        Invalid("import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n"
+                "loader = DataLoader(ds, batch_size=8, shuffle=True)\n"),
+        Invalid("import torch.distributed as dist\nfrom torch.utils.data import DataLoader, RandomSampler\n"
+                "loader = DataLoader(ds, sampler=RandomSampler(ds))\n"),
+    ]
+
+    def _local_sampler(self, ctx, expr) -> bool:
+        if isinstance(expr, cst.Call):
+            q = ctx.info(expr).qnames
+            if q & _LOCAL_SAMPLERS:
+                return True
+            if any(x.endswith("BatchSampler") for x in q) and expr.args:
+                return self._local_sampler(ctx, expr.args[0].value)
+        return False
+
+    def check(self, ctx):
+        step_iterated = {iterated_name(l) for l in ctx.step_loops if isinstance(l, cst.For)}
+        for ci in ctx.calls_to(*DATALOADER):
+            call = ci.node
+            if has_star_kwargs(call):
+                continue
+            sampler = kwarg(call, "sampler") or kwarg(call, "batch_sampler")
+            if sampler is None and len(call.args) > 3 and call.args[3].keyword is None:
+                sampler = call.args[3]
+            if sampler is not None:
+                if self._local_sampler(ctx, sampler.value):
+                    yield Report(sampler)
+                continue
+            if ctx.in_rank0(call):
+                continue
+            name = assigned_name(ctx, call) or ""
+            shuffle = kwarg(call, "shuffle")
+            if (shuffle is not None and is_true(shuffle.value)) or "train" in name.lower() or (
+                name and name in step_iterated
+            ):
+                yield Report(call)

@@ -1,0 +1,69 @@
+import re
+
+import libcst as cst
+
+from ddpify.check.context import int_value, positional, string_value
+from ddpify.check.rule import Invalid, Report, Rule
+
+_CUDA_N = re.compile(r"^cuda:\d+$")
+
+
+class HardCodedCudaIndex(Rule):
+    """Hard-coded GPU index in a distributed script.
+
+    ## What it does
+    Flags `"cuda:0"`-style strings passed to a call, `torch.device("cuda", 0)` and
+    `.cuda(0)` in a file that uses torch.distributed.
+
+    ## Why is this bad?
+    Every process puts its tensors on the same GPU: the other GPUs idle, GPU 0 runs out of
+    memory, and NCCL fails with "invalid usage" or hangs when ranks share a device (seed 003).
+
+    ## Example
+    ```python
+    model = model.to("cuda:0")
+    ```
+
+    ## Use instead
+    ```python
+    device = torch.device(f"cuda:{local_rank}")
+    model = model.to(device)
+    ```
+
+    ## Fix safety
+    No automatic fix: the name of the local-rank variable is the script's.
+
+    ## References
+    - https://pytorch.org/tutorials/intermediate/ddp_tutorial.html
+    """
+
+    CODE = "DDP106"
+    NAME = "hard-coded-cuda-index"
+    MESSAGE = "hard-coded GPU index: every rank uses the same GPU; use `cuda:{local_rank}`"
+    VALID = [
+        "import torch.distributed as dist\nx = x.to(f'cuda:{local_rank}')\n",
+        "import torch.distributed as dist\nsd = torch.load(p, map_location={'cuda:0': f'cuda:{rank}'})\n",
+        "x = x.to('cuda:0')\n",
+    ]
+    INVALID = [
+        Invalid("import torch.distributed as dist\nx = x.to('cuda:0')\n"),
+        Invalid("import torch, torch.distributed as dist\nd = torch.device('cuda', 0)\n"),
+        Invalid("import torch.distributed as dist\nmodel = model.cuda(0)\n"),
+    ]
+
+    def check(self, ctx):
+        for ci in ctx.calls:
+            args = ci.node.args
+            if ci.is_("torch.device") and len(args) >= 2 and int_value(args[1].value) is not None:
+                if string_value(args[0].value) == "cuda":
+                    yield Report(ci.node)
+                    continue
+            if ci.receiver is not None and ci.name == "cuda":
+                pos = positional(ci.node)
+                if pos and int_value(pos[0].value) is not None:
+                    yield Report(ci.node)
+                    continue
+            for arg in args:
+                s = string_value(arg.value)
+                if s is not None and _CUDA_N.match(s):
+                    yield Report(arg.value)

@@ -1,0 +1,62 @@
+from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import every_rank, in_worker
+
+_LEVELS = ("info", "debug")
+
+
+class LogOnEveryRank(Rule):
+    """`logging` info/debug messages from every rank.
+
+    ## What it does
+    Flags `logging.info(...)`, `logger.info(...)` and `.debug(...)` in training code outside a
+    rank-0-only branch (messages that mention the rank are not flagged). Warnings and errors
+    are left alone: they may be rank-specific.
+
+    ## Why is this bad?
+    Each message is written N times; with a shared log file the lines interleave.
+
+    ## Example
+    ```python
+    logger.info("epoch %d loss %.3f", epoch, loss)
+    ```
+
+    ## Use instead
+    ```python
+    if rank == 0:
+        logger.info("epoch %d loss %.3f", epoch, loss)
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://docs.python.org/3/library/logging.html
+    """
+
+    CODE = "DDP303"
+    NAME = "log-on-every-rank"
+    MESSAGE = "log message written by every rank; guard it with `if rank == 0:` or set the level to WARNING off rank 0"
+    SEVERITY = "warning"
+    VALID = [
+        "import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\n"
+        "for e in range(3):\n    if rank == 0:\n        logger.info('e %d', e)\n",
+    ]
+    INVALID = [
+        Invalid("import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\n"
+                "for e in range(3):\n    logger.info('e %d', e)\n"),
+        Invalid("import logging, torch.distributed as dist\nfor e in range(3):\n    logging.info('e %d', e)\n"),
+    ]
+
+    def check(self, ctx):
+        loggers = {
+            b.dotted
+            for b in ctx.assignments
+            if b.value in ctx.call_info and ctx.info(b.value).is_("logging.getLogger")
+        }
+        for ci in ctx.calls:
+            if ci.name not in _LEVELS or ci.receiver is None:
+                continue
+            if not (ci.is_("logging.info", "logging.debug") or ctx.code(ci.receiver) in loggers):
+                continue
+            if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
+                yield Report(ci.node)

@@ -1,0 +1,55 @@
+from ddpify.check.context import DISTRIBUTED_SAMPLER, is_false, kwarg
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class MissingSetEpoch(Rule):
+    """Shuffling `DistributedSampler` without `set_epoch`.
+
+    ## What it does
+    Flags a `DistributedSampler` that shuffles (the default) in a file that never calls
+    `set_epoch`.
+
+    ## Why is this bad?
+    The sampler seeds its shuffle with the epoch number; without `set_epoch(epoch)` every
+    epoch uses the same order, which hurts convergence.
+
+    ## Example
+    ```python
+    for epoch in range(epochs):
+        for x, y in loader:
+            ...
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            ...
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
+    """
+
+    CODE = "DDP112"
+    NAME = "missing-set-epoch"
+    MESSAGE = "DistributedSampler shuffles the same way every epoch; call `sampler.set_epoch(epoch)` at the top of each epoch"
+    VALID = [
+        "from torch.utils.data import DistributedSampler\ns = DistributedSampler(ds)\n"
+        "for epoch in range(3):\n    s.set_epoch(epoch)\n",
+        "from torch.utils.data import DistributedSampler\ns = DistributedSampler(ds, shuffle=False)\n",
+    ]
+    INVALID = [Invalid("from torch.utils.data import DistributedSampler\ns = DistributedSampler(ds)\n")]
+
+    def check(self, ctx):
+        if ctx.method_calls("set_epoch"):
+            return
+        for ci in ctx.calls_to(*DISTRIBUTED_SAMPLER):
+            shuffle = kwarg(ci.node, "shuffle")
+            if shuffle is not None and is_false(shuffle.value):
+                continue
+            yield Report(ci.node)

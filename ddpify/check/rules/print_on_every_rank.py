@@ -1,0 +1,47 @@
+from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import every_rank, in_worker
+
+
+class PrintOnEveryRank(Rule):
+    """`print` in the training code runs on every rank.
+
+    ## What it does
+    Flags `print(...)` in training code (loops, training functions, code after
+    `init_process_group`) outside a rank-0-only branch. Prints that mention the rank are
+    per-rank on purpose and are not flagged.
+
+    ## Why is this bad?
+    Every line appears N times, interleaved: logs become unreadable and slow.
+
+    ## Example
+    ```python
+    print(f"epoch {epoch} loss {loss.item():.3f}")
+    ```
+
+    ## Use instead
+    ```python
+    if rank == 0:
+        print(f"epoch {epoch} loss {loss.item():.3f}")
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://github.com/pytorch/examples/blob/main/distributed/ddp-tutorial-series/multigpu_torchrun.py
+    """
+
+    CODE = "DDP302"
+    NAME = "print-on-every-rank"
+    MESSAGE = "`print` runs on every rank (N copies of each line); guard it with `if rank == 0:` or tag it with the rank"
+    SEVERITY = "warning"
+    VALID = [
+        "import torch.distributed as dist\nfor epoch in range(3):\n    if rank == 0:\n        print(epoch)\n",
+        "import torch.distributed as dist\nfor epoch in range(3):\n    print(f'[GPU{gpu_id}] epoch {epoch}')\n",
+    ]
+    INVALID = [Invalid("import torch.distributed as dist\nfor epoch in range(3):\n    print(epoch)\n")]
+
+    def check(self, ctx):
+        for ci in ctx.calls_to("builtins.print"):
+            if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
+                yield Report(ci.node)

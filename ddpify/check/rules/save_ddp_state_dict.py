@@ -1,0 +1,67 @@
+import libcst as cst
+
+from ddpify.check.fix import insert_module_attr
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class SaveDDPStateDict(Rule):
+    """`state_dict()` taken from the DDP wrapper.
+
+    ## What it does
+    Flags `ddp_model.state_dict()` where `ddp_model` holds the `DistributedDataParallel` wrapper.
+
+    ## Why is this bad?
+    Every key gets a `module.` prefix: the checkpoint no longer loads into the plain model
+    (single-GPU script, inference, or `model.module` on resume) without renaming keys.
+
+    ## Example
+    ```python
+    torch.save(ddp_model.state_dict(), "model.pt")
+    ```
+
+    ## Use instead
+    ```python
+    torch.save(ddp_model.module.state_dict(), "model.pt")
+    ```
+
+    ## Fix safety
+    Safe for new checkpoints. Code that loads old checkpoints saved with the prefix into the
+    wrapper must then load into `ddp_model.module` (see DDP121).
+
+    ## References
+    - https://pytorch.org/tutorials/intermediate/ddp_tutorial.html#save-and-load-checkpoints
+    - https://github.com/pytorch/examples/blob/main/distributed/ddp-tutorial-series/multigpu_torchrun.py
+    """
+
+    CODE = "DDP120"
+    NAME = "save-ddp-state-dict"
+    MESSAGE = "`state_dict()` of the DDP wrapper prefixes every key with `module.`; use `model.module.state_dict()`"
+    FIXABLE = True
+    VALID = [
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+        "sd = model.module.state_dict()\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nsd = net.state_dict()\nmodel = DDP(net)\n",
+    ]
+    INVALID = [
+        Invalid(
+            "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+            "torch.save(model.state_dict(), 'm.pt')\n",
+            "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+            "torch.save(model.module.state_dict(), 'm.pt')\n",
+        ),
+        Invalid(
+            "from torch.nn.parallel import DistributedDataParallel as DDP\nclass T:\n"
+            "    def __init__(self, m):\n        self.model = DDP(m)\n"
+            "    def save(self):\n        return {'model': self.model.state_dict()}\n",
+            "from torch.nn.parallel import DistributedDataParallel as DDP\nclass T:\n"
+            "    def __init__(self, m):\n        self.model = DDP(m)\n"
+            "    def save(self):\n        return {'model': self.model.module.state_dict()}\n",
+        ),
+    ]
+
+    def check(self, ctx):
+        for ci in ctx.method_calls("state_dict"):
+            if ctx.is_ddp(ci.receiver):
+                func = ci.node.func
+                new = func.with_changes(value=insert_module_attr(ci.receiver))
+                yield Report(ci.node, fixes=[(func, new)])

@@ -1,0 +1,72 @@
+import libcst as cst
+
+from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import trains
+
+
+class SetEpochAfterIteration(Rule):
+    """`set_epoch` called after the epoch's data was already iterated.
+
+    ## What it does
+    Flags `sampler.set_epoch(epoch)` when, in the same epoch-loop body, a training loop (or
+    a call to a training function) comes before it.
+
+    ## Why is this bad?
+    The loader's iterator draws its indices when the iteration starts; setting the epoch
+    afterwards shuffles the *next* epoch with this epoch's seed, so epoch 0 and 1 share an order.
+
+    ## Example
+    ```python
+    for epoch in range(epochs):
+        train_one_epoch(model, loader)
+        sampler.set_epoch(epoch)
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        train_one_epoch(model, loader)
+    ```
+
+    ## Fix safety
+    No automatic fix.
+
+    ## References
+    - https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
+    """
+
+    CODE = "DDP113"
+    NAME = "set-epoch-after-iteration"
+    MESSAGE = "`set_epoch` after the loader was iterated has no effect this epoch; call it at the top of the epoch loop"
+    VALID = [
+        "import torch.distributed as dist\nfor epoch in range(3):\n    s.set_epoch(epoch)\n"
+        "    for x in loader:\n        model(x).sum().backward()\n",
+    ]
+    INVALID = [
+        Invalid("import torch.distributed as dist\nfor epoch in range(3):\n"
+                "    for x in loader:\n        model(x).sum().backward()\n    s.set_epoch(epoch)\n"),
+    ]
+
+    def _statement_trains(self, ctx, stmt) -> bool:
+        for ci in ctx.calls:
+            if trains(ctx, ci) and any(a is stmt for a in ctx.ancestors(ci.node)):
+                return True
+        return False
+
+    def check(self, ctx):
+        for ci in ctx.method_calls("set_epoch"):
+            if not ci.loops:
+                continue
+            loop = ci.loops[-1]
+            stmt = ci.node
+            for a in ctx.ancestors(ci.node):
+                if ctx.parent(a) is loop.body:
+                    stmt = a
+                    break
+                stmt = a
+            body = list(loop.body.body)
+            if stmt not in body:
+                continue
+            if any(self._statement_trains(ctx, s) for s in body[: body.index(stmt)]):
+                yield Report(ci.node)

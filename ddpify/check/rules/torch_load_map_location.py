@@ -1,0 +1,58 @@
+import libcst as cst
+
+from ddpify.check.context import has_star_kwargs, kwarg, positional
+from ddpify.check.fix import add_kwarg
+from ddpify.check.rule import Invalid, Report, Rule
+
+
+class TorchLoadWithoutMapLocation(Rule):
+    """`torch.load` without `map_location` in a distributed script.
+
+    ## What it does
+    Flags `torch.load(path)` without `map_location` in a file that uses torch.distributed.
+
+    ## Why is this bad?
+    Tensors are restored onto the device they were saved from, usually `cuda:0`: every rank
+    loads its copy onto GPU 0, which runs out of memory or slows everyone down.
+
+    ## Example
+    ```python
+    state = torch.load("checkpoint.pt")
+    ```
+
+    ## Use instead
+    ```python
+    state = torch.load("checkpoint.pt", map_location="cpu")
+    ```
+
+    ## Fix safety
+    Safe for state dicts (`load_state_dict` copies onto the model's device). Tensors used
+    directly from the loaded object are on the CPU afterwards and may need `.to(device)`.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.load.html
+    - https://pytorch.org/tutorials/intermediate/ddp_tutorial.html#save-and-load-checkpoints
+    """
+
+    CODE = "DDP109"
+    NAME = "torch-load-without-map-location"
+    MESSAGE = "`torch.load` without `map_location` loads onto GPU 0 on every rank; pass `map_location`"
+    FIXABLE = True
+    VALID = [
+        "import torch, torch.distributed as dist\ns = torch.load(p, map_location='cpu')\n",
+        "import torch\ns = torch.load(p)\n",
+    ]
+    INVALID = [
+        Invalid(
+            "import torch, torch.distributed as dist\ns = torch.load(p)\n",
+            "import torch, torch.distributed as dist\ns = torch.load(p, map_location=\"cpu\")\n",
+        ),
+    ]
+
+    def check(self, ctx):
+        for ci in ctx.calls_to("torch.load", "torch.serialization.load"):
+            call = ci.node
+            if kwarg(call, "map_location") or has_star_kwargs(call) or len(positional(call)) >= 2:
+                continue
+            fixed = add_kwarg(call, "map_location", cst.SimpleString('"cpu"'))
+            yield Report(call, fixes=[(call, fixed)])
