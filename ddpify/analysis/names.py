@@ -14,6 +14,10 @@ SEQUENTIAL_SAMPLER = frozenset(
 )
 TORCH_DEVICE = frozenset({"torch.device"})
 TORCH_SAVE = frozenset({"torch.save"})
+TORCH_LOAD = frozenset({"torch.load"})
+DATA_PARALLEL = frozenset(
+    {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"}
+)
 SET_DEVICE = frozenset({"torch.cuda.set_device"})
 PRINT = frozenset({"builtins.print", "print"})
 OPTIMIZER_PREFIX = "torch.optim."

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import (
     MetadataWrapper,
     ParentNodeProvider,
@@ -66,9 +67,10 @@ class Script:
     loaders: list[Loader] = field(default_factory=list)
     train_loaders: list[Loader] = field(default_factory=list)
     epoch_loops: dict[str, list[EpochLoop]] = field(default_factory=dict)
-    training_functions: set[str] = field(default_factory=set)
+    training_functions: set[cst.FunctionDef] = field(default_factory=set)
     eval_calls: list[cst.Call] = field(default_factory=list)
     ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
+    data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
 
     # -- tree navigation -------------------------------------------------
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -133,10 +135,35 @@ class Script:
         return bool(self.names(call.func) & qualified)
 
     def local_function(self, call: cst.Call) -> cst.FunctionDef | None:
-        """The module-level function a call invokes, if it is one of the script's."""
+        """The script's own function (or `self.method`) a call invokes, if any."""
         if isinstance(call.func, cst.Name):
             return self.functions.get(call.func.value)
+        if m.matches(call.func, m.Attribute(value=m.Name("self"))):
+            cls = self.class_of(call)
+            if cls is not None:
+                return self.methods(cls).get(call.func.attr.value)
         return None
+
+    def class_of(self, node: cst.CSTNode) -> cst.ClassDef | None:
+        """The class whose method holds `node`."""
+        return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+
+    def methods(self, cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
+        return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+
+    def scopes_for(self, ref: str, scope: ScopeNode) -> list[ScopeNode]:
+        """Where a reference is visible: its own scope, or every method for `self.x`."""
+        cls = self.class_of(scope) if ref.startswith("self.") else None
+        return list(self.methods(cls).values()) if cls is not None else [scope]
+
+
+def ref_of(node: cst.CSTNode) -> str | None:
+    """`name` or `self.attr` as a string: the references ddpify follows."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if m.matches(node, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        return f"self.{node.attr.value}"
+    return None
 
 
 class _CallCollector(cst.CSTVisitor):
@@ -149,8 +176,17 @@ class _CallCollector(cst.CSTVisitor):
             self.script.distributed_marker = node
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if self.script.distributed_marker is None and self.script.names(node) & N.DISTRIBUTED_MARKERS:
+        self._reference(node)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._reference(node)
+
+    def _reference(self, node: cst.CSTNode) -> None:
+        names = self.script.names(node)
+        if self.script.distributed_marker is None and names & N.DISTRIBUTED_MARKERS:
             self.script.distributed_marker = node
+        if names & N.DATA_PARALLEL and not isinstance(self.script.parent(node), (cst.Attribute, cst.ImportAlias)):
+            self.script.data_parallel.append(node)
 
 
 def analyze(wrapper: MetadataWrapper) -> Script:
@@ -166,13 +202,22 @@ def analyze(wrapper: MetadataWrapper) -> Script:
     module.visit(_CallCollector(script))
     if script.distributed_marker is not None:
         return script
-    script.training_functions = {
-        name for name, fn in script.functions.items() if _has_backward(script, fn)
-    }
+    script.training_functions = {fn for fn in _function_defs(module) if _has_backward(script, fn)}
     _find_model(script)
     _find_loaders(script)
     _find_ddp_names_and_eval_calls(script)
     return script
+
+
+def _function_defs(module: cst.Module) -> list[cst.FunctionDef]:
+    found: list[cst.FunctionDef] = []
+
+    class _Defs(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            found.append(node)
+
+    module.visit(_Defs())
+    return found
 
 
 def _has_backward(script: Script, outer: cst.CSTNode) -> bool:
@@ -190,8 +235,8 @@ def _find_model(script: Script) -> None:
             continue
         for inner in script.calls_in(call):
             owner = N.receiver(inner)
-            if N.call_name(inner) == "parameters" and isinstance(owner, cst.Name):
-                script.model_name = owner.value
+            if N.call_name(inner) == "parameters" and owner is not None and ref_of(owner):
+                script.model_name = ref_of(owner)
                 script.model_scope = script.scope_of(call)
                 script.optimizer_stmt = script.top_statement(call, script.model_scope)
                 return
@@ -207,10 +252,10 @@ def _find_loaders(script: Script) -> None:
         if (
             isinstance(assign, cst.Assign)
             and len(assign.targets) == 1
-            and isinstance(assign.targets[0].target, cst.Name)
+            and ref_of(assign.targets[0].target)
             and isinstance(line, cst.SimpleStatementLine)
         ):
-            script.loaders.append(Loader(assign.targets[0].target.value, call, line, script.scope_of(call)))
+            script.loaders.append(Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call)))
         else:
             raise AnalysisError(script.line(call), "DataLoader is not assigned to a plain variable; cannot attach a DistributedSampler")
     if not script.loaders:
@@ -278,42 +323,46 @@ def _returns(fn: cst.FunctionDef) -> list[cst.Return]:
     return found
 
 
-def _mentions(node: cst.CSTNode, name: str) -> bool:
+def _mentions(node: cst.CSTNode, ref: str) -> bool:
+    """Does `node` use the variable or `self.` attribute `ref`?"""
     found = False
 
     class _Find(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
+        def on_visit(self, n: cst.CSTNode) -> bool:
             nonlocal found
-            found = found or n.value == name
+            if isinstance(n, (cst.Name, cst.Attribute)) and ref_of(n) == ref:
+                found = True
+            return not found
 
     node.visit(_Find())
     return found
 
 
-def _epoch_loops(script: Script, name: str, scope: ScopeNode, depth: int) -> list[EpochLoop] | None:
-    """Epoch loops around training passes over loader `name` in `scope`; None if it never trains."""
+def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list[EpochLoop] | None:
+    """Epoch loops around training passes over loader `ref`; None if it never trains."""
     if depth > 3:
         return None
     found: list[EpochLoop] | None = None
-    for loop in _loops_in(script, scope):
-        if _mentions(loop.iter, name) and _has_backward(script, loop.body):
-            outer = script.enclosing_loop(loop, scope)
-            found = found or []
+    for where in script.scopes_for(ref, scope):
+        for loop in _loops_in(script, where):
+            if _mentions(loop.iter, ref) and _has_backward(script, loop.body):
+                outer = script.enclosing_loop(loop, where)
+                found = found or []
+                if outer is not None:
+                    found.append(EpochLoop(outer, where, ref))
+        for call in script.calls_in(where):
+            fn = script.local_function(call)
+            if fn is None or script.scope_of(call) is not where or fn not in script.training_functions:
+                continue
+            param = _param_receiving(fn, call, ref)
+            if param is None:
+                continue
+            outer = script.enclosing_loop(call, where)
+            inner = _epoch_loops(script, param, fn, depth + 1)
             if outer is not None:
-                found.append(EpochLoop(outer, scope, name))
-    for call in script.calls_in(scope):
-        fn = script.local_function(call)
-        if fn is None or script.scope_of(call) is not scope or fn.name.value not in script.training_functions:
-            continue
-        param = _param_receiving(fn, call, name)
-        if param is None:
-            continue
-        outer = script.enclosing_loop(call, scope)
-        inner = _epoch_loops(script, param, fn, depth + 1)
-        if outer is not None:
-            found = (found or []) + [EpochLoop(outer, scope, name)]
-        elif inner is not None:
-            found = (found or []) + inner
+                found = (found or []) + [EpochLoop(outer, where, ref)]
+            elif inner is not None:
+                found = (found or []) + inner
     return found
 
 
@@ -328,30 +377,33 @@ def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
     return [loop for loop in loops if script.scope_of(loop) is scope]
 
 
-def _param_receiving(fn: cst.FunctionDef, call: cst.Call, name: str) -> str | None:
-    """The parameter of `fn` that receives variable `name` at this call."""
+def _param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None:
+    """The parameter of `fn` that receives `ref` at this call."""
     params = [p.name.value for p in fn.params.params]
+    if params[:1] == ["self"] and isinstance(call.func, cst.Attribute):
+        params = params[1:]
     for index, arg in enumerate(N.positional(call)):
-        if isinstance(arg.value, cst.Name) and arg.value.value == name and index < len(params):
+        if ref_of(arg.value) == ref and index < len(params):
             return params[index]
     for arg in call.args:
-        if arg.keyword is not None and isinstance(arg.value, cst.Name) and arg.value.value == name:
+        if arg.keyword is not None and ref_of(arg.value) == ref:
             return arg.keyword.value
     return None
 
 
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
     """Which names hold the DDP model in which function, and which helper calls only evaluate."""
-    scope = script.model_scope
-    script.ddp_names[scope] = {script.model_name}
-    for call in script.calls_in(scope):
-        fn = script.local_function(call)
-        if fn is None or script.scope_of(call) is not scope:
-            continue
-        param = _param_receiving(fn, call, script.model_name)
-        if param is None:
-            continue
-        if fn.name.value in script.training_functions:
-            script.ddp_names.setdefault(fn, set()).add(param)
-        elif isinstance(script.parent(call), cst.Expr):
-            script.eval_calls.append(call)
+    model = script.model_name
+    for scope in script.scopes_for(model, script.model_scope):
+        script.ddp_names.setdefault(scope, set()).add(model)
+        for call in script.calls_in(scope):
+            fn = script.local_function(call)
+            if fn is None or script.scope_of(call) is not scope:
+                continue
+            param = _param_receiving(fn, call, model)
+            if param is None:
+                continue
+            if fn in script.training_functions:
+                script.ddp_names.setdefault(fn, set()).add(param)
+            elif isinstance(script.parent(call), cst.Expr):
+                script.eval_calls.append(call)

@@ -11,9 +11,11 @@ from ddpify.analysis.script import analyze
 from ddpify.convert import (
     guard_rank_zero,
     place_on_device,
+    replace_data_parallel,
     setup_process_group,
     shard_data,
     teardown,
+    unwrap_state_dicts,
     wrap_model,
 )
 from ddpify.convert.context import Context
@@ -21,7 +23,16 @@ from ddpify.convert.edits import Edits, apply
 from ddpify.results import ConvertResult, Note
 
 # Order matters: later passes read the names and positions earlier ones chose.
-PASSES = (setup_process_group, place_on_device, wrap_model, shard_data, guard_rank_zero, teardown)
+PASSES = (
+    setup_process_group,
+    place_on_device,
+    replace_data_parallel,
+    wrap_model,
+    unwrap_state_dicts,
+    shard_data,
+    guard_rank_zero,
+    teardown,
+)
 
 
 def convert_module(module: cst.Module) -> ConvertResult:

@@ -31,9 +31,14 @@ class Context:
         """Can code in `scope` name this process's device?"""
         if scope is self.setup_scope or isinstance(self.setup_scope, cst.Module):
             return True
+        if self.device.startswith("self."):
+            return scope in self.script.scopes_for(self.device, self.setup_scope)
         return isinstance(scope, cst.FunctionDef) and any(
             p.name.value == self.device for p in scope.params.params
         )
+
+    def local_rank_visible(self, scope: ScopeNode) -> bool:
+        return scope is self.setup_scope or isinstance(self.setup_scope, cst.Module)
 
     def rank0_condition(self, stmt: cst.CSTNode) -> str:
         """`dist.get_rank() == 0`, or the environment's RANK before the group exists."""
@@ -44,3 +49,12 @@ class Context:
             if body.index(script.top_statement(stmt, scope)) < self.init_index:
                 return RANK0_BEFORE_INIT
         return RANK0
+
+    def after_wrap(self, node: cst.CSTNode) -> bool:
+        """Does `node` run after the model was wrapped (as far as statement order tells)?"""
+        script = self.script
+        scope = script.scope_of(node)
+        if scope is not script.model_scope or self.wrap_after is None:
+            return True
+        body = list(script.body_of(scope).body)
+        return body.index(script.top_statement(node, scope)) > body.index(self.wrap_after)

@@ -12,7 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import Script, ScopeNode
+from ddpify.analysis.script import Script, ScopeNode, ref_of
 from ddpify.convert.context import Context
 
 LOCAL_RANK = """
@@ -35,9 +35,9 @@ else:  # plain `python`: a process group of one
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
-    found = _device_statement(script, script.model_scope)
-    if found is None and not isinstance(script.model_scope, cst.Module):
-        found = _device_statement(script, script.module)
+    found = None
+    for scope in _candidate_scopes(script):
+        found = found or _device_statement(script, scope)
     names = {"local_rank": ctx.local_rank}
     if found is not None:
         stmt, ctx.device, is_torch_device = found
@@ -73,6 +73,17 @@ def run(ctx: Context) -> None:
     )
 
 
+def _candidate_scopes(script: Script) -> list[ScopeNode]:
+    """Where to look for the script's device line: the model's function, its class, the module."""
+    scopes = [script.model_scope]
+    cls = script.class_of(script.model_scope)
+    if cls is not None:
+        scopes += [fn for fn in script.methods(cls).values() if fn is not script.model_scope]
+    if not isinstance(script.model_scope, cst.Module):
+        scopes.append(script.module)
+    return scopes
+
+
 def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStatement, str, bool] | None:
     """The first top-level statement of `scope` that binds a device: (stmt, name, is torch.device)."""
     for stmt in script.body_of(scope).body:
@@ -82,18 +93,17 @@ def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStateme
         targets = {t for t, _ in assigns}
         values = [v for _, v in assigns]
         if len(targets) == 1 and all(_is_device_value(script, v) for v in values):
-            is_torch_device = all(
-                isinstance(v, cst.Call) and script.is_call_to(v, N.TORCH_DEVICE) for v in values
-            )
+            is_torch_device = all(_is_torch_device(script, v) for v in values)
             return stmt, targets.pop(), is_torch_device
     return None
 
 
 def _assignments(stmt: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
-    """`name = value` pairs of a simple assignment, or of both branches of an if/else."""
-    if m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name())])])):
+    """`name = value` pairs of a simple assignment, or of every branch of an if/elif/else."""
+    if m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])):
         assign = stmt.body[0]
-        return [(assign.targets[0].target.value, assign.value)]
+        ref = ref_of(assign.targets[0].target)
+        return [(ref, assign.value)] if ref else []
     if isinstance(stmt, cst.If) and stmt.orelse is not None:
         # if/elif/else: every branch must be one assignment to the same name.
         pairs = []
@@ -113,7 +123,21 @@ def _is_device_value(script: Script, value: cst.BaseExpression) -> bool:
         return True
     if N.is_cuda_string(value):
         return True
-    return isinstance(value, cst.IfExp) and (N.is_cuda_string(value.body) or N.is_cuda_string(value.orelse))
+    return isinstance(value, cst.IfExp) and any(_is_gpu(script, b) for b in (value.body, value.orelse))
+
+
+def _is_torch_device(script: Script, value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.IfExp):
+        return _is_torch_device(script, value.body) and _is_torch_device(script, value.orelse)
+    return isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE)
+
+
+def _is_gpu(script: Script, value: cst.BaseExpression) -> bool:
+    """"cuda..." or torch.device("cuda...")."""
+    if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
+        args = N.positional(value)
+        return bool(args) and N.is_cuda_string(args[0].value)
+    return N.is_cuda_string(value)
 
 
 def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
@@ -137,6 +161,8 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
             for branch in (value.body, value.orelse):
                 if N.is_cuda_string(branch):
                     edits.replace(branch, edits.expression(per_rank))
+                elif _is_gpu(script, branch):
+                    edits.replace(branch, edits.expression(f"torch.device({per_rank})"))
 
 
 def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:

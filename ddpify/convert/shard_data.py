@@ -10,7 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import AnalysisError, Loader
+from ddpify.analysis.script import AnalysisError, Loader, ref_of
 from ddpify.convert.context import Context
 
 SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle})\n"
@@ -20,17 +20,70 @@ SET_EPOCH = "{sampler}.set_epoch({epoch})\n"
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     for loader in script.train_loaders:
-        sampler = _sampler_name(loader.name)
-        dataset = _dataset(ctx, loader, sampler)
-        shuffle = _take_shuffle(ctx, loader, sampler)
-        if shuffle is None:
+        sampler = _existing_sampler(ctx, loader)
+        if sampler is None:
+            sampler = _sampler_name(loader.name)
+            dataset = _dataset(ctx, loader, sampler)
+            shuffle = _take_shuffle(ctx, loader, sampler)
+            if shuffle is None:
+                continue
+            edits.insert_before(loader.stmt, SAMPLER.format(sampler=sampler, dataset=dataset, shuffle=shuffle))
+        elif not sampler:
             continue
-        edits.insert_before(loader.stmt, SAMPLER.format(sampler=sampler, dataset=dataset, shuffle=shuffle))
         edits.need_import("torch.utils.data.distributed", "DistributedSampler")
         edits.change(script.line(loader.stmt), f"`{loader.name}` reads this process's shard through `{sampler}`")
         for epoch in script.epoch_loops[loader.name]:
-            owner = sampler if epoch.scope is loader.scope else f"{epoch.loader_expr}.sampler"
-            _set_epoch(ctx, epoch.loop, owner)
+            visible = epoch.scope is loader.scope or sampler.startswith("self.")
+            _set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
+
+
+def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
+    """Turn a RandomSampler/SequentialSampler the loader already uses (directly or inside a
+    BatchSampler) into a DistributedSampler. Returns the sampler's name, "" when a TODO was
+    left instead, or None when the loader has no sampler of its own."""
+    script, edits = ctx.script, ctx.edits
+    call = loader.call
+    batch = N.keyword(call, "batch_sampler")
+    if batch is not None:
+        batch_call = _bound_call(ctx, batch.value, loader)
+        args = N.positional(batch_call) if batch_call is not None else []
+        if not args:
+            edits.todo(loader.stmt, script.line(call), f"`{loader.name}` uses a custom batch_sampler: shard it by rank")
+            return ""
+        inner = args[0].value
+    else:
+        arg = N.keyword(call, "sampler")
+        if arg is None:
+            return None
+        inner = arg.value
+    sampler_call = _bound_call(ctx, inner, loader)
+    if sampler_call is None or not script.is_call_to(sampler_call, N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER):
+        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
+        return ""
+    source = N.positional(sampler_call) or [N.keyword(sampler_call, "data_source")]
+    dataset = script.module.code_for_node(source[0].value)
+    shuffle = "True" if script.is_call_to(sampler_call, N.RANDOM_SAMPLER) else "False"
+    edits.replace(sampler_call, edits.expression(f"DistributedSampler({dataset}, shuffle={shuffle})"))
+    if ref_of(inner) is not None:
+        return ref_of(inner)
+    return f"{loader.name}.batch_sampler.sampler" if batch is not None else f"{loader.name}.sampler"
+
+
+def _bound_call(ctx: Context, value: cst.BaseExpression, loader: Loader) -> cst.Call | None:
+    """`value` itself if it is a call, else the call last assigned to the name it is."""
+    if isinstance(value, cst.Call):
+        return value
+    ref = ref_of(value)
+    if ref is None:
+        return None
+    script = ctx.script
+    found = None
+    for scope in script.scopes_for(ref, loader.scope):
+        for call in script.calls_in(scope):
+            assign = script.parent(call)
+            if isinstance(assign, cst.Assign) and assign.value is call and ref_of(assign.targets[0].target) == ref:
+                found = call
+    return found
 
 
 def _sampler_name(loader: str) -> str:
@@ -50,7 +103,7 @@ def _dataset(ctx: Context, loader: Loader, sampler: str) -> str:
         return code
     name = sampler[: -len("sampler")] + "dataset"
     ctx.edits.insert_before(loader.stmt, f"{name} = {code}\n")
-    ctx.edits.replace(arg.value, cst.Name(name))
+    ctx.edits.replace(arg.value, ctx.edits.expression(name))
     return name
 
 
@@ -60,24 +113,14 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
     call = loader.call
     sampler_arg = cst.Arg(
         keyword=cst.Name("sampler"),
-        value=cst.Name(sampler),
+        value=edits.expression(sampler),
         equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
     )
-    if N.keyword(call, "batch_sampler") is not None:
-        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` uses a batch_sampler: wrap its sampler in a DistributedSampler by hand")
-        return None
-    existing = N.keyword(call, "sampler")
-    if existing is not None:
-        value = existing.value
-        if isinstance(value, cst.Call) and script.is_call_to(value, N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER):
-            shuffle = "True" if script.is_call_to(value, N.RANDOM_SAMPLER) else "False"
-            edits.replace(value, cst.Name(sampler))
-            return shuffle
-        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
-        return None
     shuffle_arg = N.keyword(call, "shuffle")
     if shuffle_arg is not None:
-        edits.rewrite(shuffle_arg, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=cst.Name(sampler)))
+        edits.rewrite(
+            shuffle_arg, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(sampler))
+        )
         return script.module.code_for_node(shuffle_arg.value)
     star = next((a for a in call.args if a.star == "**"), None)
     if star is not None:

@@ -11,6 +11,10 @@ TEARDOWN = "dist.destroy_process_group()\n"
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
+    cls = script.class_of(ctx.setup_scope)
+    if cls is not None:
+        _after_driver(ctx, cls)
+        return
     body = list(script.body_of(ctx.setup_scope).body)
     last = body[-1]
     if isinstance(ctx.setup_scope, cst.Module):
@@ -29,3 +33,19 @@ def _is_return(stmt: cst.CSTNode) -> bool:
 
 def _is_main_guard(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.If) and "__name__" in cst.Module([]).code_for_node(stmt.test)
+
+
+def _after_driver(ctx: Context, cls: cst.ClassDef) -> None:
+    """Setup runs in a method: tear down at the end of the block that builds the object."""
+    script, edits = ctx.script, ctx.edits
+    for call in script.calls:
+        if isinstance(call.func, cst.Name) and call.func.value == cls.name.value:
+            block = script.parent(script.statement_line(call) or call)
+            last = block.body[-1]
+            if _is_return(last):
+                edits.insert_before(last, TEARDOWN)
+            else:
+                edits.insert_after(last, TEARDOWN)
+            edits.change(script.line(last), "`dist.destroy_process_group()` at the end")
+            return
+    edits.todo(cls, script.line(cls), "call `dist.destroy_process_group()` when training ends")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ddpify.analysis.script import AnalysisError
+from ddpify.analysis.script import AnalysisError, ref_of
 from ddpify.convert.context import Context
 
-WRAP = '{model} = DDP({model}, device_ids=[{local_rank}] if {device_type} == "cuda" else None)\n'
+WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
 
 
 def run(ctx: Context) -> None:
@@ -27,15 +27,17 @@ def run(ctx: Context) -> None:
     if last is None:
         raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
     ctx.wrap_after = last
-    edits.insert_after(last, WRAP.format(model=model, local_rank=ctx.local_rank, device_type=ctx.device_type))
+    index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device}.index"
+    edits.insert_after(last, WRAP.format(model=model, index=index, device_type=ctx.device_type))
     edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
     edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
 
 def _prepares(stmt: cst.CSTNode, model: str) -> bool:
     """`model = ...` or `model.to(...)`/`model.cuda()`/`model.load_state_dict(...)` as a statement."""
-    assigns = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(model))])])
-    method = m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(model))))])
+    is_model = m.MatchIfTrue(lambda node: ref_of(node) == model)
+    assigns = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=is_model)])])
+    method = m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=is_model)))])
     return m.matches(stmt, assigns | method)
 
 
@@ -44,6 +46,6 @@ def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
     if isinstance(stmt, (cst.For, cst.While)):
         return True
     for call in script.calls_in(stmt):
-        if m.matches(call.func, m.Name(model)) or any(m.matches(a.value, m.Name(model)) for a in call.args):
+        if ref_of(call.func) == model or any(ref_of(a.value) == model for a in call.args):
             return True
     return False

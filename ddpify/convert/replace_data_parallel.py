@@ -1,0 +1,49 @@
+"""Drop `nn.DataParallel`: DDP takes its place.
+
+`model = nn.DataParallel(model)` (also under `if torch.cuda.device_count() > 1:`) goes
+away; `nn.DataParallel(net).to(device)` keeps `net.to(device)`; `isinstance(m,
+nn.DataParallel)` asks about DDP, so `.module` code keeps working.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import ref_of
+from ddpify.convert.context import Context
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    for node in script.data_parallel:
+        parent = script.parent(node)
+        if isinstance(parent, cst.Call) and parent.func is node:
+            _unwrap(ctx, parent)
+        else:
+            edits.replace(node, cst.Name("DDP"))
+            edits.change(script.line(node), "`DataParallel` check now asks about `DDP`")
+
+
+def _unwrap(ctx: Context, call: cst.Call) -> None:
+    script, edits = ctx.script, ctx.edits
+    args = N.positional(call) or [N.keyword(call, "module")]
+    inner = args[0].value
+    line = script.statement_line(call)
+    assign = line.body[0] if line is not None and len(line.body) == 1 else None
+    if (
+        isinstance(assign, cst.Assign)
+        and assign.value is call
+        and ref_of(inner) is not None
+        and ref_of(assign.targets[0].target) == ref_of(inner)
+    ):
+        # `model = DataParallel(model)`: nothing is left to do; drop a bare `if` around it too.
+        block = script.parent(line)
+        owner = script.parent(block)
+        if isinstance(owner, cst.If) and owner.orelse is None and len(block.body) == 1:
+            edits.remove(owner)
+        else:
+            edits.remove(line)
+    else:
+        edits.rewrite(call, lambda updated: N.positional(updated)[0].value if N.positional(updated) else N.keyword(updated, "module").value)
+    edits.change(script.line(call), "`nn.DataParallel` removed: DistributedDataParallel replaces it")
