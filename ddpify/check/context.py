@@ -437,8 +437,13 @@ class FileContext:
             if b.func is func:
                 if line > b.line or (b.func is not None and b.line == self.line(b.func)):
                     return True
-            elif name.startswith("self.") or b.func is None:
+            elif b.func is None:
                 return True
+            elif name.startswith("self."):
+                # a method only called before the wrapping (e.g. loading a snapshot in __init__)
+                sites = self.call_sites(func) if func is not None else []
+                if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):
+                    return True
         return False
 
     def is_ddp(self, expr: cst.CSTNode) -> bool:
