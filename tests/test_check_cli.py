@@ -1,0 +1,225 @@
+"""`ddpify check` / `rules` / `rule` through the typer app: formats, selection, noqa, config, exit codes, --fix."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddpify.check.cli import make_app
+
+runner = CliRunner()
+APP = make_app()
+
+BAD = textwrap.dedent(
+    """\
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+
+    def main(ds, sampler):
+        dist.init_process_group("gloo")
+        loader = DataLoader(ds, batch_size=8, shuffle=True, sampler=sampler)
+        state = torch.load("ckpt.pt")
+        dist.destroy_process_group()
+    """
+)
+
+
+def run(*args: str):
+    return runner.invoke(APP, list(args))
+
+
+@pytest.fixture
+def bad(tmp_path: Path) -> Path:
+    p = tmp_path / "train.py"
+    p.write_text(BAD)
+    return p
+
+
+def test_text_output_and_exit_code(bad):
+    r = run("check", str(bad))
+    assert r.exit_code == 1
+    assert f"{bad}:8:43: DDP111 [*] `shuffle=True`" in r.output
+    assert f"{bad}:9:13: DDP109 [*]" in r.output
+    assert "Found 2 findings (2 fixable with --fix)." in r.output
+    assert "\x1b[" not in r.output  # no colour when not a terminal
+
+
+def test_clean_file_exits_zero(tmp_path):
+    p = tmp_path / "ok.py"
+    p.write_text("import torch\nprint(torch.ones(1))\n")
+    r = run("check", str(p))
+    assert r.exit_code == 0 and r.output == ""
+
+
+def test_json_format(bad):
+    r = run("check", "--format", "json", str(bad))
+    assert r.exit_code == 1
+    data = json.loads(r.output)
+    assert [d["code"] for d in data] == ["DDP111", "DDP109"]
+    assert set(data[0]) == {"path", "line", "column", "end_line", "end_column", "code", "message", "severity", "fixable"}
+    assert data[0]["line"] == 8 and data[0]["column"] == 43 and data[0]["end_line"] == 8
+    assert data[0]["fixable"] is True and data[0]["severity"] == "error"
+
+
+def test_json_empty_is_an_empty_array(tmp_path):
+    p = tmp_path / "ok.py"
+    p.write_text("x = 1\n")
+    r = run("check", "--format", "json", str(p))
+    assert r.exit_code == 0 and json.loads(r.output) == []
+
+
+def test_github_format(bad):
+    r = run("check", "--format", "github", str(bad))
+    lines = r.output.strip().splitlines()
+    assert lines[0].startswith(f"::error file={bad},line=8,col=43,endLine=8,")
+    assert "title=DDP111::DDP111 `shuffle=True`" in lines[0]
+
+
+def test_select_and_ignore_by_code_and_prefix(bad):
+    assert "DDP109" not in run("check", "--ignore", "DDP109", str(bad)).output
+    r = run("check", "--select", "DDP10", str(bad))
+    assert "DDP109" in r.output and "DDP111" not in r.output
+    r = run("check", "--select", "DDP2", str(bad))
+    assert r.exit_code == 0
+    r = run("check", "--ignore", "DDP109,DDP111", str(bad))
+    assert r.exit_code == 0
+
+
+def test_opinionated_rules_off_by_default(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import torch.distributed as dist\nfrom torch.utils.data import DataLoader\nl = DataLoader(ds)\n")
+    assert run("check", str(p)).exit_code == 0
+    r = run("check", "--extend-select", "DDP9", str(p))
+    assert r.exit_code == 1 and "DDP902" in r.output
+
+
+def test_unknown_selector_is_a_usage_error(bad):
+    r = run("check", "--select", "XYZ1", str(bad))
+    assert r.exit_code == 2 and "unknown rule code" in r.output
+
+
+def test_missing_path_and_bad_format_are_usage_errors(tmp_path, bad):
+    assert run("check", str(tmp_path / "nope.py")).exit_code == 2
+    assert run("check", "--format", "xml", str(bad)).exit_code == 2
+
+
+def test_statistics(bad):
+    r = run("check", "--statistics", str(bad))
+    assert r.exit_code == 1
+    assert "1\tDDP109\t[*] torch-load-without-map-location" in r.output
+    assert "1\tDDP111\t[*] shuffle-with-sampler" in r.output
+
+
+def test_noqa(tmp_path):
+    src = BAD.replace('sampler=sampler)', 'sampler=sampler)  # noqa: DDP111').replace(
+        'torch.load("ckpt.pt")', 'torch.load("ckpt.pt")  # noqa'
+    )
+    p = tmp_path / "t.py"
+    p.write_text(src)
+    assert run("check", str(p)).exit_code == 0
+    p.write_text(BAD.replace('sampler=sampler)', 'sampler=sampler)  # noqa: DDP109'))
+    r = run("check", str(p))
+    assert "DDP111" in r.output  # a noqa for another code suppresses nothing here
+
+
+def test_config_discovered_from_parent_pyproject(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n\n[tool.ddpify]\nignore = ["DDP109"]\n'
+        'per-file-ignores = {"scripts/*" = ["DDP111"]}\nexclude = ["vendored"]\n'
+    )
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "vendored").mkdir()
+    (tmp_path / "scripts" / "a.py").write_text(BAD)
+    (tmp_path / "b.py").write_text(BAD)
+    (tmp_path / "vendored" / "c.py").write_text(BAD)
+    r = run("check", "--format", "json", str(tmp_path))
+    got = {(Path(d["path"]).name, d["code"]) for d in json.loads(r.output)}
+    assert got == {("b.py", "DDP111")}
+    # a file under the config's folder finds it too
+    r = run("check", "--format", "json", str(tmp_path / "scripts" / "a.py"))
+    assert json.loads(r.output) == []
+
+
+def test_config_select_and_cli_override(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.ddpify]\nselect = ["DDP109"]\n')
+    (tmp_path / "t.py").write_text(BAD)
+    codes = {d["code"] for d in json.loads(run("check", "--format", "json", str(tmp_path)).output)}
+    assert codes == {"DDP109"}
+    codes = {d["code"] for d in json.loads(run("check", "--format", "json", "--select", "DDP111", str(tmp_path)).output)}
+    assert codes == {"DDP111"}
+
+
+def test_bad_config_is_a_usage_error(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.ddpify]\nselekt = ["DDP1"]\n')
+    (tmp_path / "t.py").write_text(BAD)
+    r = run("check", str(tmp_path))
+    assert r.exit_code == 2 and "selekt" in r.output
+
+
+def test_directory_walk_skips_default_excludes(tmp_path):
+    for d in (".venv", "build", "__pycache__", "node_modules", "pkg"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "t.py").write_text(BAD)
+    r = run("check", "--format", "json", str(tmp_path))
+    assert {Path(d["path"]).parent.name for d in json.loads(r.output)} == {"pkg"}
+
+
+def test_parse_error_reported_and_others_still_checked(tmp_path, bad):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def main(:\n    pass\n")
+    r = run("check", "--format", "json", str(tmp_path))
+    data = json.loads(r.output)
+    assert r.exit_code == 1
+    assert any(d["code"] == "DDP000" and d["path"].endswith("broken.py") for d in data)
+    assert any(d["code"] == "DDP111" and d["path"].endswith("train.py") for d in data)
+
+
+def test_parallel_jobs_give_the_same_result(tmp_path):
+    for i in range(8):
+        (tmp_path / f"t{i}.py").write_text(BAD)
+    one = json.loads(run("check", "--format", "json", "--jobs", "1", str(tmp_path)).output)
+    many = json.loads(run("check", "--format", "json", "--jobs", "2", str(tmp_path)).output)
+    assert one == many and len(one) == 16
+
+
+def test_fix_rewrites_and_is_stable(bad):
+    r = run("check", "--fix", str(bad))
+    assert r.exit_code == 0, r.output
+    assert "Fixed 2 findings." in r.output
+    text = bad.read_text()
+    assert 'DataLoader(ds, batch_size=8, sampler=sampler)' in text
+    assert 'torch.load("ckpt.pt", map_location="cpu")' in text
+    compile(text, str(bad), "exec")
+    assert run("check", "--fix", str(bad)).exit_code == 0
+    assert bad.read_text() == text
+
+
+def test_fix_leaves_report_only_findings(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text(BAD.replace('"ckpt.pt")', '"ckpt.pt")\n    dist.barrier() if False else None\n    torch.save(state, "x.pt")'))
+    r = run("check", "--fix", str(p))
+    assert r.exit_code == 1
+    assert "DDP301" in r.output and "DDP111" not in r.output
+
+
+def test_rules_and_rule_pages():
+    r = run("rules")
+    assert r.exit_code == 0
+    assert "DDP120" in r.output and "save-ddp-state-dict" in r.output
+    r = run("rule", "ddp120")
+    assert r.exit_code == 0
+    assert "# save-ddp-state-dict (DDP120)" in r.output and "## Why is this bad?" in r.output
+    assert run("rule", "DDP999").exit_code == 2
+
+
+def test_main_cli_registers_commands():
+    from ddpify.cli import app
+
+    r = runner.invoke(app, ["rules"])
+    assert r.exit_code == 0 and "DDP101" in r.output
