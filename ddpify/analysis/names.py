@@ -25,6 +25,28 @@ LOGGING_CALLS = frozenset(
     f"logging.{level}" for level in ("debug", "info", "warning", "error", "critical", "exception", "log")
 )
 
+SIDE_EFFECTS = frozenset(
+    {
+        "logging.basicConfig",
+        "os.makedirs",
+        "os.mkdir",
+        "matplotlib.pyplot.savefig",
+        "wandb.log",
+        "wandb.finish",
+        "wandb.save",
+        "torchvision.utils.save_image",
+        "json.dump",
+        "pickle.dump",
+        "numpy.save",
+        "numpy.savetxt",
+        "shutil.copyfile",
+    }
+)
+SUMMARY_WRITERS = frozenset(
+    {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
+)
+TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"})
+
 # Any of these in a script means it is already distributed: convert leaves it alone.
 DISTRIBUTED_MARKERS = frozenset(
     {

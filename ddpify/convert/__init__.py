@@ -11,6 +11,7 @@ from ddpify.analysis.script import analyze
 from ddpify.convert import (
     guard_rank_zero,
     place_on_device,
+    quiet_progress_bars,
     replace_data_parallel,
     setup_process_group,
     shard_data,
@@ -26,11 +27,13 @@ from ddpify.results import ConvertResult, Note
 PASSES = (
     setup_process_group,
     place_on_device,
+    quiet_progress_bars,
     replace_data_parallel,
     wrap_model,
     unwrap_state_dicts,
     shard_data,
     guard_rank_zero,
+    quiet_progress_bars,
     teardown,
 )
 

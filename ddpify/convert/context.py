@@ -44,6 +44,8 @@ class Context:
         """`dist.get_rank() == 0`, or the environment's RANK before the group exists."""
         script = self.script
         scope = script.scope_of(stmt)
+        if isinstance(scope, cst.Module) and scope is not self.setup_scope:
+            return RANK0_BEFORE_INIT  # module code runs at import, before setup
         if scope is self.setup_scope:
             body = list(script.body_of(scope).body)
             if body.index(script.top_statement(stmt, scope)) < self.init_index:

@@ -79,6 +79,30 @@ class Edits:
         return cst.parse_expression(code, config=self.config.config_for_parsing)
 
 
+def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """`name=value`, spaced as PEP 8 wants."""
+    no_space = cst.SimpleWhitespace("")
+    return cst.Arg(keyword=cst.Name(name), value=value, equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space))
+
+
+def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
+    """Add a keyword argument after the last plain argument, keeping the call's layout."""
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[arg])
+    index = next((i for i, a in enumerate(args) if a.star == "**"), len(args))
+    if index == 0:
+        return call.with_changes(args=[arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *args])
+    previous = args[index - 1]
+    if index == len(args):
+        # Append: the old last argument takes its neighbour's separator, the new one its ending.
+        before = args[index - 2].comma if index > 1 else None
+        sep = before if isinstance(before, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        args[index - 1] = previous.with_changes(comma=sep)
+    args.insert(index, arg.with_changes(comma=previous.comma))
+    return call.with_changes(args=args)
+
+
 def _without_blank_indent(stmt: cst.BaseStatement) -> cst.BaseStatement:
     """Blank lines of inserted code carry no indentation (no trailing whitespace)."""
     lines = [line.with_changes(indent=False) if line.comment is None else line for line in stmt.leading_lines]

@@ -1,5 +1,7 @@
-"""Print, log, save and evaluate once: on global rank 0.
+"""Print, log, save, write files and evaluate once: on global rank 0.
 
+Covers print, logging calls and handlers, torch.save, figure/CSV/JSON writes (also
+`with open(path, "w")` blocks), W&B and TensorBoard writers (made on rank 0 only).
 Statements are guarded whole (adjacent ones share one `if`); an `if` whose body only
 prints or saves gets `and dist.get_rank() == 0` added to its test instead. Nothing
 that runs a collective or a DDP forward is put behind the guard: evaluation helpers
@@ -15,21 +17,36 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 
-ONCE = N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS
+# Calls whose effect should happen once per run, by qualified name or by method name.
+ONCE = N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS
+ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "addHandler", "writerow", "writerows", "save_pretrained"})
+# Objects that write (TensorBoard, W&B runs) are made on rank 0 only; their calls are guarded.
+WRITERS = N.SUMMARY_WRITERS | frozenset({"wandb.init"})
+WRITE_MODES = ("w", "a", "x")
 
 
 def run(ctx: Context) -> None:
     script = ctx.script
     eval_helpers = {script.local_function(c) for c in script.eval_calls}
-    targets: dict[cst.SimpleStatementLine, str] = {}
+    writers = _rank0_writers(ctx)
+    targets: dict[cst.CSTNode, str] = {}
     for call in script.calls:
         line = script.statement_line(call)
+        if script.scope_of(call) in eval_helpers:
+            continue  # runs on rank 0 only already
+        if _opens_for_writing(ctx, call):
+            stmt = script.parent(script.parent(call))  # Call -> WithItem -> With
+            if isinstance(stmt, cst.With) and not _runs_model(ctx, stmt):
+                targets[stmt] = ctx.rank0_condition(stmt)
+            continue
         if line is None or len(line.body) != 1 or getattr(line.body[0], "value", None) is not call:
             continue
-        scope = script.scope_of(call)
-        if scope in eval_helpers:
-            continue  # runs on rank 0 only already
-        if script.is_call_to(call, ONCE):
+        owner = N.receiver(call)
+        if (
+            script.is_call_to(call, ONCE)
+            or (owner is not None and N.call_name(call) in ONCE_METHODS)
+            or (owner is not None and ref_of(owner) in writers)
+        ):
             targets[line] = ctx.rank0_condition(line)
     for call in script.eval_calls:
         line = script.statement_line(call)
@@ -42,6 +59,8 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str]) -> None:
     script, edits = ctx.script, ctx.edits
     merged: set[cst.If] = set()
     for line, condition in targets.items():
+        if any(other is not line and script.inside(line, other) for other in targets):
+            continue  # already inside a guarded statement
         block = script.parent(line)
         owner = script.parent(block)
         if (
@@ -57,6 +76,45 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str]) -> None:
         elif not any(script.inside(line, o) for o in merged):
             edits.guard(line, condition)
             edits.change(script.line(line), "runs on rank 0 only")
+
+
+def _rank0_writers(ctx: Context) -> set[str]:
+    """`writer = SummaryWriter(...)` -> `... if <rank 0> else None`; returns the names bound."""
+    script, edits = ctx.script, ctx.edits
+    names = set()
+    for call in script.calls:
+        assign = script.parent(call)
+        if not (script.is_call_to(call, WRITERS) and isinstance(assign, cst.Assign) and assign.value is call):
+            continue
+        ref = ref_of(assign.targets[0].target)
+        if ref is None:
+            continue
+        names.add(ref)
+        condition = ctx.rank0_condition(assign)
+        edits.rewrite(
+            call,
+            lambda updated, c=condition: cst.IfExp(
+                test=edits.expression(c), body=updated, orelse=cst.Name("None")
+            ),
+        )
+        edits.change(script.line(call), f"`{ref}` is made on rank 0 only (None elsewhere)")
+    return names
+
+
+def _opens_for_writing(ctx: Context, call: cst.Call) -> bool:
+    """`open(path, "w")` (or "a"/"x") as the item of a `with` statement."""
+    if not ctx.script.is_call_to(call, frozenset({"builtins.open", "open"})):
+        return False
+    if not isinstance(ctx.script.parent(call), cst.WithItem):
+        return False
+    args = N.positional(call)
+    mode = args[1].value if len(args) > 1 else getattr(N.keyword(call, "mode"), "value", None)
+    return isinstance(mode, cst.SimpleString) and mode.evaluated_value.startswith(WRITE_MODES)
+
+
+def _runs_model(ctx: Context, stmt: cst.CSTNode) -> bool:
+    model = ctx.script.model_name
+    return any(ref_of(c.func) == model for c in ctx.script.calls_in(stmt))
 
 
 def _and(ctx: Context, test: cst.BaseExpression, condition: str) -> cst.BaseExpression:

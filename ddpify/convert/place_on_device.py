@@ -3,6 +3,7 @@
 `.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `torch.device("cuda")` and
 `device="cuda"` become the process's device where the code can name it; elsewhere the
 explicit index is dropped, so `torch.cuda.set_device(local_rank)` picks the GPU.
+`torch.load` gets a `map_location` so no rank loads onto GPU 0.
 The script's own `torch.cuda.set_device(...)` calls are removed: setup does it.
 """
 
@@ -12,6 +13,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
+from ddpify.convert.edits import append_arg, keyword_arg
 
 
 def run(ctx: Context) -> None:
@@ -33,6 +35,8 @@ def run(ctx: Context) -> None:
             target = N.positional(call)[0]
             edits.replace(target.value, device or edits.expression('"cuda"'))
             edits.change(script.line(call), f"`.to(...)` now targets `{ctx.device if visible else 'cuda'}`")
+        elif script.is_call_to(call, N.TORCH_LOAD) and N.keyword(call, "map_location") is None:
+            _map_location(ctx, call, ctx.device if visible else '"cpu"')
         elif script.is_call_to(call, N.TORCH_DEVICE) and _means_gpu(ctx, call) and device is not None:
             edits.replace(call, device)
             edits.change(script.line(call), f"`torch.device(...)` is now `{ctx.device}`")
@@ -60,6 +64,13 @@ def _cuda_call(ctx: Context, call: cst.Call, device: cst.BaseExpression | None) 
     elif N.positional(call):
         edits.rewrite(call, lambda updated: updated.with_changes(args=[a for a in updated.args if a.keyword]))
         edits.change(script.line(call), "`.cuda(i)` is now `.cuda()`: the current device is LOCAL_RANK's GPU")
+
+
+def _map_location(ctx: Context, call: cst.Call, where: str) -> None:
+    """`torch.load(f)` -> `torch.load(f, map_location=device)`: not every rank onto GPU 0."""
+    arg = keyword_arg("map_location", ctx.edits.expression(where))
+    ctx.edits.rewrite(call, lambda updated: append_arg(updated, arg))
+    ctx.edits.change(ctx.script.line(call), f"`torch.load(..., map_location={where})`")
 
 
 def _means_gpu(ctx: Context, node: cst.BaseExpression) -> bool:

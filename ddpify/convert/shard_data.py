@@ -12,6 +12,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, Loader, ref_of
 from ddpify.convert.context import Context
+from ddpify.convert.edits import append_arg, keyword_arg
 
 SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle})\n"
 SET_EPOCH = "{sampler}.set_epoch({epoch})\n"
@@ -111,11 +112,7 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
     """Move the loader's shuffle into the sampler: return it as code and rewrite the call."""
     script, edits = ctx.script, ctx.edits
     call = loader.call
-    sampler_arg = cst.Arg(
-        keyword=cst.Name("sampler"),
-        value=edits.expression(sampler),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
+    sampler_arg = keyword_arg("sampler", edits.expression(sampler))
     shuffle_arg = N.keyword(call, "shuffle")
     if shuffle_arg is not None:
         edits.rewrite(
@@ -128,26 +125,10 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
         # sampler takes it and the loader gets the dict without it.
         kwargs = script.module.code_for_node(star.value)
         edits.replace(star.value, edits.expression(f'{{**{kwargs}, "shuffle": False}}'))
-        edits.rewrite(call, lambda updated: _insert_before_star(updated, sampler_arg))
+        edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
         return f'{kwargs}.get("shuffle", False)'
-    edits.rewrite(call, lambda updated: _insert_before_star(updated, sampler_arg))
+    edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
     return "False"
-
-
-def _insert_before_star(call: cst.Call, arg: cst.Arg) -> cst.Call:
-    """Add a keyword argument after the last plain argument, keeping the call's layout."""
-    args = list(call.args)
-    index = next((i for i, a in enumerate(args) if a.star == "**"), len(args))
-    if index == 0:
-        return call.with_changes(args=[arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *args])
-    previous = args[index - 1]
-    if index == len(args):
-        # Append: the old last argument takes its neighbour's separator, the new one its ending.
-        before = args[index - 2].comma if index > 1 else None
-        sep = before if isinstance(before, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        args[index - 1] = previous.with_changes(comma=sep)
-    args.insert(index, arg.with_changes(comma=previous.comma))
-    return call.with_changes(args=args)
 
 
 def _set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
