@@ -9,6 +9,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.script import analyze
 from ddpify.convert import (
+    download_once,
     guard_rank_zero,
     place_on_device,
     quiet_progress_bars,
@@ -27,11 +28,11 @@ from ddpify.results import ConvertResult, Note
 PASSES = (
     setup_process_group,
     place_on_device,
-    quiet_progress_bars,
     replace_data_parallel,
     wrap_model,
     unwrap_state_dicts,
     shard_data,
+    download_once,
     guard_rank_zero,
     quiet_progress_bars,
     teardown,

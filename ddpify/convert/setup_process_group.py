@@ -187,6 +187,7 @@ def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
             or qualified & (N.DATALOADER | N.TORCH_DEVICE | N.PRINT | N.TORCH_SAVE)
             or any(q.startswith("torch.cuda.") for q in qualified)
             or script.local_function(call) is not None
+            or N.keyword(call, "download") is not None
         ):
             return True
     return m.matches(
