@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ddpify.check.cli import register as register_check
-from ddpify.engine import ConvertError, ConvertResult, convert_file
+from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_file
 
 app = typer.Typer(
     name="ddpify",
@@ -33,6 +33,12 @@ def convert(
     in_place: bool = typer.Option(False, "--in-place", help="Overwrite SRC with the DDP script."),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff instead; exit 1 if it is not empty."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the conversion left TODOs."),
+    sync_batchnorm: bool = typer.Option(
+        False, "--sync-batchnorm", help="Convert BatchNorm layers to SyncBatchNorm before wrapping."
+    ),
+    global_batch: bool = typer.Option(
+        False, "--global-batch", help="Treat the script's batch size as global: divide it by the world size."
+    ),
 ) -> None:
     """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
 
@@ -43,7 +49,7 @@ def convert(
     if output is not None and src.exists() and output.exists() and output.resolve() == src.resolve():
         _fail(f"{src}: refusing to overwrite the input; pass --in-place to do that", 2)
     try:
-        result, encoding = convert_file(src)
+        result, encoding = convert_file(src, ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch))
     except ConvertError as exc:
         location = f"{exc.path}:{exc.line}" if exc.line else exc.path
         _fail(f"{location}: {exc.message}")
@@ -62,25 +68,28 @@ def convert(
     target = src if in_place else output
     if target is None:
         sys.stdout.write(result.code)
-        _summary(src, None, result, err=True)
+        _summary(src, None, result, global_batch, err=True)
     else:
         target.write_bytes(result.code.encode(encoding))
-        _summary(src, target, result, err=False)
+        _summary(src, target, result, global_batch, err=False)
     if strict and result.todos:
         raise typer.Exit(1)
 
 
-def _summary(src: Path, target: Optional[Path], result: ConvertResult, err: bool) -> None:
+def _summary(src: Path, target: Optional[Path], result: ConvertResult, global_batch: bool, err: bool) -> None:
     """What changed (with lines), what is left to the user, and how to launch."""
     out = target or "<stdout>"
     lines = [f"{src} -> {out}: {len(result.changes)} change(s), {len(result.todos)} TODO(s)"]
     lines += [f"  {src}:{n.line}: {n.message}" for n in result.changes]
     lines += [f"  {src}:{n.line}: TODO(ddpify): {n.message}" for n in result.todos]
-    lines += [
-        "Each process keeps the script's batch size: the global batch is batch_size x processes;",
-        "  scale the learning rate if you want the single-GPU schedule (e.g. linearly).",
-        f"Launch: torchrun --nproc-per-node=N {target or 'OUT.py'} [script args]",
-    ]
+    if global_batch:
+        lines.append("The script's batch size is the global batch: each process takes batch_size / processes.")
+    else:
+        lines += [
+            "Each process keeps the script's batch size: the global batch is batch_size x processes;",
+            "  scale the learning rate if you want the single-GPU schedule (e.g. linearly).",
+        ]
+    lines.append(f"Launch: torchrun --nproc-per-node=N {target or 'OUT.py'} [script args]")
     typer.echo("\n".join(lines), err=err)
 
 

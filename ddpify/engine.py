@@ -9,9 +9,9 @@ from pathlib import Path
 import libcst as cst
 
 from ddpify.analysis.script import AnalysisError
-from ddpify.results import ConvertError, ConvertResult, Note
+from ddpify.results import ConvertError, ConvertOptions, ConvertResult, Note
 
-__all__ = ["ConvertError", "ConvertResult", "Note", "convert_source", "read_source", "convert_file"]
+__all__ = ["ConvertError", "ConvertOptions", "ConvertResult", "Note", "convert_source", "read_source", "convert_file"]
 
 
 def read_source(path: Path) -> tuple[str, str]:
@@ -46,13 +46,13 @@ def parse(source: str, path: str) -> cst.Module:
         raise ConvertError(path, 1, f"not Python source: {exc}{hint}") from None
 
 
-def convert_source(source: str, path: str = "<string>") -> ConvertResult:
+def convert_source(source: str, path: str = "<string>", options: ConvertOptions | None = None) -> ConvertResult:
     """Convert one script's source and verify the result; raise ConvertError if unsafe."""
     from ddpify.convert import convert_module
 
     module = parse(source, path)
     try:
-        result = convert_module(module)
+        result = convert_module(module, options or ConvertOptions())
     except AnalysisError as exc:
         raise ConvertError(path, exc.line, exc.message) from None
     if not result.already_distributed:
@@ -73,7 +73,7 @@ def _verify(code: str, path: str) -> None:
         raise ConvertError(path, 1, "internal error: converting the output again would change it")
 
 
-def convert_file(path: Path) -> tuple[ConvertResult, str]:
+def convert_file(path: Path, options: ConvertOptions | None = None) -> tuple[ConvertResult, str]:
     """Read and convert a file; return the result and the file's encoding."""
     source, encoding = read_source(path)
-    return convert_source(source, str(path)), encoding
+    return convert_source(source, str(path), options), encoding

@@ -16,6 +16,14 @@ class ConvertError(Exception):
 
 
 @dataclass(frozen=True)
+class ConvertOptions:
+    """What the user asked for beyond the default conversion."""
+
+    sync_batchnorm: bool = False  # convert BatchNorm layers to SyncBatchNorm before wrapping
+    global_batch: bool = False  # the script's batch size is global: divide it by the world size
+
+
+@dataclass(frozen=True)
 class Note:
     """One line of the conversion summary."""
 

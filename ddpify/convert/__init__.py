@@ -22,7 +22,7 @@ from ddpify.convert import (
 )
 from ddpify.convert.context import Context
 from ddpify.convert.edits import Edits, apply
-from ddpify.results import ConvertResult, Note
+from ddpify.results import ConvertOptions, ConvertResult, Note
 
 # Order matters: later passes read the names and positions earlier ones chose.
 PASSES = (
@@ -39,7 +39,7 @@ PASSES = (
 )
 
 
-def convert_module(module: cst.Module) -> ConvertResult:
+def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions()) -> ConvertResult:
     """Convert a parsed script; raises AnalysisError when it cannot be done safely."""
     wrapper = MetadataWrapper(module)
     script = analyze(wrapper)
@@ -51,7 +51,7 @@ def convert_module(module: cst.Module) -> ConvertResult:
             already_distributed=True,
         )
     edits = Edits(wrapper.module)
-    ctx = Context(script, edits)
+    ctx = Context(script, edits, options)
     for convert_pass in PASSES:
         convert_pass.run(ctx)
     converted = apply(wrapper.module, edits)

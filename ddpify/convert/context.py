@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
 from ddpify.analysis.script import Script, ScopeNode
 from ddpify.convert.edits import Edits
+from ddpify.results import ConvertOptions
 
 RANK0 = "dist.get_rank() == 0"
 RANK0_BEFORE_INIT = 'int(os.environ.get("RANK", 0)) == 0'
@@ -19,6 +20,7 @@ class Context:
 
     script: Script
     edits: Edits
+    options: ConvertOptions = field(default_factory=ConvertOptions)
     setup_scope: ScopeNode | None = None
     init_index: int = 0  # index in the setup scope's body of the first statement after setup
     device_stmt: cst.CSTNode | None = None  # the script's own device line, if it has one

@@ -33,6 +33,8 @@ def run(ctx: Context) -> None:
             continue
         edits.need_import("torch.utils.data.distributed", "DistributedSampler")
         edits.change(script.line(loader.stmt), f"`{loader.name}` reads this process's shard through `{sampler}`")
+        if ctx.options.global_batch:
+            _split_batch(ctx, loader)
         for epoch in script.epoch_loops[loader.name]:
             visible = epoch.scope is loader.scope or sampler.startswith("self.")
             _set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
@@ -85,6 +87,24 @@ def _bound_call(ctx: Context, value: cst.BaseExpression, loader: Loader) -> cst.
             if isinstance(assign, cst.Assign) and assign.value is call and ref_of(assign.targets[0].target) == ref:
                 found = call
     return found
+
+
+def _split_batch(ctx: Context, loader: Loader) -> None:
+    """--global-batch: each process takes batch_size // world_size of the script's batch."""
+    script, edits = ctx.script, ctx.edits
+    args = N.positional(loader.call)
+    arg = N.keyword(loader.call, "batch_size") or (args[1] if len(args) > 1 else None)
+    if arg is None:
+        edits.todo(loader.stmt, script.line(loader.stmt), "divide this loader's batch size by dist.get_world_size()")
+        return
+    code = script.module.code_for_node(arg.value)
+    if not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Integer, cst.Subscript, cst.Call)):
+        code = f"({code})"
+    edits.replace(arg.value, edits.expression(f"{code} // dist.get_world_size()"))
+    edits.change(
+        script.line(loader.stmt),
+        f"per-process batch is {code} // world size (a remainder is dropped: pick a divisible batch size)",
+    )
 
 
 def _sampler_name(loader: str) -> str:

@@ -12,6 +12,7 @@ import libcst.matchers as m
 from ddpify.analysis.script import AnalysisError, ref_of
 from ddpify.convert.context import Context
 
+SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
 WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
 
 
@@ -27,6 +28,11 @@ def run(ctx: Context) -> None:
     if last is None:
         raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
     ctx.wrap_after = last
+    if ctx.options.sync_batchnorm:
+        edits.insert_after(last, SYNC_BN.format(model=model))
+        edits.change(script.line(last), "BatchNorm layers become SyncBatchNorm (statistics over all processes)")
+    elif _has_batchnorm(script):
+        edits.change(script.line(last), "BatchNorm statistics stay per process: --sync-batchnorm syncs them")
     index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device}.index"
     edits.insert_after(last, WRAP.format(model=model, index=index, device_type=ctx.device_type))
     edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
@@ -49,3 +55,10 @@ def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
         if ref_of(call.func) == model or any(ref_of(a.value) == model for a in call.args):
             return True
     return False
+
+
+def _has_batchnorm(script) -> bool:
+    return any(
+        any(q.startswith(("torch.nn.BatchNorm", "torch.nn.modules.batchnorm")) for q in script.names(c.func))
+        for c in script.calls
+    )
