@@ -293,7 +293,10 @@ class FileContext:
     def __init__(self, path: str, source: str, module: Optional[cst.Module] = None) -> None:
         self.path = path
         self.source = source
-        self.wrapper = MetadataWrapper(module if module is not None else cst.parse_module(source))
+        # the module was parsed for this context alone: no defensive deep copy needed
+        self.wrapper = MetadataWrapper(
+            module if module is not None else cst.parse_module(source), unsafe_skip_copy=True
+        )
         self.module = self.wrapper.module
         resolved = self.wrapper.resolve_many(self.PROVIDERS)
         self._qn = resolved[QualifiedNameProvider]
