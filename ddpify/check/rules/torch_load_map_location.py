@@ -47,6 +47,10 @@ class TorchLoadWithoutMapLocation(Rule):
             "import torch, torch.distributed as dist\ns = torch.load(p)\n",
             "import torch, torch.distributed as dist\ns = torch.load(p, map_location=\"cpu\")\n",
         ),
+        Invalid(
+            "import torch, torch.distributed as dist\ns = torch.load(\n    p,\n)\n",
+            "import torch, torch.distributed as dist\ns = torch.load(\n    p, map_location=\"cpu\",\n)\n",
+        ),
     ]
 
     def check(self, ctx):
