@@ -8,7 +8,7 @@ import pkgutil
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Iterator
+from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator
 
 import libcst as cst
 
@@ -154,4 +154,3 @@ def select_rules(
     return {c for c in chosen if not any(matches(c, s) for s in ignore)}
 
 
-FixFn = Callable[[cst.CSTNode], cst.CSTNode]

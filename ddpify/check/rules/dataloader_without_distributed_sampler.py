@@ -1,6 +1,6 @@
 import libcst as cst
 
-from ddpify.check.context import DATALOADER, dotted_name, has_star_kwargs, is_true, kwarg
+from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import assigned_name, iterated_name
 

@@ -1,6 +1,5 @@
 import re
 
-import libcst as cst
 
 from ddpify.check.context import int_value, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule

@@ -1,4 +1,3 @@
-import libcst as cst
 
 from ddpify.check.context import kwarg, positional
 from ddpify.check.rule import Invalid, Report, Rule

@@ -1,4 +1,3 @@
-import libcst as cst
 
 from ddpify.check.fix import insert_module_attr
 from ddpify.check.rule import Invalid, Report, Rule

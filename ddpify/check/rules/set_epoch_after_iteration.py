@@ -1,4 +1,3 @@
-import libcst as cst
 
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import trains
