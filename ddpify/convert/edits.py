@@ -28,6 +28,7 @@ class Edits:
         self.after: dict[cst.CSTNode, list[cst.BaseStatement]] = defaultdict(list)
         self.guards: dict[cst.CSTNode, str] = {}
         self.removed: set[cst.CSTNode] = set()
+        self.enclosures: dict[cst.CSTNode, tuple[cst.CSTNode, str]] = {}
         self.changes: list[Note] = []
         self.todos: list[Note] = []
         self.imports: list[tuple[str, str | None, str | None]] = []
@@ -48,6 +49,10 @@ class Edits:
     def guard(self, stmt: cst.CSTNode, condition: str) -> None:
         """Run `stmt` only when `condition` holds (adjacent guards share one `if`)."""
         self.guards.setdefault(stmt, condition)
+
+    def enclose(self, first: cst.CSTNode, last: cst.CSTNode, header: str) -> None:
+        """Put the statements from `first` to `last` (one block) under `header` (e.g. a `with`)."""
+        self.enclosures[first] = (last, header)
 
     def remove(self, stmt: cst.CSTNode) -> None:
         self.removed.add(stmt)
@@ -120,7 +125,10 @@ class _Applier(cst.CSTTransformer):
             updated = updated.with_changes(body=self._body(original.body, updated.body))
         return updated
 
-    def _body(self, originals: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode]) -> list[cst.CSTNode]:
+    def _body(
+        self, originals: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode], enclosing: bool = True
+    ) -> list[cst.CSTNode]:
+        """A block's new statements: insertions, removals, guards and enclosures applied."""
         edits = self.edits
         out: list[cst.CSTNode] = []
         run: list[cst.CSTNode] = []
@@ -132,7 +140,19 @@ class _Applier(cst.CSTTransformer):
                 out.append(self._guarded(run, run_condition))
             run, run_condition = [], None
 
-        for orig, upd in zip(originals, updated):
+        pairs = list(zip(originals, updated))
+        index = 0
+        while index < len(pairs):
+            orig, upd = pairs[index]
+            index += 1
+            if enclosing and orig in edits.enclosures:
+                last, header = edits.enclosures[orig]
+                end = next(i for i, (o, _) in enumerate(pairs) if o is last)
+                chunk = pairs[index - 1 : end + 1]
+                index = end + 1
+                inner = self._body([o for o, _ in chunk], [u for _, u in chunk], enclosing=False)
+                out.append(self._enclosed(header, inner))
+                continue
             condition = edits.guards.get(orig)
             if edits.before.get(orig) or condition != run_condition:
                 flush()
@@ -148,6 +168,12 @@ class _Applier(cst.CSTTransformer):
                 out.extend(edits.after[orig])
         flush()
         return out
+
+    def _enclosed(self, header: str, stmts: list[cst.CSTNode]) -> cst.CSTNode:
+        compound = self.edits.statements(f"{header}\n    pass\n")[0]
+        first = stmts[0]
+        body = [first.with_changes(leading_lines=()), *stmts[1:]]
+        return compound.with_changes(body=compound.body.with_changes(body=body), leading_lines=first.leading_lines)
 
     def _guarded(self, stmts: list[cst.CSTNode], condition: str) -> cst.If:
         first = stmts[0]
