@@ -61,7 +61,7 @@ def convert_source(source: str, path: str = "<string>", options: ConvertOptions 
 
 
 def _verify(code: str, path: str) -> None:
-    """The output must compile and be a fixed point of the conversion."""
+    """The output must compile, be a fixed point of the conversion, and pass `ddpify check`."""
     from ddpify.convert import convert_module
 
     try:
@@ -71,6 +71,18 @@ def _verify(code: str, path: str) -> None:
         raise ConvertError(path, 1, f"internal error: the converted script does not verify ({exc})") from None
     if not again.already_distributed:  # pragma: no cover - a bug
         raise ConvertError(path, 1, "internal error: converting the output again would change it")
+    problems = [f for f in _lint(code, path) if f.severity == "error"]
+    if problems:  # pragma: no cover - a bug
+        first = problems[0]
+        raise ConvertError(path, first.line, f"internal error: the output fails `ddpify check` ({first.code} {first.message})")
+
+
+def _lint(code: str, path: str):
+    """Default `ddpify check` findings on converted code."""
+    from ddpify.check.rule import all_rules
+    from ddpify.check.runner import check_source
+
+    return check_source(code, path, codes=[r.CODE for r in all_rules() if r.DEFAULT]).findings
 
 
 def convert_file(path: Path, options: ConvertOptions | None = None) -> tuple[ConvertResult, str]:

@@ -1,3 +1,5 @@
+import libcst as cst
+
 from ddpify.check.context import is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -7,7 +9,9 @@ class DownloadOnEveryRank(Rule):
 
     ## What it does
     Flags `download=True` outside a rank-0 branch in a distributed script, unless the file
-    also downloads on rank 0 first (the guarded pattern).
+    also downloads on rank 0 first (the guarded pattern), or a `barrier()` in an earlier
+    statement of the same block holds the other ranks back while rank 0 downloads
+    (`if rank != 0: dist.barrier()`, the "rank 0 first" pattern).
 
     ## Why is this bad?
     All processes write the same files at once: corrupt archives, `EOFError`/`BadZipFile`,
@@ -39,6 +43,8 @@ class DownloadOnEveryRank(Rule):
     VALID = [
         "import torch.distributed as dist\nif rank == 0:\n    MNIST('d', download=True)\ndist.barrier()\n"
         "ds = MNIST('d', download=True)\n",
+        "import torch.distributed as dist\nif dist.get_rank() != 0:\n    dist.barrier()\n"
+        "ds = MNIST('d', download=True)\nif dist.get_rank() == 0:\n    dist.barrier()\n",
     ]
     INVALID = [Invalid("import torch.distributed as dist\nds = MNIST('d', train=True, download=True)\n")]
 
@@ -47,4 +53,23 @@ class DownloadOnEveryRank(Rule):
         if any(ctx.in_rank0(c.node) for c in calls):
             return
         for ci in calls:
-            yield Report(kwarg(ci.node, "download"))
+            if not _after_barrier(ctx, ci.node):
+                yield Report(kwarg(ci.node, "download"))
+
+
+def _after_barrier(ctx, node) -> bool:
+    """Is there a `barrier()` call in an earlier statement of the block that holds `node`?"""
+    child = node
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, (cst.Module, cst.IndentedBlock)):
+            earlier = parent.body[: parent.body.index(child)]
+            return any(
+                c.node is not None and c.qname_startswith("torch.distributed.barrier") and any(_inside(ctx, c.node, s) for s in earlier)
+                for c in ctx.calls
+            )
+        child = parent
+    return False
+
+
+def _inside(ctx, node, outer) -> bool:
+    return node is outer or any(a is outer for a in ctx.ancestors(node))
