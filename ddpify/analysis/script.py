@@ -60,17 +60,20 @@ class Script:
     positions: dict
     calls: list[cst.Call] = field(default_factory=list)
     functions: dict[str, cst.FunctionDef] = field(default_factory=dict)
+    all_functions: list[cst.FunctionDef] = field(default_factory=list)
     distributed_marker: cst.CSTNode | None = None
     model_name: str = ""
     model_scope: ScopeNode | None = None
     optimizer_stmt: cst.BaseStatement | None = None
     loaders: list[Loader] = field(default_factory=list)
+    unplaced_loaders: list[cst.Call] = field(default_factory=list)  # e.g. built in a comprehension
     train_loaders: list[Loader] = field(default_factory=list)
     epoch_loops: dict[str, list[EpochLoop]] = field(default_factory=dict)
     training_functions: set[cst.FunctionDef] = field(default_factory=set)
     eval_calls: list[cst.Call] = field(default_factory=list)
     ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
+    main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
 
     # -- tree navigation -------------------------------------------------
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -94,15 +97,22 @@ class Script:
         """The node whose `.body` lists the scope's top-level statements."""
         return scope if isinstance(scope, cst.Module) else scope.body
 
-    def top_statement(self, node: cst.CSTNode, scope: ScopeNode) -> cst.BaseStatement:
-        """The statement of `scope`'s own body that contains `node`."""
-        body = self.body_of(scope)
+    def block_of(self, scope: ScopeNode) -> cst.CSTNode:
+        """The block whose statements run in order in `scope`: a function's body, or for the
+        module its `if __name__ == "__main__":` block when the model is built there."""
+        if isinstance(scope, cst.Module) and self.main_block is not None:
+            return self.main_block
+        return self.body_of(scope)
+
+    def top_statement(self, node: cst.CSTNode, scope: ScopeNode) -> cst.BaseStatement | None:
+        """The statement of `scope`'s ordered block that contains `node` (None if outside it)."""
+        block = self.block_of(scope)
         child = node
         for anc in self.ancestors(node):
-            if anc is body:
+            if anc is block:
                 return child
             child = anc
-        raise ValueError("node is not inside scope")
+        return None
 
     def statement_line(self, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
         """The simple statement line that holds `node`, if any."""
@@ -152,9 +162,14 @@ class Script:
         return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
 
     def scopes_for(self, ref: str, scope: ScopeNode) -> list[ScopeNode]:
-        """Where a reference is visible: its own scope, or every method for `self.x`."""
+        """Where a reference is visible: its own scope, every method for `self.x`, and every
+        function that reads a module-level global without rebinding it."""
         cls = self.class_of(scope) if ref.startswith("self.") else None
-        return list(self.methods(cls).values()) if cls is not None else [scope]
+        if cls is not None:
+            return list(self.methods(cls).values())
+        if isinstance(scope, cst.Module):
+            return [scope, *(fn for fn in self.all_functions if ref not in _local_names(fn))]
+        return [scope]
 
 
 def ref_of(node: cst.CSTNode) -> str | None:
@@ -202,11 +217,28 @@ def analyze(wrapper: MetadataWrapper) -> Script:
     module.visit(_CallCollector(script))
     if script.distributed_marker is not None:
         return script
-    script.training_functions = {fn for fn in _function_defs(module) if _has_backward(script, fn)}
+    script.all_functions = _function_defs(module)
+    script.training_functions = {fn for fn in script.all_functions if _has_backward(script, fn)}
     _find_model(script)
     _find_loaders(script)
     _find_ddp_names_and_eval_calls(script)
     return script
+
+
+def _local_names(fn: cst.FunctionDef) -> set[str]:
+    """Names a function binds itself (parameters and plain assignments), not its globals."""
+    names = {p.name.value for p in fn.params.params}
+
+    class _Bound(cst.CSTVisitor):
+        def visit_AssignTarget(self, n: cst.AssignTarget) -> None:
+            if isinstance(n.target, cst.Name):
+                names.add(n.target.value)
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return n is fn
+
+    fn.visit(_Bound())
+    return names
 
 
 def _function_defs(module: cst.Module) -> list[cst.FunctionDef]:
@@ -225,7 +257,9 @@ def _has_backward(script: Script, outer: cst.CSTNode) -> bool:
 
 
 def _find_model(script: Script) -> None:
-    """The model is what the (first) optimizer trains: `torch.optim.X(model.parameters(), ...)`."""
+    """The model is what the (first) optimizer trains: `torch.optim.X(model.parameters(), ...)`,
+    also through a name (`params = model.parameters()`) or parameter groups. Without an
+    optimizer, it is the model whose `.parameters()` a training function updates by hand."""
     for call in script.calls:
         qualified = script.names(call.func)
         if not any(
@@ -233,14 +267,83 @@ def _find_model(script: Script) -> None:
             for q in qualified
         ):
             continue
-        for inner in script.calls_in(call):
-            owner = N.receiver(inner)
-            if N.call_name(inner) == "parameters" and owner is not None and ref_of(owner):
-                script.model_name = ref_of(owner)
-                script.model_scope = script.scope_of(call)
-                script.optimizer_stmt = script.top_statement(call, script.model_scope)
-                return
+        scope = script.scope_of(call)
+        owner = _parameters_owner(script, call, scope, follow=True)
+        if owner is not None:
+            script.model_name = owner
+            script.model_scope = _binding_scope(script, owner, scope)
+            if isinstance(scope, cst.Module):
+                script.main_block = _main_block(script, call)
+            script.optimizer_stmt = script.top_statement(call, scope) if script.model_scope is scope else None
+            return
+    for call in script.calls:
+        owner = N.receiver(call)
+        scope = script.scope_of(call)
+        if N.call_name(call) == "parameters" and owner is not None and ref_of(owner) and scope in script.training_functions:
+            script.model_name = ref_of(owner)
+            script.model_scope = _binding_scope(script, script.model_name, scope)
+            return
     raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
+
+
+def _main_block(script: Script, node: cst.CSTNode) -> cst.IndentedBlock | None:
+    """The top-level `if __name__ == "__main__":` block around `node`, if any."""
+    for stmt in script.module.body:
+        if isinstance(stmt, cst.If) and m.matches(
+            stmt.test, m.Comparison(left=m.Name("__name__"))
+        ) and script.inside(node, stmt.body):
+            return stmt.body
+    return None
+
+
+def _parameters_owner(script: Script, node: cst.CSTNode, scope: ScopeNode, follow: bool) -> str | None:
+    """`model` in `model.parameters()`/`model.named_parameters()` used by `node` (or by the
+    values of names it uses, assigned in the same scope)."""
+    for inner in script.calls_in(node):
+        owner = N.receiver(inner)
+        if N.call_name(inner) in ("parameters", "named_parameters") and owner is not None and ref_of(owner):
+            return ref_of(owner)
+    if not follow:
+        return None
+    used = {n.value for n in _names_in(node)}
+    for assign in _assignments_in(script, scope):
+        if ref_of(assign.targets[0].target) in used:
+            found = _parameters_owner(script, assign.value, scope, follow=False)
+            if found is not None:
+                return found
+    return None
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.append(n)
+
+    node.visit(_Names())
+    return found
+
+
+def _assignments_in(script: Script, scope: ScopeNode) -> list[cst.Assign]:
+    found: list[cst.Assign] = []
+
+    class _Assigns(cst.CSTVisitor):
+        def visit_Assign(self, n: cst.Assign) -> None:
+            if len(n.targets) == 1:
+                found.append(n)
+
+    script.body_of(scope).visit(_Assigns())
+    return [a for a in found if script.scope_of(a) is scope]
+
+
+def _binding_scope(script: Script, ref: str, scope: ScopeNode) -> ScopeNode:
+    """The scope that assigns `ref`: `scope` itself, a method of its class, or the module."""
+    candidates = [scope, *script.scopes_for(ref, scope), script.module]
+    for candidate in candidates:
+        if any(ref_of(a.targets[0].target) == ref for a in _assignments_in(script, candidate)):
+            return candidate
+    return scope
 
 
 def _find_loaders(script: Script) -> None:
@@ -257,9 +360,9 @@ def _find_loaders(script: Script) -> None:
         ):
             script.loaders.append(Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call)))
         else:
-            raise AnalysisError(script.line(call), "DataLoader is not assigned to a plain variable; cannot attach a DistributedSampler")
+            script.unplaced_loaders.append(call)
     if not script.loaders:
-        raise AnalysisError(1, "no DataLoader to distribute: found no `torch.utils.data.DataLoader(...)` assignment")
+        return  # batches made by hand, or loaders ddpify cannot follow: shard_data leaves a TODO
     for loader in script.loaders:
         loops = _epoch_loops(script, loader.name, loader.scope, depth=0)
         for name, scope in _returned_to(script, loader):
@@ -269,11 +372,7 @@ def _find_loaders(script: Script) -> None:
         if loops is not None:
             script.train_loaders.append(loader)
             script.epoch_loops[loader.name] = loops
-    if not script.train_loaders:
-        raise AnalysisError(
-            script.line(script.loaders[0].call),
-            "cannot tell which DataLoader trains the model: none is iterated by a loop that calls `.backward()`",
-        )
+
 
 
 def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
@@ -344,12 +443,17 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
         return None
     found: list[EpochLoop] | None = None
     for where in script.scopes_for(ref, scope):
+        aliases = {ref} | {  # batches = tqdm(loader) ...: iterating `batches` iterates the loader
+            ref_of(a.targets[0].target) for a in _assignments_in(script, where) if _mentions(a.value, ref)
+        }
         for loop in _loops_in(script, where):
-            if _mentions(loop.iter, ref) and _has_backward(script, loop.body):
+            if any(_mentions(loop.iter, r) for r in aliases if r) and _has_backward(script, loop.body):
                 outer = script.enclosing_loop(loop, where)
                 found = found or []
                 if outer is not None:
                     found.append(EpochLoop(outer, where, ref))
+                elif isinstance(where, cst.FunctionDef):
+                    found += _loops_around_calls(script, where, ref)
         for call in script.calls_in(where):
             fn = script.local_function(call)
             if fn is None or script.scope_of(call) is not where or fn not in script.training_functions:
@@ -363,6 +467,18 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
                 found = (found or []) + [EpochLoop(outer, where, ref)]
             elif inner is not None:
                 found = (found or []) + inner
+    return found
+
+
+def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str) -> list[EpochLoop]:
+    """`def train(epoch): for x in loader: ...` called as `for epoch in ...: train(epoch)`."""
+    found = []
+    for call in script.calls:
+        if script.local_function(call) is fn:
+            caller = script.scope_of(call)
+            outer = script.enclosing_loop(call, caller)
+            if outer is not None:
+                found.append(EpochLoop(outer, caller, ref))
     return found
 
 

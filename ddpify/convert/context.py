@@ -49,8 +49,9 @@ class Context:
         if isinstance(scope, cst.Module) and scope is not self.setup_scope:
             return RANK0_BEFORE_INIT  # module code runs at import, before setup
         if scope is self.setup_scope:
-            body = list(script.body_of(scope).body)
-            if body.index(script.top_statement(stmt, scope)) < self.init_index:
+            body = list(script.block_of(scope).body)
+            top = script.top_statement(stmt, scope)
+            if top is None or body.index(top) < self.init_index:
                 return RANK0_BEFORE_INIT
         return RANK0
 
@@ -60,5 +61,6 @@ class Context:
         scope = script.scope_of(node)
         if scope is not script.model_scope or self.wrap_after is None:
             return True
-        body = list(script.body_of(scope).body)
-        return body.index(script.top_statement(node, scope)) > body.index(self.wrap_after)
+        body = list(script.block_of(scope).body)
+        top = script.top_statement(node, scope)
+        return top is not None and body.index(top) > body.index(self.wrap_after)

@@ -47,12 +47,12 @@ def run(ctx: Context) -> None:
         _point_at_local_rank(ctx, stmt)
         edits.insert_before(stmt, LOCAL_RANK.format(**names))
         edits.insert_after(stmt, INIT.format(device=ctx.device, device_type=ctx.device_type))
-        body = list(script.body_of(ctx.setup_scope).body)
+        body = list(script.block_of(ctx.setup_scope).body)
         ctx.init_index = body.index(stmt) + 1
         edits.change(script.line(stmt), f"`{ctx.device}` is this process's GPU (`cuda:<local_rank>`) or the CPU")
     else:
         ctx.setup_scope = script.model_scope
-        body = list(script.body_of(ctx.setup_scope).body)
+        body = list(script.block_of(ctx.setup_scope).body)
         anchor = _anchor(script, body)
         ctx.device_type = f"{ctx.device}.type"
         device_line = DEVICE if _uses_gpu(script) else CPU_DEVICE
@@ -86,7 +86,7 @@ def _candidate_scopes(script: Script) -> list[ScopeNode]:
 
 def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStatement, str, bool] | None:
     """The first top-level statement of `scope` that binds a device: (stmt, name, is torch.device)."""
-    for stmt in script.body_of(scope).body:
+    for stmt in script.block_of(scope).body:
         assigns = _assignments(stmt)
         if not assigns:
             continue

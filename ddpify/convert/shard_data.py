@@ -20,6 +20,14 @@ SET_EPOCH = "{sampler}.set_epoch({epoch})\n"
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
+    for call in script.unplaced_loaders:
+        stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
+        edits.todo(stmt, script.line(call), "give the training DataLoader built here a DistributedSampler and call its set_epoch(epoch) every epoch")
+    if script.loaders and not script.train_loaders:
+        first = script.loaders[0]
+        edits.todo(first.stmt, script.line(first.stmt), "could not tell which DataLoader trains: give it a DistributedSampler and call set_epoch(epoch) every epoch")
+    if not script.loaders and not script.unplaced_loaders:
+        _hand_made_batches(ctx)
     for loader in script.train_loaders:
         sampler = _existing_sampler(ctx, loader)
         if sampler is None:
@@ -36,8 +44,25 @@ def run(ctx: Context) -> None:
         if ctx.options.global_batch:
             _split_batch(ctx, loader)
         for epoch in script.epoch_loops[loader.name]:
-            visible = epoch.scope is loader.scope or sampler.startswith("self.")
+            visible = epoch.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
             _set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
+
+
+def _hand_made_batches(ctx: Context) -> None:
+    """No DataLoader: every process would train on all the data. Say where to shard it."""
+    script = ctx.script
+    for call in script.calls:
+        if N.call_name(call) == "backward" and N.receiver(call) is not None:
+            scope = script.scope_of(call)
+            loop = script.enclosing_loop(call, scope)
+            stmt = loop or script.statement_line(call)
+            ctx.edits.todo(
+                stmt,
+                script.line(stmt),
+                "batches are built by hand, so every process trains on all of them: give each rank its own "
+                "slice (e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step counts",
+            )
+            return
 
 
 def _existing_sampler(ctx: Context, loader: Loader) -> str | None:

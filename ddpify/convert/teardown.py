@@ -15,7 +15,7 @@ def run(ctx: Context) -> None:
     if cls is not None:
         _after_driver(ctx, cls)
         return
-    body = list(script.body_of(ctx.setup_scope).body)
+    body = list(script.block_of(ctx.setup_scope).body)
     last = body[-1]
     if isinstance(ctx.setup_scope, cst.Module):
         # A flat script ends at its last statement, unless a `__main__` block follows.

@@ -20,7 +20,7 @@ def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     model, scope = script.model_name, script.model_scope
     last = None
-    for stmt in script.body_of(scope).body:
+    for stmt in script.block_of(scope).body:
         if _prepares(stmt, model):
             last = stmt
         elif last is not None and _runs(script, stmt, model):
