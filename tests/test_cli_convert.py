@@ -139,13 +139,20 @@ def test_script_without_model_or_loader(tmp_path: Path) -> None:
     _one_line_error(ddpify("convert", str(util)), f"{util}:1: no model to convert")
 
 
-def test_script_without_dataloader(tmp_path: Path) -> None:
+def test_hand_made_batches_convert_with_a_todo_at_the_loop(tmp_path: Path) -> None:
     src = tmp_path / "nodata.py"
     src.write_text(
         "import torch\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "for _ in range(3):\n    opt.zero_grad()\n    model(torch.ones(1, 2)).sum().backward()\n    opt.step()\n"
     )
-    _one_line_error(ddpify("convert", str(src)), f"{src}:1: no DataLoader to distribute")
+    out = tmp_path / "out.py"
+    result = ddpify("convert", str(src), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"{src}:4: TODO(ddpify): batches are built by hand" in result.stdout
+    lines = out.read_text().splitlines()
+    todo = next(i for i, line in enumerate(lines) if "# TODO(ddpify): batches are built by hand" in line)
+    assert lines[todo + 1].startswith("for ")
+    assert ddpify("convert", str(src), "-o", str(out), "--strict").returncode == 1
 
 
 CUSTOM_SAMPLER = """\
