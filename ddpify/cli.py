@@ -39,6 +39,9 @@ def convert(
     global_batch: bool = typer.Option(
         False, "--global-batch", help="Treat the script's batch size as global: divide it by the world size."
     ),
+    eval_on_rank0: bool = typer.Option(
+        False, "--eval-on-rank0", help="Evaluate on rank 0 through model.module instead of on every rank."
+    ),
 ) -> None:
     """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
 
@@ -49,7 +52,7 @@ def convert(
     if output is not None and src.exists() and output.exists() and output.resolve() == src.resolve():
         _fail(f"{src}: refusing to overwrite the input; pass --in-place to do that", 2)
     try:
-        result, encoding = convert_file(src, ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch))
+        result, encoding = convert_file(src, ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0))
     except ConvertError as exc:
         location = f"{exc.path}:{exc.line}" if exc.line else exc.path
         _fail(f"{location}: {exc.message}")

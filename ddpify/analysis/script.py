@@ -71,6 +71,7 @@ class Script:
     epoch_loops: dict[str, list[EpochLoop]] = field(default_factory=dict)
     training_functions: set[cst.FunctionDef] = field(default_factory=set)
     eval_calls: list[cst.Call] = field(default_factory=list)
+    eval_loops: dict[str, list[cst.For]] = field(default_factory=dict)  # loader -> loops over it
     ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
@@ -222,6 +223,7 @@ def analyze(wrapper: MetadataWrapper) -> Script:
     _find_model(script)
     _find_loaders(script)
     _find_ddp_names_and_eval_calls(script)
+    _find_eval_loops(script)
     return script
 
 
@@ -523,3 +525,30 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                 script.ddp_names.setdefault(fn, set()).add(param)
             elif isinstance(script.parent(call), cst.Expr):
                 script.eval_calls.append(call)
+
+
+def _find_eval_loops(script: Script) -> None:
+    """Loops over the loaders that do not train (directly, through aliases or helpers)."""
+    for loader in script.loaders:
+        if loader in script.train_loaders:
+            continue
+        script.eval_loops[loader.name] = _passes_over(script, loader.name, loader.scope, depth=0)
+
+
+def _passes_over(script: Script, ref: str, scope: ScopeNode, depth: int) -> list[cst.For]:
+    found: list[cst.For] = []
+    if depth > 2:
+        return found
+    for where in script.scopes_for(ref, scope):
+        aliases = {ref} | {ref_of(a.targets[0].target) for a in _assignments_in(script, where) if _mentions(a.value, ref)}
+        for loop in _loops_in(script, where):
+            if any(_mentions(loop.iter, r) for r in aliases if r) and not _has_backward(script, loop.body):
+                found.append(loop)
+        for call in script.calls_in(where):
+            fn = script.local_function(call)
+            if fn is None or fn in script.training_functions or script.scope_of(call) is not where:
+                continue
+            param = _param_receiving(fn, call, ref)
+            if param is not None:
+                found += [loop for loop in _passes_over(script, param, fn, depth + 1) if loop not in found]
+    return found

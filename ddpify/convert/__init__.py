@@ -10,6 +10,7 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis.script import analyze
 from ddpify.convert import (
     download_once,
+    evaluate_distributed,
     guard_rank_zero,
     place_on_device,
     quiet_progress_bars,
@@ -34,6 +35,7 @@ PASSES = (
     unwrap_state_dicts,
     skip_sync_on_accumulation,
     shard_data,
+    evaluate_distributed,
     download_once,
     guard_rank_zero,
     quiet_progress_bars,

@@ -27,7 +27,8 @@ WRITE_MODES = ("w", "a", "x")
 
 def run(ctx: Context) -> None:
     script = ctx.script
-    eval_helpers = {script.local_function(c) for c in script.eval_calls}
+    rank0_eval = ctx.options.eval_on_rank0
+    eval_helpers = {script.local_function(c) for c in script.eval_calls} if rank0_eval else set()
     writers = _rank0_writers(ctx)
     targets: dict[cst.CSTNode, str] = {}
     for call in script.calls:
@@ -49,8 +50,9 @@ def run(ctx: Context) -> None:
         ):
             targets[line] = ctx.rank0_condition(line)
     for call in script.eval_calls:
-        line = script.statement_line(call)
-        targets[line] = ctx.rank0_condition(line)
+        if rank0_eval:
+            line = script.statement_line(call)
+            targets[line] = ctx.rank0_condition(line)
         _pass_unwrapped(ctx, call)
     _guard(ctx, targets)
 
@@ -130,4 +132,5 @@ def _pass_unwrapped(ctx: Context, call: cst.Call) -> None:
     for arg in call.args:
         if ref_of(arg.value) == model:
             ctx.edits.replace(arg.value, ctx.edits.expression(f"{model}.module"))
-    ctx.edits.change(ctx.script.line(call), f"evaluates `{model}.module` on rank 0")
+    where = "on rank 0" if ctx.options.eval_on_rank0 else "on every rank"
+    ctx.edits.change(ctx.script.line(call), f"evaluates `{model}.module` {where}")

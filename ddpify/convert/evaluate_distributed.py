@@ -1,0 +1,119 @@
+"""Evaluation runs on every rank over its own slice, and the metrics are summed.
+
+Each evaluation loader reads `range(rank, len(dataset), world_size)`: a slice per rank
+with no padding, so summed counts are exact (a DistributedSampler would repeat samples
+to even the shards out). After each evaluation loop, the sums it accumulated with `+=`
+(losses, correct counts, sample counts) are all-reduced, so every rank sees the same
+metrics and makes the same early-stopping and best-model decisions. Helpers get the
+unwrapped `model.module`, so evaluation never needs DDP's collectives.
+
+With `--eval-on-rank0` evaluation runs on rank 0 only instead (see guard_rank_zero).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import Loader, ref_of
+from ddpify.convert.context import RANK0, Context
+from ddpify.convert.edits import append_arg, keyword_arg
+
+ALL_REDUCE_SUM = '''
+
+def all_reduce_sum(value):
+    """Sum a metric over all processes (each one evaluated its own slice of the data)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    total = torch.as_tensor(value, dtype=torch.float64, device=device).clone()
+    dist.all_reduce(total)
+    if isinstance(value, torch.Tensor):
+        return total.to(value.device, value.dtype)
+    return type(value)(total.item())
+'''
+SLICE = "range({rank}, len({dataset}), {world})"
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    if ctx.options.eval_on_rank0:
+        return
+    reduced = False
+    for loader in script.loaders:
+        loops = script.eval_loops.get(loader.name)
+        if loader in script.train_loaders or not loops:
+            continue
+        _slice(ctx, loader)
+        for loop in loops:
+            reduced |= _reduce_after(ctx, loop)
+    if reduced:
+        _define_helper(ctx)
+
+
+def _slice(ctx: Context, loader: Loader) -> None:
+    script, edits = ctx.script, ctx.edits
+    call = loader.call
+    if N.keyword(call, "sampler") is not None or N.keyword(call, "batch_sampler") is not None:
+        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has its own sampler: give each rank a slice of it")
+        return
+    args = N.positional(call)
+    dataset = args[0] if args else N.keyword(call, "dataset")
+    if dataset is None or not isinstance(dataset.value, (cst.Name, cst.Attribute)):
+        edits.todo(loader.stmt, script.line(call), f"give each rank its own slice of `{loader.name}`'s dataset")
+        return
+    if ctx.rank0_condition(loader.stmt) == RANK0:
+        rank, world = "dist.get_rank()", "dist.get_world_size()"
+    else:
+        rank, world = 'int(os.environ.get("RANK", 0))', 'int(os.environ.get("WORLD_SIZE", 1))'
+    code = SLICE.format(rank=rank, world=world, dataset=script.module.code_for_node(dataset.value))
+    star = next((a for a in call.args if a.star == "**"), None)
+    if star is not None:  # the kwargs dict may hold a shuffle, which a sampler excludes
+        kwargs = script.module.code_for_node(star.value)
+        edits.replace(star.value, edits.expression(f'{{**{kwargs}, "shuffle": False}}'))
+    shuffle = N.keyword(call, "shuffle")
+    if shuffle is not None:  # order does not matter for sums; a sampler excludes shuffle
+        edits.rewrite(shuffle, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(code)))
+    else:
+        edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("sampler", edits.expression(code))))
+    edits.change(script.line(call), f"`{loader.name}` gives each rank its own slice (no padding)")
+
+
+def _reduce_after(ctx: Context, loop: cst.For) -> bool:
+    """Sum the loop's `x += ...` accumulators over ranks right after it."""
+    script, edits = ctx.script, ctx.edits
+    sums: list[str] = []
+    appends = False
+
+    class _Accumulators(cst.CSTVisitor):
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.operator, cst.AddAssign) and ref_of(node.target) and ref_of(node.target) not in sums:
+                sums.append(ref_of(node.target))
+
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal appends
+            appends = appends or N.call_name(node) in ("append", "extend")
+
+    loop.body.visit(_Accumulators())
+    if appends:
+        edits.todo(loop, script.line(loop), "this evaluation collects per-sample results: gather them from all ranks (dist.all_gather_object)")
+    if not sums:
+        return False
+    edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name})\n" for name in sums))
+    edits.change(script.line(loop), f"evaluation sums over all ranks: {', '.join(sums)}")
+    return True
+
+
+def _define_helper(ctx: Context) -> None:
+    module = ctx.script.module
+    anchor = next(
+        (s for s in module.body if not _is_import(s) and not _is_docstring(s)),
+        module.body[-1],
+    )
+    ctx.edits.insert_before(anchor, ALL_REDUCE_SUM)
+
+
+def _is_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.SimpleString)
