@@ -18,6 +18,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, ref_of
 from ddpify.convert.context import RANK0, Context
 from ddpify.convert.edits import append_arg, keyword_arg
+from ddpify.convert.shard_data import loader_dataset, sampler_name
 
 ALL_REDUCE_SUM = '''
 
@@ -55,16 +56,12 @@ def _slice(ctx: Context, loader: Loader) -> None:
     if N.keyword(call, "sampler") is not None or N.keyword(call, "batch_sampler") is not None:
         edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has its own sampler: give each rank a slice of it")
         return
-    args = N.positional(call)
-    dataset = args[0] if args else N.keyword(call, "dataset")
-    if dataset is None or not isinstance(dataset.value, (cst.Name, cst.Attribute)):
-        edits.todo(loader.stmt, script.line(call), f"give each rank its own slice of `{loader.name}`'s dataset")
-        return
+    dataset = loader_dataset(ctx, loader, sampler_name(loader.name))
     if ctx.rank0_condition(loader.stmt) == RANK0:
         rank, world = "dist.get_rank()", "dist.get_world_size()"
     else:
         rank, world = 'int(os.environ.get("RANK", 0))', 'int(os.environ.get("WORLD_SIZE", 1))'
-    code = SLICE.format(rank=rank, world=world, dataset=script.module.code_for_node(dataset.value))
+    code = SLICE.format(rank=rank, world=world, dataset=dataset)
     star = next((a for a in call.args if a.star == "**"), None)
     if star is not None:  # the kwargs dict may hold a shuffle, which a sampler excludes
         kwargs = script.module.code_for_node(star.value)

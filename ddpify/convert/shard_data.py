@@ -31,8 +31,8 @@ def run(ctx: Context) -> None:
     for loader in script.train_loaders:
         sampler = _existing_sampler(ctx, loader)
         if sampler is None:
-            sampler = _sampler_name(loader.name)
-            dataset = _dataset(ctx, loader, sampler)
+            sampler = sampler_name(loader.name)
+            dataset = loader_dataset(ctx, loader, sampler)
             shuffle = _take_shuffle(ctx, loader, sampler)
             if shuffle is None:
                 continue
@@ -132,13 +132,13 @@ def _split_batch(ctx: Context, loader: Loader) -> None:
     )
 
 
-def _sampler_name(loader: str) -> str:
+def sampler_name(loader: str) -> str:
     if loader.endswith("loader"):
         return loader[: -len("loader")] + "sampler"
     return f"{loader}_sampler"
 
 
-def _dataset(ctx: Context, loader: Loader, sampler: str) -> str:
+def loader_dataset(ctx: Context, loader: Loader, sampler: str) -> str:
     """The loader's dataset as a name both sampler and loader can use (hoisted if built inline)."""
     args = N.positional(loader.call)
     arg = args[0] if args else N.keyword(loader.call, "dataset")
