@@ -24,6 +24,7 @@ class Context:
     setup_scope: ScopeNode | None = None
     init_index: int = 0  # index in the setup scope's body of the first statement after setup
     device_stmt: cst.CSTNode | None = None  # the script's own device line, if it has one
+    device_fixup: bool = False  # the device comes from a run-time value (e.g. --device)
     wrap_after: cst.CSTNode | None = None  # the statement after which the model is DDP
     device: str = "device"
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"

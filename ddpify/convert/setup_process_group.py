@@ -23,6 +23,10 @@ LOCAL_RANK = """
 DEVICE = '{device} = torch.device(f"cuda:{{{local_rank}}}" if torch.cuda.is_available() else "cpu")\n'
 CPU_DEVICE = '{device} = torch.device("cpu")\n'
 
+FIXUP = """if {device}.type == "cuda":  # chosen at run time: this process's GPU
+    {device} = torch.device("cuda", {local_rank})
+"""
+
 INIT = """if {device_type} == "cuda":
     torch.cuda.set_device({device})
 backend = "nccl" if {device_type} == "cuda" else "gloo"
@@ -46,6 +50,8 @@ def run(ctx: Context) -> None:
         ctx.device_type = f"{ctx.device}.type" if is_torch_device else f"torch.device({ctx.device}).type"
         _point_at_local_rank(ctx, stmt)
         edits.insert_before(stmt, LOCAL_RANK.format(**names))
+        if ctx.device_fixup:
+            edits.insert_after(stmt, FIXUP.format(device=ctx.device, **names))
         edits.insert_after(stmt, INIT.format(device=ctx.device, device_type=ctx.device_type))
         body = list(script.block_of(ctx.setup_scope).body)
         ctx.init_index = body.index(stmt) + 1
@@ -119,7 +125,7 @@ def _assignments(stmt: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
 
 
 def _is_device_value(script: Script, value: cst.BaseExpression) -> bool:
-    if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
+    if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE | N.CURRENT_ACCELERATOR):
         return True
     if N.is_cuda_string(value):
         return True
@@ -129,7 +135,7 @@ def _is_device_value(script: Script, value: cst.BaseExpression) -> bool:
 def _is_torch_device(script: Script, value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.IfExp):
         return _is_torch_device(script, value.body) and _is_torch_device(script, value.orelse)
-    return isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE)
+    return isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE | N.CURRENT_ACCELERATOR)
 
 
 def _is_gpu(script: Script, value: cst.BaseExpression) -> bool:
@@ -147,8 +153,16 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
     or_cpu = f'{per_rank} if torch.cuda.is_available() else "cpu"'
     branches = isinstance(stmt, cst.If)  # each branch already chose CUDA or not
     for _, value in _assignments(stmt):
+        if isinstance(value, cst.Call) and script.is_call_to(value, N.CURRENT_ACCELERATOR):
+            # torch.accelerator.current_accelerator(): the same kind of device, this rank's index.
+            edits.replace(value, edits.expression(f"torch.device(torch.accelerator.current_accelerator().type, {ctx.local_rank})"))
+            continue
         if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
             args = N.positional(value)
+            if args and not isinstance(args[0].value, (cst.SimpleString, cst.IfExp)) and len(args) == 1:
+                # torch.device(args.device): a GPU chosen at run time becomes this rank's GPU.
+                ctx.device_fixup = True
+                continue
             if args and N.is_cuda_string(args[0].value):
                 # torch.device("cuda") / torch.device("cuda", 0): this process's GPU (or the CPU).
                 edits.replace(value, edits.expression(f"torch.device({per_rank if branches else or_cpu})"))
