@@ -62,8 +62,9 @@ class Script:
     functions: dict[str, cst.FunctionDef] = field(default_factory=dict)
     all_functions: list[cst.FunctionDef] = field(default_factory=list)
     distributed_marker: cst.CSTNode | None = None
-    model_name: str = ""
+    model_name: str = ""  # the first trained model (setup goes where it is built)
     model_scope: ScopeNode | None = None
+    models: dict[str, ScopeNode] = field(default_factory=dict)  # every trained model -> its scope
     optimizer_stmt: cst.BaseStatement | None = None
     loaders: list[Loader] = field(default_factory=list)
     unplaced_loaders: list[cst.Call] = field(default_factory=list)  # e.g. built in a comprehension
@@ -271,19 +272,23 @@ def _find_model(script: Script) -> None:
             continue
         scope = script.scope_of(call)
         owner = _parameters_owner(script, call, scope, follow=True)
-        if owner is not None:
-            script.model_name = owner
-            script.model_scope = _binding_scope(script, owner, scope)
-            if isinstance(scope, cst.Module):
-                script.main_block = _main_block(script, call)
-            script.optimizer_stmt = script.top_statement(call, scope) if script.model_scope is scope else None
-            return
+        if owner is not None and owner not in script.models:
+            if not script.models:
+                script.model_name = owner
+                script.model_scope = _binding_scope(script, owner, scope)
+                if isinstance(scope, cst.Module):
+                    script.main_block = _main_block(script, call)
+                script.optimizer_stmt = script.top_statement(call, scope) if script.model_scope is scope else None
+            script.models[owner] = _binding_scope(script, owner, scope)
+    if script.models:
+        return
     for call in script.calls:
         owner = N.receiver(call)
         scope = script.scope_of(call)
         if N.call_name(call) == "parameters" and owner is not None and ref_of(owner) and scope in script.training_functions:
             script.model_name = ref_of(owner)
             script.model_scope = _binding_scope(script, script.model_name, scope)
+            script.models[script.model_name] = script.model_scope
             return
     raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
 
@@ -510,21 +515,21 @@ def _param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | Non
 
 
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
-    """Which names hold the DDP model in which function, and which helper calls only evaluate."""
-    model = script.model_name
-    for scope in script.scopes_for(model, script.model_scope):
-        script.ddp_names.setdefault(scope, set()).add(model)
-        for call in script.calls_in(scope):
-            fn = script.local_function(call)
-            if fn is None or script.scope_of(call) is not scope:
-                continue
-            param = _param_receiving(fn, call, model)
-            if param is None:
-                continue
-            if fn in script.training_functions:
-                script.ddp_names.setdefault(fn, set()).add(param)
-            elif isinstance(script.parent(call), cst.Expr):
-                script.eval_calls.append(call)
+    """Which names hold a DDP model in which function, and which helper calls only evaluate."""
+    for model, model_scope in script.models.items():
+        for scope in script.scopes_for(model, model_scope):
+            script.ddp_names.setdefault(scope, set()).add(model)
+            for call in script.calls_in(scope):
+                fn = script.local_function(call)
+                if fn is None or script.scope_of(call) is not scope:
+                    continue
+                param = _param_receiving(fn, call, model)
+                if param is None:
+                    continue
+                if fn in script.training_functions:
+                    script.ddp_names.setdefault(fn, set()).add(param)
+                elif isinstance(script.parent(call), cst.Expr) and model == script.model_name:
+                    script.eval_calls.append(call)
 
 
 def _find_eval_loops(script: Script) -> None:

@@ -25,7 +25,7 @@ class Context:
     init_index: int = 0  # index in the setup scope's body of the first statement after setup
     device_stmt: cst.CSTNode | None = None  # the script's own device line, if it has one
     device_fixup: bool = False  # the device comes from a run-time value (e.g. --device)
-    wrap_after: cst.CSTNode | None = None  # the statement after which the model is DDP
+    wrap_after: dict[str, cst.CSTNode] = field(default_factory=dict)  # model -> statement wrapping it
     device: str = "device"
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"
     local_rank: str = "local_rank"
@@ -56,12 +56,14 @@ class Context:
                 return RANK0_BEFORE_INIT
         return RANK0
 
-    def after_wrap(self, node: cst.CSTNode) -> bool:
-        """Does `node` run after the model was wrapped (as far as statement order tells)?"""
+    def after_wrap(self, node: cst.CSTNode, model: str | None = None) -> bool:
+        """Does `node` run after `model` was wrapped (as far as statement order tells)?"""
         script = self.script
+        model = model or script.model_name
         scope = script.scope_of(node)
-        if scope is not script.model_scope or self.wrap_after is None:
+        wrapped = self.wrap_after.get(model)
+        if scope is not script.models.get(model) or wrapped is None:
             return True
         body = list(script.block_of(scope).body)
         top = script.top_statement(node, scope)
-        return top is not None and body.index(top) > body.index(self.wrap_after)
+        return top is not None and body.index(top) > body.index(wrapped)

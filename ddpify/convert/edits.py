@@ -178,7 +178,7 @@ class _Applier(cst.CSTTransformer):
     def _guarded(self, stmts: list[cst.CSTNode], condition: str) -> cst.If:
         first = stmts[0]
         leading = getattr(first, "leading_lines", ())
-        body = [first.with_changes(leading_lines=()), *stmts[1:]]
+        body = [first.with_changes(leading_lines=()), *(_without_blank_indent(s) for s in stmts[1:])]
         return cst.If(
             test=self.edits.expression(condition),
             body=cst.IndentedBlock(body=body),

@@ -11,10 +11,12 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, Loader, ref_of
-from ddpify.convert.context import Context
+from ddpify.convert.context import RANK0, Context
 from ddpify.convert.edits import append_arg, keyword_arg
 
-SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle})\n"
+SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle}{extra})\n"
+# Before the process group exists the sampler reads its place from torchrun's environment.
+BEFORE_INIT = ', num_replicas=int(os.environ.get("WORLD_SIZE", 1)), rank=int(os.environ.get("RANK", 0))'
 SET_EPOCH = "{sampler}.set_epoch({epoch})\n"
 
 
@@ -36,7 +38,8 @@ def run(ctx: Context) -> None:
             shuffle = _take_shuffle(ctx, loader, sampler)
             if shuffle is None:
                 continue
-            edits.insert_before(loader.stmt, SAMPLER.format(sampler=sampler, dataset=dataset, shuffle=shuffle))
+            extra = "" if ctx.rank0_condition(loader.stmt) == RANK0 else BEFORE_INIT
+            edits.insert_before(loader.stmt, SAMPLER.format(sampler=sampler, dataset=dataset, shuffle=shuffle, extra=extra))
         elif not sampler:
             continue
         edits.need_import("torch.utils.data.distributed", "DistributedSampler")
@@ -133,8 +136,10 @@ def _split_batch(ctx: Context, loader: Loader) -> None:
 
 
 def sampler_name(loader: str) -> str:
+    """`train_loader` -> `train_sampler`, `dataloader` -> `sampler`, `self.loader` -> `self.sampler`."""
     if loader.endswith("loader"):
-        return loader[: -len("loader")] + "sampler"
+        prefix = loader[: -len("loader")]
+        return (prefix[: -len("data")] if prefix.endswith("data") else prefix) + "sampler"
     return f"{loader}_sampler"
 
 

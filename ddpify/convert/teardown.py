@@ -17,9 +17,8 @@ def run(ctx: Context) -> None:
         return
     body = list(script.block_of(ctx.setup_scope).body)
     last = body[-1]
-    if isinstance(ctx.setup_scope, cst.Module):
-        # A flat script ends at its last statement, unless a `__main__` block follows.
-        last = next((s for s in reversed(body) if not _is_main_guard(s)), last)
+    if _is_main_guard(last):
+        last = last.body.body[-1]  # the script ends with its `__main__` block
     if _is_return(last):
         edits.insert_before(last, TEARDOWN)
     else:

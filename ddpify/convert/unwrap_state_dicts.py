@@ -21,6 +21,6 @@ def run(ctx: Context) -> None:
         if N.call_name(call) not in METHODS or owner is None:
             continue
         ddp = script.ddp_names.get(script.scope_of(call), set())
-        if ref_of(owner) in ddp and ctx.after_wrap(call):
+        if ref_of(owner) in ddp and ctx.after_wrap(call, ref_of(owner)):
             edits.replace(owner, edits.expression(f"{ref_of(owner)}.module"))
             edits.change(script.line(call), f"`{ref_of(owner)}.module.{N.call_name(call)}(...)`: no `module.` prefix")

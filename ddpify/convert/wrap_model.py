@@ -17,8 +17,12 @@ WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" e
 
 
 def run(ctx: Context) -> None:
+    for model, scope in ctx.script.models.items():
+        _wrap(ctx, model, scope)
+
+
+def _wrap(ctx: Context, model: str, scope) -> None:
     script, edits = ctx.script, ctx.edits
-    model, scope = script.model_name, script.model_scope
     last = None
     for stmt in script.block_of(scope).body:
         if _prepares(stmt, model):
@@ -27,7 +31,7 @@ def run(ctx: Context) -> None:
             break
     if last is None:
         raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
-    ctx.wrap_after = last
+    ctx.wrap_after[model] = last
     if ctx.options.sync_batchnorm:
         edits.insert_after(last, SYNC_BN.format(model=model))
         edits.change(script.line(last), "BatchNorm layers become SyncBatchNorm (statistics over all processes)")
