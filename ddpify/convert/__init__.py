@@ -18,6 +18,7 @@ from ddpify.convert import (
     setup_process_group,
     shard_data,
     skip_sync_on_accumulation,
+    spread_model_over_gpus,
     teardown,
     unwrap_state_dicts,
     wrap_model,
@@ -29,6 +30,7 @@ from ddpify.results import ConvertOptions, ConvertResult, Note
 # Order matters: later passes read the names and positions earlier ones chose.
 PASSES = (
     setup_process_group,
+    spread_model_over_gpus,
     place_on_device,
     replace_data_parallel,
     wrap_model,
@@ -55,7 +57,7 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
             already_distributed=True,
         )
     edits = Edits(wrapper.module)
-    ctx = Context(script, edits, options)
+    ctx = Context(script, edits, options, gpus_per_process=spread_model_over_gpus.width(script))
     for convert_pass in PASSES:
         convert_pass.run(ctx)
     converted = apply(wrapper.module, edits)

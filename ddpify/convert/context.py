@@ -24,6 +24,7 @@ class Context:
     setup_scope: ScopeNode | None = None
     init_index: int = 0  # index in the setup scope's body of the first statement after setup
     device_stmt: cst.CSTNode | None = None  # the script's own device line, if it has one
+    gpus_per_process: int = 1  # > 1 when the model itself spans several GPUs
     device_fixup: bool = False  # the device comes from a run-time value (e.g. --device)
     wrap_after: dict[str, cst.CSTNode] = field(default_factory=dict)  # model -> statement wrapping it
     device: str = "device"

@@ -43,6 +43,23 @@ class Edits:
     def insert_before(self, stmt: cst.CSTNode, code: str | Sequence[cst.BaseStatement]) -> None:
         self.before[stmt].extend(self.statements(code))
 
+    def insert_above(self, stmt: cst.CSTNode, code: str) -> None:
+        """Insert before `stmt`, taking over the blank lines that separate it from what precedes."""
+        new = self.statements(code)
+        blank = []
+        for line in stmt.leading_lines:
+            if line.comment is not None:
+                break
+            blank.append(line)
+        if blank:
+            own = list(new[0].leading_lines)
+            while own and own[0].comment is None:
+                own.pop(0)
+            new[0] = new[0].with_changes(leading_lines=[*blank, *own])
+            keep = list(stmt.leading_lines[len(blank):])
+            self.rewrite(stmt, lambda updated: updated.with_changes(leading_lines=keep + list(updated.leading_lines[len(blank) + len(keep):])))
+        self.before[stmt].extend(new)
+
     def insert_after(self, stmt: cst.CSTNode, code: str | Sequence[cst.BaseStatement]) -> None:
         self.after[stmt].extend(self.statements(code))
 

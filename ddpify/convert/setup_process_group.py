@@ -20,7 +20,7 @@ LOCAL_RANK = """
 {local_rank} = int(os.environ.get("LOCAL_RANK", 0))
 """
 
-DEVICE = '{device} = torch.device(f"cuda:{{{local_rank}}}" if torch.cuda.is_available() else "cpu")\n'
+DEVICE = '{device} = torch.device(f"cuda:{{{first_gpu}}}" if torch.cuda.is_available() else "cpu")\n'
 CPU_DEVICE = '{device} = torch.device("cpu")\n'
 
 FIXUP = """if {device}.type == "cuda":  # chosen at run time: this process's GPU
@@ -49,7 +49,7 @@ def run(ctx: Context) -> None:
         ctx.device_stmt = stmt
         ctx.device_type = f"{ctx.device}.type" if is_torch_device else f"torch.device({ctx.device}).type"
         _point_at_local_rank(ctx, stmt)
-        edits.insert_before(stmt, LOCAL_RANK.format(**names))
+        edits.insert_above(stmt, LOCAL_RANK.format(**names))
         if ctx.device_fixup:
             edits.insert_after(stmt, FIXUP.format(device=ctx.device, **names))
         edits.insert_after(stmt, INIT.format(device=ctx.device, device_type=ctx.device_type))
@@ -62,7 +62,9 @@ def run(ctx: Context) -> None:
         anchor = _anchor(script, body)
         ctx.device_type = f"{ctx.device}.type"
         device_line = DEVICE if _uses_gpu(script) else CPU_DEVICE
-        edits.insert_before(
+        first_gpu = ctx.local_rank if ctx.gpus_per_process == 1 else f"{ctx.gpus_per_process} * {ctx.local_rank}"
+        names = {"local_rank": ctx.local_rank, "first_gpu": first_gpu}
+        edits.insert_above(
             anchor,
             LOCAL_RANK.format(**names)
             + device_line.format(device=ctx.device, **names)
@@ -149,7 +151,8 @@ def _is_gpu(script: Script, value: cst.BaseExpression) -> bool:
 def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
     """Make every "cuda" in the device statement mean `cuda:<local_rank>`."""
     script, edits = ctx.script, ctx.edits
-    per_rank = f'f"cuda:{{{ctx.local_rank}}}"'
+    first_gpu = ctx.local_rank if ctx.gpus_per_process == 1 else f"{ctx.gpus_per_process} * {ctx.local_rank}"
+    per_rank = f'f"cuda:{{{first_gpu}}}"'
     or_cpu = f'{per_rank} if torch.cuda.is_available() else "cpu"'
     branches = isinstance(stmt, cst.If)  # each branch already chose CUDA or not
     for _, value in _assignments(stmt):

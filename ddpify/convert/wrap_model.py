@@ -37,8 +37,11 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         edits.change(script.line(last), "BatchNorm layers become SyncBatchNorm (statistics over all processes)")
     elif _has_batchnorm(script):
         edits.change(script.line(last), "BatchNorm statistics stay per process: --sync-batchnorm syncs them")
-    index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device}.index"
-    edits.insert_after(last, WRAP.format(model=model, index=index, device_type=ctx.device_type))
+    if ctx.gpus_per_process > 1:
+        edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
+    else:
+        index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device}.index"
+        edits.insert_after(last, WRAP.format(model=model, index=index, device_type=ctx.device_type))
     edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
     edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
