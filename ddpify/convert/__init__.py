@@ -12,6 +12,7 @@ from ddpify.convert import (
     download_once,
     evaluate_distributed,
     guard_rank_zero,
+    legacy_local_rank,
     place_on_device,
     quiet_progress_bars,
     replace_data_parallel,
@@ -41,6 +42,7 @@ PASSES = (
     download_once,
     guard_rank_zero,
     quiet_progress_bars,
+    legacy_local_rank,
     teardown,
 )
 

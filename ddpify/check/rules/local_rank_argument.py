@@ -1,4 +1,4 @@
-from ddpify.check.context import positional, string_value
+from ddpify.check.context import kwarg, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -34,12 +34,20 @@ class LocalRankArgument(Rule):
     NAME = "local-rank-argument"
     MESSAGE = "`--local_rank` argument is for the deprecated `torch.distributed.launch`; read `os.environ['LOCAL_RANK']` (torchrun)"
     DISTRIBUTED_ONLY = False
-    VALID = ["import os\nlocal_rank = int(os.environ['LOCAL_RANK'])\n", "parser.add_argument('--rank', type=int)\n"]
+    VALID = [
+        "import os\nlocal_rank = int(os.environ['LOCAL_RANK'])\n",
+        "parser.add_argument('--rank', type=int)\n",
+        # kept for the old launcher, but defaulting to torchrun's LOCAL_RANK: fine
+        "import os\nparser.add_argument('--local_rank', type=int, default=int(os.environ.get('LOCAL_RANK', 0)))\n",
+    ]
     INVALID = [Invalid("parser.add_argument('--local_rank', type=int, default=0)\n"),
                Invalid("parser.add_argument('--local-rank', type=int, default=-1)\n")]
 
     def check(self, ctx):
         for ci in ctx.method_calls("add_argument"):
+            default = kwarg(ci.node, "default")
+            if default is not None and "LOCAL_RANK" in ctx.code(default.value):
+                continue  # defaults to torchrun's LOCAL_RANK
             for arg in positional(ci.node):
                 if string_value(arg.value) in ("--local_rank", "--local-rank"):
                     yield Report(ci.node)
