@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +12,11 @@ import typer
 
 from ddpify.check.cli import register as register_check
 from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_file
+
+class Launcher(str, Enum):
+    torchrun = "torchrun"
+    spawn = "spawn"
+
 
 app = typer.Typer(
     name="ddpify",
@@ -39,6 +45,9 @@ def convert(
     global_batch: bool = typer.Option(
         False, "--global-batch", help="Treat the script's batch size as global: divide it by the world size."
     ),
+    launcher: Launcher = typer.Option(
+        Launcher.torchrun, "--launcher", help="torchrun, or spawn: also start processes with mp.spawn without torchrun."
+    ),
     eval_on_rank0: bool = typer.Option(
         False, "--eval-on-rank0", help="Evaluate on rank 0 through model.module instead of on every rank."
     ),
@@ -52,7 +61,7 @@ def convert(
     if output is not None and src.exists() and output.exists() and output.resolve() == src.resolve():
         _fail(f"{src}: refusing to overwrite the input; pass --in-place to do that", 2)
     try:
-        result, encoding = convert_file(src, ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0))
+        result, encoding = convert_file(src, ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0, launcher=launcher.value))
     except ConvertError as exc:
         location = f"{exc.path}:{exc.line}" if exc.line else exc.path
         _fail(f"{location}: {exc.message}")
@@ -71,15 +80,17 @@ def convert(
     target = src if in_place else output
     if target is None:
         sys.stdout.write(result.code)
-        _summary(src, None, result, global_batch, err=True)
+        _summary(src, None, result, global_batch, launcher, err=True)
     else:
         target.write_bytes(result.code.encode(encoding))
-        _summary(src, target, result, global_batch, err=False)
+        _summary(src, target, result, global_batch, launcher, err=False)
     if strict and result.todos:
         raise typer.Exit(1)
 
 
-def _summary(src: Path, target: Optional[Path], result: ConvertResult, global_batch: bool, err: bool) -> None:
+def _summary(
+    src: Path, target: Optional[Path], result: ConvertResult, global_batch: bool, launcher: Launcher, err: bool
+) -> None:
     """What changed (with lines), what is left to the user, and how to launch."""
     out = target or "<stdout>"
     lines = [f"{src} -> {out}: {len(result.changes)} change(s), {len(result.todos)} TODO(s)"]
@@ -92,7 +103,10 @@ def _summary(src: Path, target: Optional[Path], result: ConvertResult, global_ba
             "Each process keeps the script's batch size: the global batch is batch_size x processes;",
             "  scale the learning rate if you want the single-GPU schedule (e.g. linearly).",
         ]
-    lines.append(f"Launch: torchrun --nproc-per-node=N {target or 'OUT.py'} [script args]")
+    out = target or "OUT.py"
+    lines.append(f"Launch: torchrun --nproc-per-node=N {out} [script args]")
+    if launcher == Launcher.spawn:
+        lines.append(f"    or: python {out} [script args]  (one process per GPU; NPROC_PER_NODE=N on CPU)")
     typer.echo("\n".join(lines), err=err)
 
 

@@ -21,6 +21,7 @@ class ConvertOptions:
 
     sync_batchnorm: bool = False  # convert BatchNorm layers to SyncBatchNorm before wrapping
     global_batch: bool = False  # the script's batch size is global: divide it by the world size
+    launcher: str = "torchrun"  # "spawn": also start processes with mp.spawn when not under torchrun
     eval_on_rank0: bool = False  # evaluate on rank 0 through model.module instead of on every rank
 
 

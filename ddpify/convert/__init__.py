@@ -12,6 +12,7 @@ from ddpify.convert import (
     download_once,
     evaluate_distributed,
     guard_rank_zero,
+    launch_with_spawn,
     legacy_local_rank,
     place_on_device,
     quiet_progress_bars,
@@ -44,6 +45,7 @@ PASSES = (
     quiet_progress_bars,
     legacy_local_rank,
     teardown,
+    launch_with_spawn,
 )
 
 
