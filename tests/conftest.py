@@ -67,6 +67,26 @@ class Launch:
         return self.traces[(label, rank)]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid (from /proc), deepest first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    stack = list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, []))
+    return found[::-1]
+
+
 def run_plan(plan: list[dict], workdir: Path, nproc: int | None) -> Launch:
     """Run tests/harness/trace_run.py over a plan, under torchrun with nproc processes or plain python (None).
 
@@ -102,7 +122,12 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None) -> Launch:
         stdout, stderr = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: the session we started
+        # torchrun starts its workers in sessions of their own: find them before killing the agent
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         stdout, stderr = proc.communicate()
     launch = Launch(cmd, workdir, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out)
     for run in plan:

@@ -29,8 +29,12 @@ the runner then exits with the script's status.
 
 A plan (a JSON list of ``{"label", "script", "args", "env", "cwd"}``) runs several scripts one
 after the other in the same processes, to pay for torchrun's start-up once. ``env`` and ``cwd``
-apply to that run only. A failing run stops the plan. Each run re-creates its process group
-(the scripts destroy theirs at the end), which torch supports within one process.
+apply to that run only. A failing run stops the plan. Under torchrun every run of a plan gets
+its own rendezvous store: ``destroy_process_group`` resets torch's group counter, so a second
+``init_process_group`` on torchrun's store would reuse the first run's keys and can hang. Rank 0
+picks a free port, publishes it in torchrun's store, and each run sees ``MASTER_PORT`` = that
+port with ``TORCHELASTIC_USE_AGENT_STORE=False`` (rank 0 hosts the run's store, as with
+``torch.distributed.launch``). The rendezvous itself stays real.
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import socket
 import sys
 import traceback
 from collections.abc import Mapping
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -257,6 +263,21 @@ def run_one(script: str, args: list[str], label: str | None = None, env: dict | 
     return code
 
 
+def fresh_rendezvous(run_index: int) -> dict:
+    """Under torchrun: environment that gives one plan run a store of its own (see the docstring)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return {}
+    addr, agent_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = dist.TCPStore(addr, agent_port, is_master=False, timeout=timedelta(seconds=120))
+    key = f"ddpify_trace_run/{run_index}/master_port"
+    if int(os.environ["RANK"]) == 0:
+        with socket.socket() as probe:
+            probe.bind((addr, 0))
+            agent_store.set(key, str(probe.getsockname()[1]))
+    port = agent_store.get(key).decode()
+    return {"MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "False"}
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -265,8 +286,9 @@ def main(argv: list[str]) -> int:
     if argv[0] == "--plan":
         with open(argv[1]) as fh:
             plan = json.load(fh)
-        for run in plan:
-            code = run_one(run["script"], run.get("args", []), run["label"], run.get("env"), run.get("cwd"))
+        for index, run in enumerate(plan):
+            env = {**run.get("env", {}), **fresh_rendezvous(index)}
+            code = run_one(run["script"], run.get("args", []), run["label"], env, run.get("cwd"))
             if code:
                 return code
         return 0
