@@ -61,6 +61,9 @@ class Script:
     calls: list[cst.Call] = field(default_factory=list)
     functions: dict[str, cst.FunctionDef] = field(default_factory=dict)
     all_functions: list[cst.FunctionDef] = field(default_factory=list)
+    loops: dict[ScopeNode, list[cst.For]] = field(default_factory=dict)
+    assigns: dict[ScopeNode, list[cst.Assign]] = field(default_factory=dict)
+    bound: dict[ScopeNode, set[str]] = field(default_factory=dict)  # names a function binds itself
     distributed_marker: cst.CSTNode | None = None
     model_name: str = ""  # the first trained model (setup goes where it is built)
     model_scope: ScopeNode | None = None
@@ -138,7 +141,17 @@ class Script:
         return node is outer or any(a is outer for a in self.ancestors(node))
 
     def calls_in(self, outer: cst.CSTNode) -> list[cst.Call]:
-        return [c for c in self.calls if self.inside(c, outer)]
+        """Calls inside `outer`, by source range (cheap: no walk up the tree per call)."""
+        span = self.positions.get(outer)
+        if span is None:
+            return [c for c in self.calls if self.inside(c, outer)]
+        start, end = (span.start.line, span.start.column), (span.end.line, span.end.column)
+        found = []
+        for call in self.calls:
+            pos = self.positions[call]
+            if start <= (pos.start.line, pos.start.column) and (pos.end.line, pos.end.column) <= end:
+                found.append(call)
+        return found
 
     def names(self, node: cst.CSTNode) -> set[str]:
         return N.names_of(self.qnames, node)
@@ -170,7 +183,7 @@ class Script:
         if cls is not None:
             return list(self.methods(cls).values())
         if isinstance(scope, cst.Module):
-            return [scope, *(fn for fn in self.all_functions if ref not in _local_names(fn))]
+            return [scope, *(fn for fn in self.all_functions if ref not in self.bound.get(fn, ()))]
         return [scope]
 
 
@@ -184,8 +197,30 @@ def ref_of(node: cst.CSTNode) -> str | None:
 
 
 class _CallCollector(cst.CSTVisitor):
+    """One walk that indexes calls, loops, assignments and bound names by scope."""
+
     def __init__(self, script: Script) -> None:
         self.script = script
+        self.scopes: list[ScopeNode] = [script.module]
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.script.all_functions.append(node)
+        self.script.bound[node] = {p.name.value for p in node.params.params}
+        self.scopes.append(node)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.scopes.pop()
+
+    def visit_For(self, node: cst.For) -> None:
+        self.script.loops.setdefault(self.scopes[-1], []).append(node)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1:
+            self.script.assigns.setdefault(self.scopes[-1], []).append(node)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        if isinstance(node.target, cst.Name):
+            self.script.bound.setdefault(self.scopes[-1], set()).add(node.target.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         self.script.calls.append(node)
@@ -219,40 +254,12 @@ def analyze(wrapper: MetadataWrapper) -> Script:
     module.visit(_CallCollector(script))
     if script.distributed_marker is not None:
         return script
-    script.all_functions = _function_defs(module)
     script.training_functions = {fn for fn in script.all_functions if _has_backward(script, fn)}
     _find_model(script)
     _find_loaders(script)
     _find_ddp_names_and_eval_calls(script)
     _find_eval_loops(script)
     return script
-
-
-def _local_names(fn: cst.FunctionDef) -> set[str]:
-    """Names a function binds itself (parameters and plain assignments), not its globals."""
-    names = {p.name.value for p in fn.params.params}
-
-    class _Bound(cst.CSTVisitor):
-        def visit_AssignTarget(self, n: cst.AssignTarget) -> None:
-            if isinstance(n.target, cst.Name):
-                names.add(n.target.value)
-
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
-            return n is fn
-
-    fn.visit(_Bound())
-    return names
-
-
-def _function_defs(module: cst.Module) -> list[cst.FunctionDef]:
-    found: list[cst.FunctionDef] = []
-
-    class _Defs(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-            found.append(node)
-
-    module.visit(_Defs())
-    return found
 
 
 def _has_backward(script: Script, outer: cst.CSTNode) -> bool:
@@ -333,15 +340,7 @@ def _names_in(node: cst.CSTNode) -> list[cst.Name]:
 
 
 def _assignments_in(script: Script, scope: ScopeNode) -> list[cst.Assign]:
-    found: list[cst.Assign] = []
-
-    class _Assigns(cst.CSTVisitor):
-        def visit_Assign(self, n: cst.Assign) -> None:
-            if len(n.targets) == 1:
-                found.append(n)
-
-    script.body_of(scope).visit(_Assigns())
-    return [a for a in found if script.scope_of(a) is scope]
+    return script.assigns.get(scope, [])
 
 
 def _binding_scope(script: Script, ref: str, scope: ScopeNode) -> ScopeNode:
@@ -490,14 +489,7 @@ def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str) -> list[E
 
 
 def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
-    loops: list[cst.For] = []
-
-    class _Loops(cst.CSTVisitor):
-        def visit_For(self, node: cst.For) -> None:
-            loops.append(node)
-
-    script.body_of(scope).visit(_Loops())
-    return [loop for loop in loops if script.scope_of(loop) is scope]
+    return script.loops.get(scope, [])
 
 
 def _param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None:
