@@ -35,7 +35,7 @@ SLICE = "range({rank}, len({dataset}), {world})"
 
 
 def run(ctx: Context) -> None:
-    script, edits = ctx.script, ctx.edits
+    script = ctx.script
     if ctx.options.eval_on_rank0:
         return
     reduced = False

@@ -11,7 +11,6 @@ run on rank 0 through the unwrapped `model.module`.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of

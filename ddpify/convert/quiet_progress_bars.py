@@ -6,7 +6,6 @@ it still runs on every rank.
 
 from __future__ import annotations
 
-import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
