@@ -78,6 +78,7 @@ class Script:
     eval_loops: dict[str, list[cst.For]] = field(default_factory=dict)  # loader -> loops over it
     ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
+    data_parallel_imports: list[tuple[str, str, str | None]] = field(default_factory=list)  # from-imports of it
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
 
     # -- tree navigation -------------------------------------------------
@@ -196,12 +197,16 @@ def ref_of(node: cst.CSTNode) -> str | None:
     return None
 
 
+_MARKER_TAILS = {name.rsplit(".", 1)[-1] for name in N.DISTRIBUTED_MARKERS | N.DATA_PARALLEL}
+
+
 class _CallCollector(cst.CSTVisitor):
     """One walk that indexes calls, loops, assignments and bound names by scope."""
 
     def __init__(self, script: Script) -> None:
         self.script = script
         self.scopes: list[ScopeNode] = [script.module]
+        self.aliases: set[str] = set()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.script.all_functions.append(node)
@@ -233,7 +238,25 @@ class _CallCollector(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self._reference(node)
 
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar) or node.module is None or node.relative:
+            return
+        module = cst.Module([]).code_for_node(node.module)
+        for alias in node.names:
+            if isinstance(alias.name, cst.Name) and f"{module}.{alias.name.value}" in N.DATA_PARALLEL:
+                asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
+                self.script.data_parallel_imports.append((module, alias.name.value, asname))
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        imported = node.name.value if isinstance(node.name, cst.Name) else node.name.attr.value
+        if imported in _MARKER_TAILS and node.asname is not None and isinstance(node.asname.name, cst.Name):
+            self.aliases.add(node.asname.name.value)
+
     def _reference(self, node: cst.CSTNode) -> None:
+        # Resolving qualified names is costly: only for names spelled like a marker or its alias.
+        spelled = node.value if isinstance(node, cst.Name) else node.attr.value
+        if spelled not in _MARKER_TAILS and spelled not in self.aliases:
+            return
         names = self.script.names(node)
         if self.script.distributed_marker is None and names & N.DISTRIBUTED_MARKERS:
             self.script.distributed_marker = node

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.script import analyze
@@ -68,7 +68,11 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
     imports = CodemodContext()
     for module_name, obj, asname in edits.imports:
         AddImportsVisitor.add_needed_import(imports, module_name, obj, asname)
+    for module_name, obj, asname in edits.unused_imports:
+        RemoveImportsVisitor.remove_unused_import(imports, module_name, obj, asname)
     converted = AddImportsVisitor(imports).transform_module(converted)
+    if edits.unused_imports:
+        converted = RemoveImportsVisitor(imports).transform_module(converted)
     return ConvertResult(
         converted.code,
         sorted(set(edits.changes), key=lambda n: n.line),

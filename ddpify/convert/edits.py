@@ -32,6 +32,7 @@ class Edits:
         self.changes: list[Note] = []
         self.todos: list[Note] = []
         self.imports: list[tuple[str, str | None, str | None]] = []
+        self.unused_imports: list[tuple[str, str | None, str | None]] = []
 
     # -- requests --------------------------------------------------------
     def rewrite(self, node: cst.CSTNode, fn: Rewrite) -> None:
@@ -77,6 +78,9 @@ class Edits:
     def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         if (module, obj, asname) not in self.imports:
             self.imports.append((module, obj, asname))
+
+    def drop_import_if_unused(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
+        self.unused_imports.append((module, obj, asname))
 
     def change(self, line: int, message: str) -> None:
         self.changes.append(Note(line, message))

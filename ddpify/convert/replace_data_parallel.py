@@ -16,6 +16,8 @@ from ddpify.convert.context import Context
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
+    for alias in script.data_parallel_imports:
+        edits.drop_import_if_unused(*alias)
     for node in script.data_parallel:
         parent = script.parent(node)
         if isinstance(parent, cst.Call) and parent.func is node:
