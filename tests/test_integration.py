@@ -19,6 +19,7 @@ final optimizer parameters) and the combined stdout. Letters refer to the brief:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class Case:
     saves_per_run: int | None = 1  # torch.save calls per run; None: data dependent, compared to the baseline
     original_runs_on_cpu: bool = True  # False: the reference is the converted script under plain python
     equivalence: bool | str = True  # True, or the reason (c) does not apply
+    eval_size: int | None = None  # len(dataset) of the evaluation DataLoader, if the script evaluates
+    eval_metric: str | None = None  # regex whose numeric groups are the printed evaluation results
     notes: list[str] = field(default_factory=list)
 
 
@@ -81,12 +84,14 @@ CASES = {
         "main_argparse", knobs=cli_knobs("--batch-size", 3), epochs=3, train_size=512,
         per_epoch=[r"epoch \d: val_loss="], once=r"best val_loss=", checkpoint="best.pt",
         saves_per_run=None,  # saves whenever val loss improves
+        eval_size=128, eval_metric=r"epoch \d: val_loss=([\d.]+)",
     ),
     "mnist_examples": fixture(
         "mnist_examples", knobs=cli_knobs("--batch-size", 2, extra=("--save-model",)), epochs=2, train_size=512,
         per_epoch=[r"Test set: Average loss", r"Train Epoch: \d \[0/"],
         once=None,  # the pytorch/examples shape prints nothing once per run; its per-epoch lines are checked
         checkpoint="mnist_cnn.pt",
+        eval_size=200, eval_metric=r"Test set: Average loss: ([\d.]+), Accuracy: (\d+)/(\d+)",
     ),
     "seed000_convnet": fixture(
         "seed000_convnet", knobs=cli_knobs("-b", 2), epochs=2, train_size=512,
@@ -126,6 +131,7 @@ CASES = {
         epochs=2, train_size=256,
         per_epoch=[r"Test set: Average loss", r"Train Epoch: \d \[0/"], once=r"Final test accuracy:",
         checkpoint="mnist_cnn.pt",
+        eval_size=64, eval_metric=r"Test set: Average loss: ([\d.]+), Accuracy: (\d+)/(\d+)",
     ),
     "examples/mnist_convnet": example(
         "mnist_convnet", knobs=cli_knobs("-b", 2, extra=("--train-size", "512")), epochs=2, train_size=512,
@@ -271,6 +277,37 @@ def test_d_one_voice(results):
     if case.once is not None:
         count = len(re.findall(case.once, out))
         assert count == runs, f"{case.once!r}: {count} times, expected once per run ({runs} runs)"
+    for label in ("shuffle", "ordered"):
+        for rank in range(1, NPROC):
+            assert results.dist.trace(label, rank)["stdout"] == "", f"{label}: rank {rank} printed"
+        assert results.dist.trace(label, 0)["stdout"], f"{label}: rank 0 printed nothing"
+
+
+def test_g_evaluation_adds_up(results):
+    """Evaluation covers the evaluation set exactly as one process does, and reports the same numbers."""
+    print(results.log())
+    check_ran(results.dist, ["shuffle", "ordered"], NPROC)
+    check_ran(results.single, ["baseline"], 1)
+    case = results.case
+    loaders = {ld["dataset_len"] for r in range(NPROC) for ld in results.dist.trace("ordered", r)["loaders"]}
+    if case.eval_size is None:
+        assert loaders == {case.train_size}, f"unexpected extra DataLoaders: {loaders}"
+        return
+    assert loaders == {case.train_size, case.eval_size}
+
+    def eval_indices(trace):
+        ids = [ld["id"] for ld in trace["loaders"] if ld["dataset_len"] == case.eval_size]
+        return Counter(i for p in trace["passes"] if p["loader"] in ids and p["complete"] for i in p["indices"])
+
+    baseline = results.single.trace("baseline", 0)
+    seen = sum((eval_indices(results.dist.trace("ordered", r)) for r in range(NPROC)), Counter())
+    assert seen == eval_indices(baseline), "evaluation skipped or repeated samples across ranks"
+    if case.equivalence is True:  # same parameters, so the same metrics
+        got = [m.groups() for m in re.finditer(case.eval_metric, results.dist.trace("ordered", 0)["stdout"])]
+        want = [m.groups() for m in re.finditer(case.eval_metric, baseline["stdout"])]
+        assert len(got) == len(want) == case.epochs
+        got, want = [float(x) for g in got for x in g], [float(x) for g in want for x in g]
+        assert got == pytest.approx(want, rel=1e-3, abs=2e-5), "evaluation results differ from one process"
 
 
 def test_e_one_portable_checkpoint(results):

@@ -21,6 +21,7 @@ original:
   are written to ``params-<tag>.pt`` as ``[[tensor, ...] per optimizer]``.
 * ``torch.distributed.init_process_group`` / ``destroy_process_group`` and the
   ``DistributedDataParallel`` constructor: calls, backend, world size and rank.
+* ``sys.stdout``: what this process printed during the run (still written through).
 
 Output, in ``$DDPIFY_TRACE_DIR`` (default: the working directory), with ``<tag>`` = ``<RANK>``
 (``RANK`` from torchrun's environment, 0 without it) or ``<label>-<RANK>`` for a plan:
@@ -78,7 +79,22 @@ def _new_trace(label: str | None, script: str, args: list[str]) -> None:
         dist_initialized_at_exit=None,
         exit_code=None,
         error=None,
+        stdout="",
     )
+
+
+class _Tee:
+    """sys.stdout for the run: writes through and keeps a copy for the trace."""
+
+    def __init__(self, stream):
+        self._stream, self.parts = stream, []
+
+    def write(self, text):
+        self.parts.append(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _wrap(owner, name, make_wrapper):
@@ -225,7 +241,8 @@ def install_hooks() -> None:
 def run_one(script: str, args: list[str], label: str | None = None, env: dict | None = None, cwd: str | None = None) -> int:
     """Run one script in this process and write its trace; return its exit status."""
     _new_trace(label, script, args)
-    saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), os.getcwd()
+    saved_argv, saved_env, saved_cwd, saved_stdout = sys.argv, dict(os.environ), os.getcwd(), sys.stdout
+    sys.stdout = tee = _Tee(sys.stdout)
     os.environ.update(env or {})
     if cwd:
         os.makedirs(cwd, exist_ok=True)
@@ -244,6 +261,8 @@ def run_one(script: str, args: list[str], label: str | None = None, env: dict | 
         _trace["error"] = traceback.format_exc()
         code = 1
     finally:
+        sys.stdout = saved_stdout
+        _trace["stdout"] = "".join(tee.parts)
         os.chdir(saved_cwd)
         sys.argv = saved_argv
         os.environ.clear()
