@@ -237,15 +237,35 @@ def test_a_disjoint_shards(results):
         check_disjoint_shards(results.dist, label, results.case.train_size, results.case.epochs)
 
 
+def check_reshuffled(launch, label, train_size):
+    """(b) with shuffle on: not in index order, and a different order every epoch (set_epoch)."""
+    for rank in range(NPROC):
+        shuffled = train_passes(launch.trace(label, rank), train_size)
+        assert shuffled[0] != sorted(shuffled[0]), f"rank {rank}: shuffle on, but epoch 0 is in order"
+        for epoch in range(1, len(shuffled)):
+            assert shuffled[epoch] != shuffled[epoch - 1], f"rank {rank}: epoch {epoch} repeats the previous order (set_epoch?)"
+
+
+def check_replicas_agree(launch, label):
+    """DDP keeps the replicas identical (with BatchNorm too: its buffers are not parameters)."""
+    ranks = [launch.params(label, r) for r in range(NPROC)]
+    assert ranks[0] and ranks[0][0], "no optimizer parameters recorded"
+    assert max_param_diff(ranks[0], ranks[1]) == 0.0, "ranks ended with different parameters"
+
+
+def check_portable_saves(saves, label):
+    """(e) every save is a state_dict without the DDP 'module.' prefix."""
+    for s in saves:
+        assert s["keys"] is not None, f"{label}: saved something other than a state_dict: {s['obj_type']}"
+        assert not s["module_prefix"], f"{label}: keys carry the DDP 'module.' prefix: {s['keys'][:3]}"
+
+
 def test_b_new_order_every_epoch_when_shuffling(results):
     print(results.log())
     check_ran(results.dist, ["shuffle", "ordered"], NPROC)
     case = results.case
+    check_reshuffled(results.dist, "shuffle", case.train_size)
     for rank in range(NPROC):
-        shuffled = train_passes(results.dist.trace("shuffle", rank), case.train_size)
-        assert shuffled[0] != sorted(shuffled[0]), f"rank {rank}: shuffle on, but epoch 0 is in order"
-        for epoch in range(1, len(shuffled)):
-            assert shuffled[epoch] != shuffled[epoch - 1], f"rank {rank}: epoch {epoch} repeats the previous order (set_epoch?)"
         ordered = train_passes(results.dist.trace("ordered", rank), case.train_size)
         for epoch, order in enumerate(ordered):
             assert order == list(range(rank, case.train_size, NPROC)), f"rank {rank} epoch {epoch}: shuffle off, but not in order"
@@ -255,13 +275,10 @@ def test_c_same_parameters_as_one_process_with_double_batch(results):
     print(results.log())
     check_ran(results.dist, ["shuffle", "ordered"], NPROC)
     check_ran(results.single, ["baseline"], 1)
-    ranks = [results.dist.params("ordered", r) for r in range(NPROC)]
-    assert ranks[0] and ranks[0][0], "no optimizer parameters recorded"
-    # DDP keeps the replicas identical: this holds with BatchNorm too.
-    assert max_param_diff(ranks[0], ranks[1]) == 0.0, "ranks ended with different parameters"
+    check_replicas_agree(results.dist, "ordered")
     if results.case.equivalence is not True:
         return  # reason in CASES: results.case.equivalence
-    diff = max_param_diff(ranks[0], results.single.params("baseline", 0))
+    diff = max_param_diff(results.dist.params("ordered", 0), results.single.params("baseline", 0))
     assert diff <= ATOL, f"max |param - single-process(batch {NPROC * B})| = {diff:g} > {ATOL}"
 
 
@@ -325,9 +342,8 @@ def test_e_one_portable_checkpoint(results):
             assert len(saves) == case.saves_per_run, f"{label}: {len(saves)} saves, expected {case.saves_per_run}"
         else:
             assert saves, f"{label}: nothing saved"
+        check_portable_saves(saves, label)
         for s in saves:
-            assert s["keys"] is not None, f"{label}: saved something other than a state_dict: {s['obj_type']}"
-            assert not s["module_prefix"], f"{label}: keys carry the DDP 'module.' prefix: {s['keys'][:3]}"
             assert s["shapes"] == reference[-1]["shapes"], "keys/shapes differ from the single-process checkpoint"
     ordered = results.dist.trace("ordered", 0)["saves"]
     if case.saves_per_run is None:  # data-dependent count: same data order as the baseline, same saves
@@ -363,21 +379,58 @@ def test_f_plain_python_is_one_process(results):
 # --- the harness itself: it accepts a hand-written DDP script and rejects an unconverted one ------
 
 
-def test_harness_accepts_hand_written_ddp_script(tmp_path):
-    """pytorch/examples' multigpu_torchrun.py shape (fixtures/noop) passes the same checks."""
+# Broken variants of the hand-written DDP script: (old, new) edits, and the check each must fail.
+MUTANTS = {
+    "no_set_epoch": (
+        [("self.train_data.sampler.set_epoch(epoch)", "pass")],
+        lambda launch, label: check_reshuffled(launch, label, 512),
+        "repeats the previous order",
+    ),
+    "saves_ddp_state_dict": (
+        [("self.model.module.state_dict()", "self.model.state_dict()")],
+        lambda launch, label: check_portable_saves(launch.trace(label, 0)["saves"], label),
+        "DDP 'module.' prefix",
+    ),
+    "no_ddp": (
+        [
+            ("self.model = DDP(self.model, device_ids=[self.gpu_id] if torch.cuda.is_available() else None)", "pass"),
+            ("self.model.module.state_dict()", "self.model.state_dict()"),
+        ],
+        lambda launch, label: check_replicas_agree(launch, label),
+        "different parameters",
+    ),
+}
+
+
+def test_harness_accepts_hand_written_ddp_script_and_rejects_broken_variants(tmp_path):
+    """pytorch/examples' multigpu_torchrun.py shape (fixtures/noop) passes the checks; each mutant fails its check."""
     script = ROOT / "fixtures" / "noop" / "multigpu_torchrun.py"
-    launch = run_plan([{"label": "ref", "script": str(script), "args": ["2", "1", "--batch_size", str(B)]}], tmp_path, NPROC)
+    args = ["2", "1", "--batch_size", str(B)]
+    plan = [{"label": "ref", "script": str(script), "args": args}]
+    for name, (edits, _, _) in MUTANTS.items():
+        source = script.read_text()
+        for old, new in edits:
+            assert source.count(old) == 1, f"mutant {name}: {old!r} not found once"
+            source = source.replace(old, new)
+        (tmp_path / f"{name}.py").write_text(source)
+        plan.append({"label": name, "script": str(tmp_path / f"{name}.py"), "args": args})
+    launch = run_plan(plan, tmp_path, NPROC)
     print(launch.log())
-    check_ran(launch, ["ref"], NPROC)
+    check_ran(launch, [run["label"] for run in plan], NPROC)
+
     check_disjoint_shards(launch, "ref", 512, 2)  # its extra next(iter(loader)) per epoch is an incomplete pass
-    for rank in range(NPROC):
-        passes = train_passes(launch.trace("ref", rank), 512)
-        assert passes[0] != passes[1]
-        # it prints on every rank: the combined stdout holds both processes' output
-        assert len(re.findall(rf"\[GPU{rank}\] Epoch \d", launch.stdout)) == 2
+    check_reshuffled(launch, "ref", 512)
+    check_replicas_agree(launch, "ref")
     saves = launch.trace("ref", 0)["saves"]
+    check_portable_saves(saves, "ref")
     assert [s["path"] for s in saves] == ["snapshot.pt", "snapshot.pt"] and launch.trace("ref", 1)["saves"] == []
-    assert saves[0]["keys"] == ["weight", "bias"] and not saves[0]["module_prefix"]
+    assert saves[0]["keys"] == ["weight", "bias"]
+    for rank in range(NPROC):  # it prints on every rank: the combined stdout holds both processes' output
+        assert len(re.findall(rf"\[GPU{rank}\] Epoch \d", launch.stdout)) == 2 * len(plan)
+
+    for name, (_, check, message) in MUTANTS.items():
+        with pytest.raises(AssertionError, match=re.escape(message)):
+            check(launch, name)
 
 
 def test_harness_rejects_unconverted_script(tmp_path):
