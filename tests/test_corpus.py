@@ -15,6 +15,9 @@ For every fixtures/corpus/*.py:
 5. for DataLoader scripts, each complete pass over the training loader gives the two ranks
    disjoint, equal-sized shards that together cover the dataset.
 
+Besides, every original must run as-is under plain ``python`` on this CPU machine, with the same
+final messages (test_original_runs_as_is_on_cpu).
+
 Scripts that fail today are listed in KNOWN_BROKEN as ``{name: "<stage>: <reason>"}``: their
 test asserts that they still fail, and first at that stage, so a fix (or a new way of failing)
 flips the test loudly. Every corpus file must have a Spec, so a new script cannot go unchecked.
@@ -311,23 +314,57 @@ def check_shards(spec: Spec, traces: dict, outcome: Outcome) -> None:
                 return
 
 
+def run_original(name: str, work: Path) -> str | None:
+    """The unconverted script, as-is under plain `python` on CPU, every run of its spec in one cwd: None if fine."""
+    spec = SPECS[name]
+    work.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    stdout = ""
+    for args in spec.runs:
+        cmd = [sys.executable, str(CORPUS / f"{name}.py"), *args]
+        try:
+            proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return f"{' '.join(cmd)}: timed out after {TIMEOUT_S}s"
+        if proc.returncode != 0:
+            return f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+        stdout += proc.stdout
+    for regex, count in spec.final.items():
+        found = len(re.findall(regex, stdout))
+        if found != count:
+            return f"{regex!r} printed {found} times, expected {count}\n{stdout[-3000:]}"
+    return None
+
+
 @pytest.fixture(scope="module")
-def corpus_outcomes(tmp_path_factory) -> dict[str, Outcome]:
+def corpus_outcomes(tmp_path_factory) -> tuple[dict[str, Outcome], dict[str, str | None]]:
+    """Every conversion, then the torchrun launches and the plain-python runs of the originals, PARALLEL at a time."""
     base = tmp_path_factory.mktemp("corpus")
     outcomes = {name: Outcome(name) for name in SCRIPTS}
-    to_run = []
+    originals: dict[str, str | None] = {}
+    jobs = []
     for name in SCRIPTS:
         script = convert_stage(name, outcomes[name], base / name)
         if script is not None:
-            to_run.append((name, script))
+            jobs.append(lambda name=name, script=script: run_stage(name, script, outcomes[name], base / name))
+    for name in SCRIPTS:
+        jobs.append(lambda name=name: originals.__setitem__(name, run_original(name, base / "original" / name)))
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        list(pool.map(lambda item: run_stage(item[0], item[1], outcomes[item[0]], base / item[0]), to_run))
-    return outcomes
+        list(pool.map(lambda job: job(), jobs))
+    return outcomes, originals
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_original_runs_as_is_on_cpu(name, corpus_outcomes):
+    """The corpus is single-GPU scripts that also run on a CPU machine, offline, in seconds."""
+    problem = corpus_outcomes[1][name]
+    assert problem is None, f"fixtures/corpus/{name}.py under plain python: {problem}"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_corpus_script(name, corpus_outcomes):
-    outcome = corpus_outcomes[name]
+    outcome = corpus_outcomes[0][name]
     summary = "\n".join(f"  [{stage}] {detail}" for stage, detail in outcome.problems)
     if name in KNOWN_BROKEN:
         stage = KNOWN_BROKEN[name].split(":", 1)[0]
