@@ -155,6 +155,8 @@ CASES: dict[str, Case] = {
 # stop the others; their integration tests xfail when the run failed, and check everything when it passed
 RUN_LAST = {"side_effects"}
 
+ORIGINALS_ON_CPU = [name for name in CASES if name != "model_parallel"]
+
 RUNNABLE = [name for name, case in CASES.items() if case.runs is True]
 
 # Converter bugs these fixtures found: case -> the exact reason. Each has a check below stating
@@ -345,6 +347,11 @@ def runs(tmp_path_factory):
          "args": ["--batch-size", str(B), "--epochs", "3", "--resume", str(resume_checkpoint(work)),
                   "--checkpoint", "original_resumed.pt"]},
     ]  # fmt: skip
+    # every original runs as-is with plain python on CPU (model_parallel needs 2 GPUs: see CASES)
+    single_plan += [
+        {"label": f"{name}_original", "script": str(source(name)), "args": CASES[name].args}
+        for name in ORIGINALS_ON_CPU
+    ]
     single = run_plan(single_plan, work / "python", nproc=None)
     return Runs(dist, single, work)
 
@@ -547,6 +554,12 @@ def test_spawn_launcher(tmp_path):
     assert len(re.findall(r"spawn run saved spawn_model\.pt", proc.stdout)) == 1, log
     state = torch.load(tmp_path / "spawn_model.pt", map_location="cpu", weights_only=True)
     assert state and not any(k.startswith("module.") for k in state)
+
+
+@pytest.mark.parametrize("name", ORIGINALS_ON_CPU)
+def test_original_runs_with_plain_python_on_cpu(runs, name):
+    t = ran(runs.single, f"{name}_original", world_size=1)[0]
+    assert t["init_process_group"] == [] and t["ddp_wrapped"] == 0 and t["saves"], "not a single-GPU script?"
 
 
 @pytest.mark.parametrize("name", list(KNOWN_BROKEN))
