@@ -16,6 +16,7 @@ TORCH_DEVICE = frozenset({"torch.device"})
 CURRENT_ACCELERATOR = frozenset({"torch.accelerator.current_accelerator"})
 TORCH_SAVE = frozenset({"torch.save"})
 TORCH_LOAD = frozenset({"torch.load"})
+OPEN = frozenset({"builtins.open", "open"})
 DATA_PARALLEL = frozenset(
     {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"}
 )

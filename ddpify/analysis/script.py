@@ -451,7 +451,7 @@ def _returns(fn: cst.FunctionDef) -> list[cst.Return]:
     return found
 
 
-def _mentions(node: cst.CSTNode, ref: str) -> bool:
+def mentions(node: cst.CSTNode, ref: str) -> bool:
     """Does `node` use the variable or `self.` attribute `ref`?"""
     found = False
 
@@ -473,10 +473,10 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
     found: list[EpochLoop] | None = None
     for where in script.scopes_for(ref, scope):
         aliases = {ref} | {  # batches = tqdm(loader) ...: iterating `batches` iterates the loader
-            ref_of(a.targets[0].target) for a in _assignments_in(script, where) if _mentions(a.value, ref)
+            ref_of(a.targets[0].target) for a in _assignments_in(script, where) if mentions(a.value, ref)
         }
         for loop in _loops_in(script, where):
-            if any(_mentions(loop.iter, r) for r in aliases if r) and _has_backward(script, loop.body):
+            if any(mentions(loop.iter, r) for r in aliases if r) and _has_backward(script, loop.body):
                 outer = script.enclosing_loop(loop, where)
                 found = found or []
                 if outer is not None:
@@ -560,9 +560,9 @@ def _passes_over(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
     if depth > 2:
         return found
     for where in script.scopes_for(ref, scope):
-        aliases = {ref} | {ref_of(a.targets[0].target) for a in _assignments_in(script, where) if _mentions(a.value, ref)}
+        aliases = {ref} | {ref_of(a.targets[0].target) for a in _assignments_in(script, where) if mentions(a.value, ref)}
         for loop in _loops_in(script, where):
-            if any(_mentions(loop.iter, r) for r in aliases if r) and not _has_backward(script, loop.body):
+            if any(mentions(loop.iter, r) for r in aliases if r) and not _has_backward(script, loop.body):
                 found.append(loop)
         for call in script.calls_in(where):
             fn = script.local_function(call)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from ddpify.analysis.script import Script, ScopeNode
+from ddpify.analysis.script import Script, ScopeNode, ref_of
 from ddpify.convert.edits import Edits
 from ddpify.results import ConvertOptions
 
@@ -27,6 +27,7 @@ class Context:
     gpus_per_process: int = 1  # > 1 when the model itself spans several GPUs
     device_fixup: bool = False  # the device comes from a run-time value (e.g. --device)
     wrap_after: dict[str, cst.CSTNode] = field(default_factory=dict)  # model -> statement wrapping it
+    reloads: set[cst.CSTNode] = field(default_factory=set)  # `model = torch.load(...)` turned into loads
     device: str = "device"
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"
     local_rank: str = "local_rank"
@@ -58,7 +59,8 @@ class Context:
         return RANK0
 
     def after_wrap(self, node: cst.CSTNode, model: str | None = None) -> bool:
-        """Does `node` run after `model` was wrapped (as far as statement order tells)?"""
+        """Does `node` see the wrapped `model`: after the wrap, and not after `model` was
+        bound to something else (e.g. a reloaded checkpoint)?"""
         script = self.script
         model = model or script.model_name
         scope = script.scope_of(node)
@@ -67,4 +69,10 @@ class Context:
             return True
         body = list(script.block_of(scope).body)
         top = script.top_statement(node, scope)
-        return top is not None and body.index(top) > body.index(wrapped)
+        if top is None or body.index(top) <= body.index(wrapped):
+            return False
+        start, line = script.line(body[body.index(wrapped) + 1]), script.line(node)
+        return not any(
+            ref_of(a.targets[0].target) == model and start <= script.line(a) < line and a not in self.reloads
+            for a in script.assigns.get(scope, [])
+        )

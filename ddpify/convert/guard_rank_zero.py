@@ -104,7 +104,7 @@ def _rank0_writers(ctx: Context) -> set[str]:
 
 def _opens_for_writing(ctx: Context, call: cst.Call) -> bool:
     """`open(path, "w")` (or "a"/"x") as the item of a `with` statement."""
-    if not ctx.script.is_call_to(call, frozenset({"builtins.open", "open"})):
+    if not ctx.script.is_call_to(call, N.OPEN):
         return False
     if not isinstance(ctx.script.parent(call), cst.WithItem):
         return False

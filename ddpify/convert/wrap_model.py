@@ -1,15 +1,16 @@
 """Wrap the trained model in DistributedDataParallel once it is on its device.
 
-The wrap goes right after the last top-level statement that builds, moves or loads
-the model and before anything runs it; `device_ids` is passed only for CUDA.
+The wrap goes right after the last top-level statement that touches the model (builds,
+moves, loads, freezes or re-heads it) before anything runs or trains it, and after the
+process group exists; `device_ids` is passed only for CUDA.
 """
 
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
-from ddpify.analysis.script import AnalysisError, ref_of
+from ddpify.analysis import names as N
+from ddpify.analysis.script import AnalysisError, mentions, ref_of
 from ddpify.convert.context import Context
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
@@ -23,14 +24,17 @@ def run(ctx: Context) -> None:
 
 def _wrap(ctx: Context, model: str, scope) -> None:
     script, edits = ctx.script, ctx.edits
+    body = list(script.block_of(scope).body)
     last = None
-    for stmt in script.block_of(scope).body:
-        if _prepares(stmt, model):
-            last = stmt
-        elif last is not None and _runs(script, stmt, model):
+    for stmt in body:
+        if _runs(script, stmt, model):
             break
+        if mentions(stmt, model):
+            last = stmt  # built, moved, loaded, frozen, given a new head...: not run yet
     if last is None:
         raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
+    if scope is ctx.setup_scope and body.index(last) < ctx.init_index - 1:
+        last = body[ctx.init_index - 1]  # the process group (and the device) must exist first
     ctx.wrap_after[model] = last
     if ctx.options.sync_batchnorm:
         edits.insert_after(last, SYNC_BN.format(model=model))
@@ -46,20 +50,13 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
 
-def _prepares(stmt: cst.CSTNode, model: str) -> bool:
-    """`model = ...` or `model.to(...)`/`model.cuda()`/`model.load_state_dict(...)` as a statement."""
-    is_model = m.MatchIfTrue(lambda node: ref_of(node) == model)
-    assigns = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=is_model)])])
-    method = m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(value=is_model)))])
-    return m.matches(stmt, assigns | method)
-
-
 def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
-    """Does `stmt` loop, call the model, or hand it to another function?"""
-    if isinstance(stmt, (cst.For, cst.While)):
-        return True
+    """Does `stmt` train or call the model (directly, or by handing it to a training function)?"""
     for call in script.calls_in(stmt):
-        if ref_of(call.func) == model or any(ref_of(a.value) == model for a in call.args):
+        if ref_of(call.func) == model or N.call_name(call) == "backward":
+            return True
+        fn = script.local_function(call)
+        if fn in script.training_functions and any(ref_of(a.value) == model for a in call.args):
             return True
     return False
 

@@ -1,0 +1,75 @@
+"""After the wrap, what belongs to the model itself goes through `model.module`.
+
+`model.state_dict()` / `model.load_state_dict(...)` (checkpoints with no `module.`
+prefix, loadable by the single-GPU script), the model's own methods and attributes
+(`model.init_hidden(...)`, `model.fc = ...`), and `torch.save(model, ...)` of the whole
+model. What DDP itself provides (`train()`, `eval()`, `parameters()`, `to()`, ...) and
+calling the model stay on the wrapper.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import ref_of
+from ddpify.convert.context import Context
+
+# nn.Module API that DistributedDataParallel answers for the wrapped module.
+ON_WRAPPER = frozenset(
+    {
+        "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
+        "named_children", "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "float",
+        "double", "half", "bfloat16", "apply", "requires_grad_", "training", "forward", "no_sync",
+        "module", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+        "join", "register_comm_hook", "__call__",
+    }
+)  # fmt: skip
+
+
+class _Attributes(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[cst.Attribute] = []
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.found.append(node)
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    _reload_into_module(ctx)
+    attributes = _Attributes()
+    script.module.visit(attributes)
+    for node in attributes.found:
+        owner = ref_of(node.value)
+        if owner is None or node.attr.value in ON_WRAPPER:
+            continue
+        if owner in script.ddp_names.get(script.scope_of(node), ()) and ctx.after_wrap(node, owner):
+            edits.replace(node.value, edits.expression(f"{owner}.module"))
+            edits.change(script.line(node), f"`{owner}.module.{node.attr.value}`: the model's own, not the DDP wrapper's")
+    for call in script.calls:
+        args = N.positional(call)
+        if script.is_call_to(call, N.TORCH_SAVE) and args:
+            owner = ref_of(args[0].value)
+            if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
+                edits.replace(args[0].value, edits.expression(f"{owner}.module"))
+                edits.change(script.line(call), f"saves `{owner}.module`, not the DDP wrapper")
+
+
+def _reload_into_module(ctx: Context) -> None:
+    """`model = torch.load(path)` of a whole saved model, after the wrap, loads its weights
+    into `model.module` instead, so `model` stays the DDP model everywhere."""
+    script, edits = ctx.script, ctx.edits
+    for call in script.calls:
+        assign = script.parent(call)
+        if not (script.is_call_to(call, N.TORCH_LOAD) and isinstance(assign, cst.Assign) and assign.value is call):
+            continue
+        owner = ref_of(assign.targets[0].target)
+        if owner in script.models and ctx.after_wrap(assign, owner):
+            def reload(updated: cst.Assign, owner: str = owner) -> cst.Expr:
+                load = script.module.code_for_node(updated.value)
+                return cst.Expr(edits.expression(f"{owner}.module.load_state_dict({load}.state_dict())"))
+
+            edits.rewrite(assign, reload)
+            ctx.reloads.add(assign)
+            edits.change(script.line(call), f"the reloaded model's weights go into `{owner}.module` (it stays wrapped)")

@@ -1,0 +1,84 @@
+"""A file rank 0 saved and every rank then reads is read only after a barrier.
+
+    if dist.get_rank() == 0:
+        torch.save(model.module, args.save)
+    ...
+    dist.barrier()  # rank 0 has written this file
+    model = torch.load(args.save, map_location=device)
+
+The barrier sits right before the read, which every rank executes.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.convert.context import Context
+
+BARRIER = "dist.barrier()  # rank 0 has written this file\n"
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    written: dict[str, int] = {}  # path (as code) -> first line written
+    reads: list[tuple[str, cst.Call]] = []
+    handles = _file_handles(script)
+    for call in script.calls:
+        args = N.positional(call)
+        saves = script.is_call_to(call, N.TORCH_SAVE)
+        if saves and len(args) > 1:
+            if not _is_handle(args[1].value, handles):
+                written.setdefault(_code(ctx, args[1].value), script.line(call))
+        elif script.is_call_to(call, N.OPEN) and args:
+            if _mode(call).startswith(("w", "a", "x")):
+                written.setdefault(_code(ctx, args[0].value), script.line(call))
+            else:
+                reads.append((_code(ctx, args[0].value), call))
+        elif script.is_call_to(call, N.TORCH_LOAD) and args and not _is_handle(args[0].value, handles):
+            reads.append((_code(ctx, args[0].value), call))
+    done = set()
+    for path, call in reads:
+        first_write = written.get(path)
+        if first_write is None or script.line(call) <= first_write:
+            continue
+        stmt = _statement(script, call)
+        if stmt is None or stmt in done:
+            continue
+        done.add(stmt)
+        edits.insert_before(stmt, BARRIER)
+        edits.change(script.line(call), "every rank reads this file after rank 0 wrote it (barrier)")
+
+
+def _file_handles(script) -> set[str]:
+    """Names bound by `with open(...) as name`."""
+    names = set()
+    for call in script.calls:
+        item = script.parent(call)
+        if script.is_call_to(call, N.OPEN) and isinstance(item, cst.WithItem) and item.asname is not None:
+            if isinstance(item.asname.name, cst.Name):
+                names.add(item.asname.name.value)
+    return names
+
+
+def _is_handle(node: cst.CSTNode, handles: set[str]) -> bool:
+    """`f` of `with open(path) as f`: the `open` call names the file, not this."""
+    return isinstance(node, cst.Name) and node.value in handles
+
+
+def _code(ctx: Context, node: cst.CSTNode) -> str:
+    return ctx.script.module.code_for_node(node)
+
+
+def _mode(call: cst.Call) -> str:
+    args = N.positional(call)
+    mode = args[1].value if len(args) > 1 else getattr(N.keyword(call, "mode"), "value", None)
+    return mode.evaluated_value if isinstance(mode, cst.SimpleString) else "r"
+
+
+def _statement(script, call: cst.Call) -> cst.CSTNode | None:
+    """The statement to put the barrier in front of: the `with` opening the file, or the line."""
+    parent = script.parent(call)
+    if isinstance(parent, cst.WithItem):
+        return script.parent(parent)
+    return script.statement_line(call)
