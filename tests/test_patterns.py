@@ -19,19 +19,17 @@ flips it loudly (then move the case out of KNOWN_BROKEN).
 from __future__ import annotations
 
 import json
-import py_compile
+import os
 import re
 import shlex
 import subprocess
 import sys
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import NPROC, PYTHON_TIMEOUT_S, ROOT, run_plan
 
 from ddpify.engine import ConvertError, ConvertOptions, convert_source
@@ -164,7 +162,8 @@ RUNNABLE = [name for name, case in CASES.items() if case.runs is True]
 KNOWN_BROKEN = {
     "gan_two_models": "convert raises ConvertError 'internal error: the output fails `ddpify check` (DDP119 DDP "
     "model called twice before backward ...)' for the standard GAN step `lossD = bce(netD(real), ones) + "
-    "bce(netD(fake.detach()), zeros)` instead of converting it or leaving a TODO",
+    "bce(netD(fake.detach()), zeros)` instead of converting it or leaving a TODO (real DDP accepts this step when "
+    "the model has no buffers: a hand conversion trains under torchrun with equal replicas)",
     "gan_dcgan": "the EMA copy `ema_G = copy.deepcopy(netG)` is made AFTER the inserted `netG = DDP(netG, ...)`, "
     "so the EMA model is a deep copy of the DDP wrapper: its checkpoint keys carry `module.`",
     "accelerator_api": "the one-line form `device = torch.accelerator.current_accelerator() if use_accel else "
@@ -547,7 +546,7 @@ def test_spawn_launcher(tmp_path):
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", NPROC_PER_NODE=str(NPROC))
     cmd = [sys.executable, str(golden("spawn_launcher")), "--batch-size", str(B), "--epochs", "2"]
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PYTHON_TIMEOUT_S)
+    proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PYTHON_TIMEOUT_S)
     log = f"exit {proc.returncode} after {time.monotonic() - start:.1f}s\n{proc.stdout}\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, log
     assert len(re.findall(r"spawn epoch \d: loss", proc.stdout)) == 2, log
