@@ -148,9 +148,9 @@ def test_hand_made_batches_convert_with_a_todo_at_the_loop(tmp_path: Path) -> No
     out = tmp_path / "out.py"
     result = ddpify("convert", str(src), "-o", str(out))
     assert result.returncode == 0, result.stderr
-    assert f"{src}:4: TODO(ddpify): batches are built by hand" in result.stdout
+    assert f"{src}:4: TODO(ddpify): the data is not read through a DataLoader" in result.stdout
     lines = out.read_text().splitlines()
-    todo = next(i for i, line in enumerate(lines) if "# TODO(ddpify): batches are built by hand" in line)
+    todo = next(i for i, line in enumerate(lines) if "# TODO(ddpify): the data is not read through a DataLoader" in line)
     assert lines[todo + 1].startswith("for ")
     assert ddpify("convert", str(src), "-o", str(out), "--strict").returncode == 1
 

@@ -13,6 +13,7 @@ SEQUENTIAL_SAMPLER = frozenset(
     {"torch.utils.data.SequentialSampler", "torch.utils.data.sampler.SequentialSampler"}
 )
 TORCH_DEVICE = frozenset({"torch.device"})
+ITERABLE_DATASET = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})
 CURRENT_ACCELERATOR = frozenset({"torch.accelerator.current_accelerator"})
 TORCH_SAVE = frozenset({"torch.save"})
 TORCH_LOAD = frozenset({"torch.load"})

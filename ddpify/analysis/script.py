@@ -79,6 +79,7 @@ class Script:
     ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
     data_parallel_imports: list[tuple[str, str, str | None]] = field(default_factory=list)  # from-imports of it
+    iterable_datasets: set[str] = field(default_factory=set)  # the script's IterableDataset classes
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
 
     # -- tree navigation -------------------------------------------------
@@ -207,6 +208,10 @@ class _CallCollector(cst.CSTVisitor):
         self.script = script
         self.scopes: list[ScopeNode] = [script.module]
         self.aliases: set[str] = set()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if any(self.script.names(base.value) & N.ITERABLE_DATASET for base in node.bases):
+            self.script.iterable_datasets.add(node.name.value)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.script.all_functions.append(node)

@@ -27,7 +27,8 @@ class Context:
     gpus_per_process: int = 1  # > 1 when the model itself spans several GPUs
     device_fixup: bool = False  # the device comes from a run-time value (e.g. --device)
     wrap_after: dict[str, cst.CSTNode] = field(default_factory=dict)  # model -> statement wrapping it
-    reloads: set[cst.CSTNode] = field(default_factory=set)  # `model = torch.load(...)` turned into loads
+    reloads: set[cst.CSTNode] = field(default_factory=set)
+    _before_init: set[cst.FunctionDef] | None = None  # `model = torch.load(...)` turned into loads
     device: str = "device"
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"
     local_rank: str = "local_rank"
@@ -51,6 +52,8 @@ class Context:
         scope = script.scope_of(stmt)
         if isinstance(scope, cst.Module) and scope is not self.setup_scope:
             return RANK0_BEFORE_INIT  # module code runs at import, before setup
+        if scope in self.called_before_init():
+            return RANK0_BEFORE_INIT
         if scope is self.setup_scope:
             body = list(script.block_of(scope).body)
             top = script.top_statement(stmt, scope)
@@ -76,3 +79,18 @@ class Context:
             ref_of(a.targets[0].target) == model and start <= script.line(a) < line and a not in self.reloads
             for a in script.assigns.get(scope, [])
         )
+
+    def called_before_init(self) -> set[cst.FunctionDef]:
+        """The script's functions that may run before the process group exists."""
+        if self._before_init is None:
+            script = self.script
+            body = list(script.block_of(self.setup_scope).body)[: self.init_index]
+            todo = [fn for stmt in body for c in script.calls_in(stmt) if (fn := script.local_function(c))]
+            found: set[cst.FunctionDef] = set()
+            while todo:
+                fn = todo.pop()
+                if fn not in found and fn is not self.setup_scope:
+                    found.add(fn)
+                    todo += [g for c in script.calls_in(fn) if (g := script.local_function(c))]
+            self._before_init = found
+        return self._before_init

@@ -43,11 +43,50 @@ def run(ctx: Context) -> None:
         loops = script.eval_loops.get(loader.name)
         if loader in script.train_loaders or not loops:
             continue
+        if any(_per_rank_denominator(ctx, loop) for loop in loops):
+            ctx.edits.change(
+                script.line(loader.stmt),
+                f"`{loader.name}`: every rank evaluates the whole set (its averages divide by batch counts)",
+            )
+            continue
         _slice(ctx, loader)
         for loop in loops:
             reduced |= _reduce_after(ctx, loop)
     if reduced:
         _define_helper(ctx)
+
+
+def _per_rank_denominator(ctx: Context, loop: cst.For) -> bool:
+    """After the loop, does the code use `len(loader)` or the batch index (`batch_idx + 1`)?
+    Those count this rank's batches only, so summed metrics would be divided wrongly."""
+    script = ctx.script
+    scope = script.scope_of(loop)
+    end = script.positions[loop].end.line
+    loader = ref_of(loop.iter.args[0].value) if isinstance(loop.iter, cst.Call) and loop.iter.args else ref_of(loop.iter)
+    index = None
+    if isinstance(loop.iter, cst.Call) and N.call_name(loop.iter) == "enumerate" and isinstance(loop.target, cst.Tuple):
+        index = ref_of(loop.target.elements[0].value)
+    later = [node for node in _names_and_calls(script.body_of(scope)) if script.line(node) > end]
+    for node in later:
+        if isinstance(node, cst.Call) and N.call_name(node) == "len" and node.args and ref_of(node.args[0].value) == loader:
+            return loader is not None
+        if isinstance(node, cst.Name) and index is not None and node.value == index:
+            return True
+    return False
+
+
+def _names_and_calls(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.append(n)
+
+        def visit_Call(self, n: cst.Call) -> None:
+            found.append(n)
+
+    node.visit(_Collect())
+    return found
 
 
 def _slice(ctx: Context, loader: Loader) -> None:

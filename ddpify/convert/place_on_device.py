@@ -18,6 +18,7 @@ from ddpify.convert.edits import append_arg, keyword_arg
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
+    _compare_device_types(ctx)
     for call in script.calls:
         if ctx.device_stmt is not None and script.inside(call, ctx.device_stmt):
             continue
@@ -47,6 +48,29 @@ def run(ctx: Context) -> None:
             if arg is not None and N.is_cuda_string(arg.value):
                 edits.replace(arg.value, device or edits.expression('"cuda"'))
                 edits.change(script.line(call), f"`device=` now names `{ctx.device if visible else 'cuda'}`")
+
+
+def _compare_device_types(ctx: Context) -> None:
+    """`device == "cuda"` (a string device, now "cuda:<local_rank>") compares its type."""
+    if not ctx.device_type.startswith("torch.device("):
+        return
+    found: list[cst.Comparison] = []
+
+    class _Comparisons(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> None:
+            found.append(node)
+
+    ctx.script.module.visit(_Comparisons())
+    for node in found:
+        if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
+            continue
+        sides = (node.left, node.comparisons[0].comparator)
+        if any(isinstance(a, cst.Name) and a.value == ctx.device for a in sides) and any(
+            isinstance(b, cst.SimpleString) and b.evaluated_value == "cuda" for b in sides
+        ):
+            side = next(a for a in sides if isinstance(a, cst.Name))
+            ctx.edits.replace(side, ctx.edits.expression(ctx.device_type))
+            ctx.edits.change(ctx.script.line(node), f'`{ctx.device_type} == "cuda"`: the device now carries its index')
 
 
 def _cuda_call(ctx: Context, call: cst.Call, device: cst.BaseExpression | None) -> None:

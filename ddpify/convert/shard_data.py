@@ -31,6 +31,14 @@ def run(ctx: Context) -> None:
     if not script.loaders and not script.unplaced_loaders:
         _hand_made_batches(ctx)
     for loader in script.train_loaders:
+        if _iterable(ctx, loader):
+            edits.todo(
+                loader.stmt,
+                script.line(loader.stmt),
+                f"`{loader.name}` streams an IterableDataset: give each rank its own part of the stream in "
+                "__iter__ (e.g. itertools.islice(stream, dist.get_rank(), None, dist.get_world_size()))",
+            )
+            continue
         sampler = _existing_sampler(ctx, loader)
         if sampler is None:
             sampler = sampler_name(loader.name)
@@ -51,6 +59,20 @@ def run(ctx: Context) -> None:
             _set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
 
 
+def _iterable(ctx: Context, loader: Loader) -> bool:
+    """Is the loader's dataset one of the script's IterableDataset classes?"""
+    script = ctx.script
+    args = N.positional(loader.call)
+    arg = args[0] if args else N.keyword(loader.call, "dataset")
+    if arg is None or not script.iterable_datasets:
+        return False
+    value = arg.value
+    if ref_of(value) is not None:
+        bound = [a.value for a in script.assigns.get(loader.scope, []) if ref_of(a.targets[0].target) == ref_of(value)]
+        value = bound[-1] if bound else value
+    return isinstance(value, cst.Call) and N.call_name(value) in script.iterable_datasets
+
+
 def _hand_made_batches(ctx: Context) -> None:
     """No DataLoader: every process would train on all the data. Say where to shard it."""
     script = ctx.script
@@ -62,8 +84,9 @@ def _hand_made_batches(ctx: Context) -> None:
             ctx.edits.todo(
                 stmt,
                 script.line(stmt),
-                "batches are built by hand, so every process trains on all of them: give each rank its own "
-                "slice (e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step counts",
+                "the data is not read through a DataLoader, so every process trains on all of it: give each "
+                "rank its own slice (e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step "
+                "counts, or keep full-batch training replicated",
             )
             return
 
