@@ -10,6 +10,7 @@ review them in the diff.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,31 @@ def test_second_conversion_is_a_noop(converted):
     again = convert_source(result.code, f"{src.name} (converted)")
     assert again.already_distributed
     assert again.code == result.code
+
+
+def test_nothing_left_to_do(converted):
+    """Every input here is an idiom the converter must handle fully: no TODO left for the user."""
+    src, _, result = converted
+    assert result.todos == [], f"{src.name}: {result.todos}"
+    assert "TODO(ddpify)" not in result.code
+
+
+HARD_CODED_GPU = re.compile(r"""["']cuda:(?!\{local_rank\})|\.cuda\((?!\)|local_rank\b)|device_ids=\[(?!local_rank\])""")
+
+
+def test_no_hard_coded_gpu_index(converted):
+    """Invariant 2: every device that meant "the GPU" is this process's GPU (cuda:<local_rank>).
+
+    A "cuda:0", f"cuda:{gpu}", .cuda(gpu) or device_ids=[0] left in the output puts every rank on
+    one GPU (and disagrees with DDP's device_ids). CPU runs cannot see this, so it is checked here.
+    """
+    src, _, result = converted
+    hits = [
+        f"line {n}: {line.strip()}"
+        for n, line in enumerate(result.code.splitlines(), 1)
+        if HARD_CODED_GPU.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not hits, f"{src.name}: device not tied to LOCAL_RANK:\n" + "\n".join(hits)
 
 
 def test_comments_are_preserved(converted):
