@@ -61,7 +61,7 @@ class Spec:
     harness: bool = True  # False: run the script itself under torchrun (trace_run.py cannot trace it)
 
 
-MANUAL_BATCHES = "batches are built by hand, so every process trains on all of them"
+MANUAL_BATCHES = "the data is not read through a DataLoader, so every process trains on all of it"
 
 
 def once(regex: str) -> dict[str, int]:
@@ -100,7 +100,9 @@ SPECS: dict[str, Spec] = {
     "transformer_classifier": Spec(once(r"Done training transformer classifier"), train_size=384),
     "nanogpt_style": Spec(once(r"training finished: best val loss"), todos=[MANUAL_BATCHES]),
     # trace_run.py's index hook calls int() on what the sampler yields: None for an IterableDataset
-    "iterable_stream": Spec(once(r"stream training complete"), harness=False),
+    "iterable_stream": Spec(
+        once(r"stream training complete"), todos=["streams an IterableDataset: give each rank its own part"], harness=False
+    ),
 }
 
 # Refusals that are the right answer: the converter says why, and nothing is written.
@@ -108,25 +110,9 @@ EXPECTED_REFUSALS: dict[str, tuple[str, str]] = {}  # name -> (regex on the erro
 
 # Scripts that fail today: "<first failing stage>: <what goes wrong>". See the module docstring.
 KNOWN_BROKEN: dict[str, str] = {
-    "word_language_model": "run: the model is wrapped in DDP but the script calls its own method "
-    "model.init_hidden(bsz) (train() and evaluate()), which DDP does not forward: AttributeError. "
-    "Also: torch.save(model, f) pickles the DDP wrapper, and every rank torch.load()s args.save right "
-    "after rank 0 wrote it, with no barrier.",
-    "finetune_backbone": "run: `model_ft = DDP(model_ft, ...)` is inserted right after `TinyBackbone()`, "
-    "before `device` is defined (NameError) and before the script freezes the backbone and replaces "
-    "`model_ft.fc` (that assignment would land on the DDP wrapper, not the module, and DDP would "
-    "have been built over the old head); the dict-comprehension DataLoaders get only a TODO.",
-    "logging_side_effects": "run: setup_logging() gets `if dist.get_rank() == 0:` around addHandler, but it "
-    "runs before init_process_group (which was put at the `device =` line further down): "
-    "ValueError: Default process group has not been initialized.",
-    "super_resolution": "saves: checkpoint() does `torch.save(model, path)` (the pytorch/examples way: the whole "
-    "model), and the converter only guards it with rank 0: it pickles the DDP wrapper instead of model.module. "
-    "(Also: test() all-reduces the PSNR sum but still divides by the per-rank len(testing_data_loader), so "
-    "the printed PSNR is world_size times too high.)",
-    "iterable_stream": "run: the DataLoader over an IterableDataset gets a DistributedSampler: "
-    "DistributedSampler calls len(dataset) (TypeError: object of type 'RecordStream' has no len()), and "
-    "DataLoader refuses a sampler for an IterableDataset anyway; such a loader must be left alone with a "
-    "TODO (shard inside __iter__ by rank).",
+    "finetune_backbone": "shards: the training loaders are built in a dict comprehension "
+    "({x: DataLoader(...) for x in ['train', 'val']}); convert leaves a TODO there, so every rank still "
+    "reads the whole training set until the user gives the 'train' loader a DistributedSampler.",
 }
 
 
