@@ -95,7 +95,7 @@ def _summary(
     out = target or "<stdout>"
     lines = [f"{src} -> {out}: {len(result.changes)} change(s), {len(result.todos)} TODO(s)"]
     lines += [f"  {src}:{n.line}: {n.message}" for n in result.changes]
-    lines += [f"  {src}:{n.line}: TODO(ddpify): {n.message}" for n in result.todos]
+    lines += [f"  {out if n.in_output else src}:{n.line}: TODO(ddpify): {n.message}" for n in result.todos]
     if global_batch:
         lines.append("The script's batch size is the global batch: each process takes batch_size / processes.")
     else:

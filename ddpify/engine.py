@@ -7,6 +7,7 @@ import tokenize
 from pathlib import Path
 
 import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.analysis.script import AnalysisError
 from ddpify.results import ConvertError, ConvertOptions, ConvertResult, Note
@@ -56,13 +57,18 @@ def convert_source(source: str, path: str = "<string>", options: ConvertOptions 
     except AnalysisError as exc:
         raise ConvertError(path, exc.line, exc.message) from None
     if not result.already_distributed:
-        _verify(result.code, path, lint=not result.todos)
+        _verify(result.code, path)
+        findings = [f for f in _lint(result.code, path) if f.severity == "error"]
+        if findings and not result.todos:
+            # What DDP still gets wrong in the converted script (often a pattern of the
+            # input, e.g. two forwards before one backward) is left as TODOs at the lines.
+            result.code = annotate(result.code, findings)
+            result.todos += [Note(f.line, f"{f.code} {f.message}", in_output=True) for f in findings]
     return result
 
 
-def _verify(code: str, path: str, lint: bool) -> None:
-    """The output must compile, be a fixed point of the conversion, and pass `ddpify check`
-    (unless the conversion left TODOs: then the linter's findings are what is left to do)."""
+def _verify(code: str, path: str) -> None:
+    """The output must compile and be a fixed point of the conversion."""
     from ddpify.convert import convert_module
 
     try:
@@ -72,10 +78,6 @@ def _verify(code: str, path: str, lint: bool) -> None:
         raise ConvertError(path, 1, f"internal error: the converted script does not verify ({exc})") from None
     if not again.already_distributed:  # pragma: no cover - a bug
         raise ConvertError(path, 1, "internal error: converting the output again would change it")
-    problems = [f for f in _lint(code, path) if f.severity == "error"] if lint else []
-    if problems:  # pragma: no cover - a bug
-        first = problems[0]
-        raise ConvertError(path, first.line, f"internal error: the output fails `ddpify check` ({first.code} {first.message})")
 
 
 def _lint(code: str, path: str):
@@ -84,6 +86,37 @@ def _lint(code: str, path: str):
     from ddpify.check.runner import check_source
 
     return check_source(code, path, codes=[r.CODE for r in all_rules() if r.DEFAULT]).findings
+
+
+class _Annotate(cst.CSTTransformer):
+    """Put `# TODO(ddpify): ...` above the innermost statement holding each finding's line."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, findings: list) -> None:
+        super().__init__()
+        self.findings = findings
+        self.owner: dict[int, cst.CSTNode] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            span = self.get_metadata(PositionProvider, node)
+            for f in self.findings:
+                if span.start.line <= f.line <= span.end.line:
+                    self.owner[f.line] = node  # visited outer first: the innermost wins
+        return True
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        notes = [f for f in self.findings if self.owner.get(f.line) is original]
+        if not notes:
+            return updated
+        comments = [cst.EmptyLine(comment=cst.Comment(f"# TODO(ddpify): {f.code} {f.message}")) for f in notes]
+        return updated.with_changes(leading_lines=[*updated.leading_lines, *comments])
+
+
+def annotate(code: str, findings: list) -> str:
+    """The code with a TODO comment above each finding."""
+    return MetadataWrapper(cst.parse_module(code)).visit(_Annotate(findings)).code
 
 
 def convert_file(path: Path, options: ConvertOptions | None = None) -> tuple[ConvertResult, str]:

@@ -31,6 +31,7 @@ class Note:
 
     line: int
     message: str
+    in_output: bool = False  # the line is in the converted script, not the input
 
 
 @dataclass

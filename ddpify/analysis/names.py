@@ -31,8 +31,6 @@ LOGGING_CALLS = frozenset(
 SIDE_EFFECTS = frozenset(
     {
         "logging.basicConfig",
-        "os.makedirs",
-        "os.mkdir",
         "matplotlib.pyplot.savefig",
         "wandb.log",
         "wandb.finish",
@@ -48,6 +46,7 @@ SIDE_EFFECTS = frozenset(
 SUMMARY_WRITERS = frozenset(
     {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
 )
+MAKEDIRS = frozenset({"os.makedirs"})
 TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"})
 
 # Any of these in a script means it is already distributed: convert leaves it alone.

@@ -15,6 +15,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
+from ddpify.convert.edits import append_arg, keyword_arg
 
 # Calls whose effect should happen once per run, by qualified name or by method name.
 ONCE = N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS
@@ -26,6 +27,7 @@ WRITE_MODES = ("w", "a", "x")
 
 def run(ctx: Context) -> None:
     script = ctx.script
+    _makedirs_on_every_rank(ctx)
     rank0_eval = ctx.options.eval_on_rank0
     eval_helpers = {script.local_function(c) for c in script.eval_calls} if rank0_eval else set()
     writers = _rank0_writers(ctx)
@@ -77,6 +79,14 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str]) -> None:
         elif not any(script.inside(line, o) for o in merged):
             edits.guard(line, condition)
             edits.change(script.line(line), "runs on rank 0 only")
+
+
+def _makedirs_on_every_rank(ctx: Context) -> None:
+    """`os.makedirs` stays on every rank (they may all open files there): with exist_ok=True."""
+    for call in ctx.script.calls:
+        if ctx.script.is_call_to(call, N.MAKEDIRS) and N.keyword(call, "exist_ok") is None:
+            ctx.edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("exist_ok", cst.Name("True"))))
+            ctx.edits.change(ctx.script.line(call), "`os.makedirs(..., exist_ok=True)`: every rank may create it")
 
 
 def _rank0_writers(ctx: Context) -> set[str]:

@@ -22,6 +22,11 @@ def run(ctx: Context) -> None:
         parent = script.parent(node)
         if isinstance(parent, cst.Call) and parent.func is node:
             _unwrap(ctx, parent)
+        elif _chooses_wrapped(script, node):
+            # `a if isinstance(m, nn.DataParallel) else b`: the model is always wrapped now.
+            choice = script.parent(script.parent(script.parent(node)))
+            edits.rewrite(choice, lambda updated: updated.body)
+            edits.change(script.line(node), "the model is always wrapped now: keeps the wrapped branch")
         else:
             edits.replace(node, cst.Name("DDP"))
             edits.change(script.line(node), "`DataParallel` check now asks about `DDP`")
@@ -49,3 +54,17 @@ def _unwrap(ctx: Context, call: cst.Call) -> None:
     else:
         edits.rewrite(call, lambda updated: N.positional(updated)[0].value if N.positional(updated) else N.keyword(updated, "module").value)
     edits.change(script.line(call), "`nn.DataParallel` removed: DistributedDataParallel replaces it")
+
+
+def _chooses_wrapped(script, node: cst.CSTNode) -> bool:
+    """Is `node` the class in `isinstance(x, DataParallel)`, the test of an `a if ... else b`?"""
+    arg = script.parent(node)
+    call = script.parent(arg)
+    choice = script.parent(call)
+    return (
+        isinstance(arg, cst.Arg)
+        and isinstance(call, cst.Call)
+        and N.call_name(call) == "isinstance"
+        and isinstance(choice, cst.IfExp)
+        and choice.test is call
+    )

@@ -23,6 +23,7 @@ LOCAL_RANK = """
 DEVICE = '{device} = torch.device(f"cuda:{{{first_gpu}}}" if torch.cuda.is_available() else "cpu")\n'
 CPU_DEVICE = '{device} = torch.device("cpu")\n'
 
+ACCELERATOR_TYPE = "torch.accelerator.current_accelerator().type"
 FIXUP = """if {device}.type == "cuda":  # chosen at run time: this process's GPU
     {device} = torch.device("cuda", {local_rank})
 """
@@ -141,7 +142,9 @@ def _is_torch_device(script: Script, value: cst.BaseExpression) -> bool:
 
 
 def _is_gpu(script: Script, value: cst.BaseExpression) -> bool:
-    """"cuda..." or torch.device("cuda...")."""
+    """"cuda...", torch.device("cuda...") or torch.accelerator.current_accelerator()."""
+    if isinstance(value, cst.Call) and script.is_call_to(value, N.CURRENT_ACCELERATOR):
+        return True
     if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
         args = N.positional(value)
         return bool(args) and N.is_cuda_string(args[0].value)
@@ -158,7 +161,7 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
     for _, value in _assignments(stmt):
         if isinstance(value, cst.Call) and script.is_call_to(value, N.CURRENT_ACCELERATOR):
             # torch.accelerator.current_accelerator(): the same kind of device, this rank's index.
-            edits.replace(value, edits.expression(f"torch.device(torch.accelerator.current_accelerator().type, {ctx.local_rank})"))
+            edits.replace(value, edits.expression(f"torch.device({ACCELERATOR_TYPE}, {ctx.local_rank})"))
             continue
         if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
             args = N.positional(value)
@@ -176,7 +179,9 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
             edits.replace(value, edits.expression(per_rank if branches else or_cpu))
         elif isinstance(value, cst.IfExp):
             for branch in (value.body, value.orelse):
-                if N.is_cuda_string(branch):
+                if isinstance(branch, cst.Call) and script.is_call_to(branch, N.CURRENT_ACCELERATOR):
+                    edits.replace(branch, edits.expression(f"torch.device({ACCELERATOR_TYPE}, {ctx.local_rank})"))
+                elif N.is_cuda_string(branch):
                     edits.replace(branch, edits.expression(per_rank))
                 elif _is_gpu(script, branch):
                     edits.replace(branch, edits.expression(f"torch.device({per_rank})"))

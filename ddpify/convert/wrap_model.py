@@ -27,6 +27,8 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     body = list(script.block_of(scope).body)
     last = None
     for stmt in body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue  # a definition runs nothing
         if _runs(script, stmt, model):
             break
         if mentions(stmt, model):
