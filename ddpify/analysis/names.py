@@ -74,7 +74,10 @@ def names_of(qnames: QualifiedNames, node: cst.CSTNode) -> set[str]:
 
 
 def is_cuda_string(node: cst.BaseExpression) -> bool:
-    """`"cuda"` or `"cuda:N"` as a literal string."""
+    """`"cuda"`, `"cuda:N"` or `f"cuda:{gpu}"` as a literal string."""
+    if isinstance(node, cst.FormattedString):
+        first = node.parts[0] if node.parts else None
+        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:")
     if not isinstance(node, cst.SimpleString):
         return False
     value = node.evaluated_value

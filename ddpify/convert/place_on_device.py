@@ -22,7 +22,10 @@ def run(ctx: Context) -> None:
     for call in script.calls:
         if ctx.device_stmt is not None and script.inside(call, ctx.device_stmt):
             continue
-        if ctx.gpus_per_process > 1 and any(N.is_cuda_string(a.value) and ":" in a.value.evaluated_value for a in call.args):
+        if ctx.gpus_per_process > 1 and any(
+            isinstance(a.value, cst.SimpleString) and N.is_cuda_string(a.value) and ":" in a.value.evaluated_value
+            for a in call.args
+        ):
             continue  # spread_model_over_gpus gives each process its own GPUs
         visible = ctx.device_visible(script.scope_of(call))
         device = edits.expression(ctx.device) if visible else None

@@ -45,7 +45,7 @@ def _indexed_devices(script: Script) -> list[tuple[cst.BaseExpression, int]]:
     for call in script.calls:
         for arg in call.args:
             value = arg.value
-            if N.is_cuda_string(value) and ":" in value.evaluated_value:
+            if isinstance(value, cst.SimpleString) and N.is_cuda_string(value) and ":" in value.evaluated_value:
                 index = value.evaluated_value.split(":", 1)[1]
                 if index.isdigit():
                     found.append((value, int(index)))
