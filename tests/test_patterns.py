@@ -11,9 +11,8 @@ single-process references run under ONE plain-python launch, and the --launcher 
 once on its own (it starts its own processes); the tests then assert, per case, the invariants
 of PRODUCT.md that apply. Exclusions carry their reason in CASES (`runs`, `equivalence`).
 
-KNOWN_BROKEN lists converter bugs found by these fixtures: each has a check that states the
-correct behaviour, and test_known_broken_still_fails asserts that the check still fails, so a fix
-flips it loudly (then move the case out of KNOWN_BROKEN).
+BUG_CHECKS keeps a check for every converter bug these fixtures found (all fixed), run as
+regular tests so none comes back.
 """
 
 from __future__ import annotations
@@ -39,8 +38,12 @@ B = 16  # per-process batch in the torchrun runs
 ATOL = 1e-5
 
 HAND_BATCHES_TODO = (
-    "batches are built by hand, so every process trains on all of them: give each rank its own slice "
-    "(e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step counts"
+    "the data is not read through a DataLoader, so every process trains on all of it: give each rank its own "
+    "slice (e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step counts, or keep full-batch "
+    "training replicated"
+)
+TWO_FORWARDS_TODO = (
+    "DDP119 DDP model called twice before backward; combine the inputs into one forward or set `static_graph=True`"
 )
 CPU_ONLY = "golden only: {}"
 
@@ -72,8 +75,11 @@ CASES: dict[str, Case] = {
         equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
                      ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
     ),
-    "gan_two_models": Case(
-        runs="the converter refuses it (KNOWN_BROKEN): no output to run",
+    "gan_two_models": Case(  # summed D loss of two forwards: converted, with ddpify check's finding as a TODO
+        todos=[TWO_FORWARDS_TODO],
+        args=["--batch-size", str(B), "--epochs", "2"], train_size=512, epochs=2,
+        per_epoch=[r"(?m)^gan epoch \d: lossD="], once=[r"(?m)^gan done: ema sample radius"],
+        checkpoints={"netG.pt": 1, "netD.pt": 1, "netG_ema.pt": 1}, ddp_wrapped=2,
     ),
     "gan_dcgan": Case(
         args=["--batch-size", str(B), "--epochs", "2"], train_size=512, epochs=2,
@@ -149,34 +155,15 @@ CASES: dict[str, Case] = {
     ),
 }  # fmt: skip
 
-# runs that a KNOWN_BROKEN bug makes fail, depending on timing (a race): last in the plan, so they cannot
-# stop the others; their integration tests xfail when the run failed, and check everything when it passed
-RUN_LAST = {"side_effects"}
-
 ORIGINALS_ON_CPU = [name for name in CASES if name != "model_parallel"]
 
 RUNNABLE = [name for name, case in CASES.items() if case.runs is True]
 
-# Fixed since found (checks kept as regular tests): gan_dcgan (EMA deep-copied from the DDP wrapper,
-# `module.` keys) and data_parallel (DDP inserted before model.to(device)), both by e57c7df.
-# Converter bugs these fixtures found: case -> the exact reason. Each has a check below stating
-# the correct behaviour; test_known_broken_still_fails asserts the check still fails.
-KNOWN_BROKEN = {
-    "hand_batches": "regression since e57c7df/0bf8600: convert raises ConvertError 'hand_batches.in.py:68: cannot find "
-    "where `model` is built at the top level of its function' for a module-level nanoGPT-style script (the model "
-    "line 68: `optimizer = torch.optim.AdamW(model.parameters(), ...)`, the model is built at module level on line 67); before, it converted "
-    "with the hand-made-batches TODO (fixtures/patterns/hand_batches.out.py, still run under torchrun here)",
-    "gan_two_models": "convert raises ConvertError 'internal error: the output fails `ddpify check` (DDP119 DDP "
-    "model called twice before backward ...)' for the standard GAN step `lossD = bce(netD(real), ones) + "
-    "bce(netD(fake.detach()), zeros)` instead of converting it or leaving a TODO (real DDP accepts this step when "
-    "the model has no buffers: a hand conversion trains under torchrun with equal replicas)",
-    "accelerator_api": "the one-line form `device = torch.accelerator.current_accelerator() if use_accel else "
-    "torch.device('cpu')` is left as is after the setup block (which gets a placeholder `device = "
-    "torch.device('cpu')`): on GPUs every rank uses the default GPU, backend gloo, and DDP's device_ids=[local_rank] "
-    "disagrees with the model's device",
-    "side_effects": "`os.makedirs('out')` is moved under rank 0 but `logging.FileHandler('out/train.log')` "
-    "still runs on every rank: rank != 0 can open the file before the directory exists (race)",
-}
+# Converter bugs these fixtures found, all fixed since; each check below states the correct
+# behaviour and runs as a regular test: gan_dcgan (EMA deep-copied from the DDP wrapper),
+# data_parallel (DDP before model.to(device)), hand_batches (a module-level script refused),
+# gan_two_models (refused over a ddpify check finding), accelerator_api (one-line form left
+# unconverted), side_effects (makedirs on rank 0 only, the log file opened on every rank).
 
 
 def options_for(name: str) -> ConvertOptions:
@@ -215,14 +202,9 @@ def test_every_fixture_has_a_case():
     assert on_disk == set(CASES), "fixtures/patterns and CASES disagree"
     for args_file in PATTERNS.glob("*.args"):
         assert args_file.name[: -len(".args")] in CASES, f"{args_file.name} has no case"
-    assert set(KNOWN_BROKEN) <= set(CASES)
 
 
-# cases the converter refuses (KNOWN_BROKEN): their golden test is their bug check
-CONVERT_FAILS = {"gan_two_models", "hand_batches"}
-
-
-@pytest.mark.parametrize("name", [n for n in CASES if n not in CONVERT_FAILS])
+@pytest.mark.parametrize("name", list(CASES))
 def test_golden(name, update_goldens):
     result = convert_source(source(name).read_text(), str(source(name)), options_for(name))
     out = golden(name)
@@ -239,7 +221,7 @@ def test_golden(name, update_goldens):
     for needle in CASES[name].in_code:
         assert needle in result.code, f"{needle!r} missing from the conversion of {name}"
     for todo in CASES[name].todos:
-        assert f"# TODO(ddpify): {todo}" in result.code
+        assert f"# TODO(ddpify): {todo}" in result.code, f"no TODO comment for {todo!r}"
 
 
 def test_sync_batchnorm_before_wrapping():
@@ -253,7 +235,7 @@ def test_model_parallel_wrapped_without_device_ids():
     assert "model = DDP(model)" in code and "device_ids=" not in code
 
 
-# --- checks that state the correct behaviour of the KNOWN_BROKEN cases -------------------------
+# --- checks that state the correct behaviour where the converter once went wrong ---------------
 
 
 def bug_gan_two_models(runs):
@@ -269,7 +251,6 @@ def bug_hand_batches(runs):
         result = convert_source(source("hand_batches").read_text(), str(source("hand_batches")))
     except ConvertError as exc:
         raise AssertionError(f"convert failed: {exc}") from None
-    assert result.code == golden("hand_batches").read_text()  # the golden is the last good conversion
     assert [t.message for t in result.todos] == CASES["hand_batches"].todos
 
 
@@ -286,12 +267,12 @@ def bug_accelerator_api(runs):
 
 
 def bug_side_effects(runs):
-    lines = golden("side_effects").read_text().splitlines()
-    at = next(i for i, line in enumerate(lines) if "logging.FileHandler(" in line)
-    indent = len(lines[at]) - len(lines[at].lstrip())
-    enclosing = next(line for line in reversed(lines[:at]) if line.strip() and len(line) - len(line.lstrip()) < indent)
-    # the handler opens out/train.log at once: it must run where out/ is known to exist (rank 0's guard)
-    assert "== 0" in enclosing, f"FileHandler runs on every rank, under {enclosing.strip()!r}"
+    code = golden("side_effects").read_text()
+    # every rank opens out/train.log (FileHandler), so every rank must be able to create out/
+    assert 'os.makedirs("out", exist_ok=True)' in code
+    lines = code.splitlines()
+    at = next(i for i, line in enumerate(lines) if "os.makedirs(" in line)
+    assert "get_rank" not in lines[at - 1] and "RANK" not in lines[at - 1], "makedirs guarded by rank 0"
 
 
 def bug_data_parallel(runs):
@@ -344,8 +325,6 @@ def runs(tmp_path_factory):
         if name == "resume_checkpoint":  # a second converted run resumes from the first one's checkpoint
             resumed = ["--batch-size", str(B), "--epochs", "4", "--resume", "checkpoint.pt", "--checkpoint", "resumed.pt"]
             plan.append({"label": "resume_again", "script": str(golden(name)), "args": resumed, "cwd": "resume"})
-    # cases whose run is known to fail (see KNOWN_BROKEN) go last, so they cannot stop the others
-    plan.sort(key=lambda e: e["label"] in RUN_LAST)
     dist = run_plan(plan, work / "torchrun", nproc=NPROC)
 
     single_plan = [
@@ -370,10 +349,6 @@ def runs(tmp_path_factory):
 
 
 def ran(launch, label, world_size=NPROC) -> list[dict]:
-    if label in RUN_LAST and label in KNOWN_BROKEN:
-        failed = [(label, r) not in launch.traces or launch.traces[(label, r)]["exit_code"] for r in range(world_size)]
-        if any(failed):
-            pytest.xfail(f"KNOWN_BROKEN: {KNOWN_BROKEN[label]}")
     traces = [launch.trace(label, r) for r in range(world_size)]
     for rank, t in enumerate(traces):
         assert t["exit_code"] == 0, f"{label} rank {rank} failed: {t['error']}\n{launch.log()}"
@@ -421,13 +396,6 @@ def max_param_diff(a, b):
     return max(diffs)
 
 
-def expect(name, check, runs):
-    """Run a case's own check; for a KNOWN_BROKEN case, only the parts its bug does not touch are run."""
-    if name in KNOWN_BROKEN and name in BUG_CHECKS and check is BUG_CHECKS[name]:
-        return
-    check(runs)
-
-
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_runs_under_torchrun(runs, name):
     """Exit 0 on both ranks, one process group of 2 (gloo) made and destroyed, the right number of DDP wraps."""
@@ -459,11 +427,7 @@ def test_one_voice(runs, name):
 
 @pytest.mark.parametrize("name", [n for n in RUNNABLE if CASES[n].checkpoints])
 def test_checkpoints_once_without_module_prefix(runs, name):
-    if name in KNOWN_BROKEN and name == "gan_dcgan":  # the EMA checkpoint is the bug: check G and D here
-        checkpoints = {p: c for p, c in CASES[name].checkpoints.items() if "ema" not in p}
-    else:
-        checkpoints = CASES[name].checkpoints
-    check_checkpoints(ran(runs.dist, name), checkpoints)
+    check_checkpoints(ran(runs.dist, name), CASES[name].checkpoints)
 
 
 @pytest.mark.parametrize("name", [n for n in RUNNABLE if isinstance(CASES[n].equivalence, tuple)])
@@ -483,7 +447,7 @@ def test_same_parameters_as_original_single_process(runs, name):
 def test_gan_two_ddp_models_and_unwrapped_ema(runs):
     traces = ran(runs.dist, "gan_dcgan")
     assert all(t["optimizers"] == 2 and t["ddp_wrapped"] == 2 for t in traces)
-    expect("gan_dcgan", bug_gan_dcgan, runs)
+    bug_gan_dcgan(runs)
 
 
 def test_eval_early_stopping(runs):
@@ -575,11 +539,10 @@ def test_original_runs_with_plain_python_on_cpu(runs, name):
     assert t["init_process_group"] == [] and t["ddp_wrapped"] == 0 and t["saves"], "not a single-GPU script?"
 
 
-@pytest.mark.parametrize("name", list(KNOWN_BROKEN))
-def test_known_broken_still_fails(runs, name):
-    """A converter bug listed in KNOWN_BROKEN: the check of the correct behaviour must still fail."""
-    with pytest.raises(AssertionError):
-        BUG_CHECKS[name](runs)
+@pytest.mark.parametrize("name", list(BUG_CHECKS))
+def test_once_broken_now_right(runs, name):
+    """Each converter bug these fixtures found stays fixed."""
+    BUG_CHECKS[name](runs)
 
 
 def test_data_parallel_wrapped_after_to_device(runs):
