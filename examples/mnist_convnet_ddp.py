@@ -115,6 +115,7 @@ def train(gpu, args):
     if dist.get_rank() == 0:
         print("Training complete in: " + str(datetime.now() - start))
         torch.save(model.module.state_dict(), args.checkpoint)
+    dist.barrier()  # every rank is done
     dist.destroy_process_group()
 
 

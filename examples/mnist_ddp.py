@@ -213,6 +213,7 @@ def main():
         print('Final test accuracy: {:.2f}%'.format(100. * accuracy))
     if args.save_model and dist.get_rank() == 0:
         torch.save(model.module.state_dict(), "mnist_cnn.pt")
+    dist.barrier()  # every rank is done
     dist.destroy_process_group()
 
 
