@@ -57,9 +57,8 @@ def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
     for call in script.calls_in(stmt):
         if ref_of(call.func) == model or N.call_name(call) == "backward":
             return True
-        fn = script.local_function(call)
-        if fn in script.training_functions and any(ref_of(a.value) == model for a in call.args):
-            return True
+        if script.local_function(call) in script.training_functions:
+            return True  # a training helper (it may use the model as a global)
     return False
 
 
