@@ -523,9 +523,17 @@ def test_spawn_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", NPROC_PER_NODE=str(NPROC))
     cmd = [sys.executable, str(golden("spawn_launcher")), "--batch-size", str(B), "--epochs", "2"]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PYTHON_TIMEOUT_S)
-    log = f"exit {proc.returncode} after {time.monotonic() - start:.1f}s\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    for attempt in range(3):
+        start = time.monotonic()
+        proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PYTHON_TIMEOUT_S)
+        log = f"exit {proc.returncode} after {time.monotonic() - start:.1f}s\n{proc.stdout}\n{proc.stderr[-6000:]}"
+        # Known upstream flake (about 1 run in 10 here): a spawned gloo process can abort in C++ at
+        # interpreter exit, after training finished and the checkpoint was written. Only that case
+        # is run again; anything else fails at once, and three aborts in a row fail too.
+        exit_abort = "terminate called without an active exception" in proc.stderr and "spawn run saved" in proc.stdout
+        if proc.returncode == 0 or not exit_abort:
+            break
+        print(f"attempt {attempt + 1}: gloo aborted at exit after a complete run; running again")
     assert proc.returncode == 0, log
     assert len(re.findall(r"spawn epoch \d: loss", proc.stdout)) == 2, log
     assert len(re.findall(r"spawn run saved spawn_model\.pt", proc.stdout)) == 1, log
