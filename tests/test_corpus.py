@@ -38,6 +38,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import _descendants
+
 from ddpify.engine import ConvertError, convert_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +175,12 @@ def launch(name: str, script: Path, spec: Spec, work: Path) -> tuple[subprocess.
         stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: the session started above
+        # torchrun starts its workers in sessions of their own: kill everything below it (conftest)
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         stdout, stderr = proc.communicate()
     seconds = time.monotonic() - start
     log = (

@@ -62,7 +62,8 @@ def run(ctx: Context) -> None:
         body = list(script.block_of(ctx.setup_scope).body)
         anchor = _anchor(script, body)
         ctx.device_type = f"{ctx.device}.type"
-        device_line = DEVICE if _uses_gpu(script) else CPU_DEVICE
+        uses_gpu = _uses_gpu(script)
+        device_line = DEVICE if uses_gpu else CPU_DEVICE
         first_gpu = ctx.local_rank if ctx.gpus_per_process == 1 else f"{ctx.gpus_per_process} * {ctx.local_rank}"
         names = {"local_rank": ctx.local_rank, "first_gpu": first_gpu}
         edits.insert_above(
@@ -72,7 +73,7 @@ def run(ctx: Context) -> None:
             + INIT.format(device=ctx.device, device_type=ctx.device_type),
         )
         ctx.init_index = body.index(anchor)
-        if not _uses_gpu(script):
+        if not uses_gpu:
             edits.change(script.line(anchor), "the script never uses a GPU: every process trains on the CPU (gloo)")
     edits.need_import("os")
     edits.need_import("torch.distributed", asname="dist")
