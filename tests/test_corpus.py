@@ -77,11 +77,10 @@ SPECS: dict[str, Spec] = {
     "cifar_resnet": Spec(once(r"Best test accuracy: "), train_size=256),
     "vae": Spec(once(r"VAE training done, final test loss"), train_size=320),
     "dcgan": Spec(once(r"Finished DCGAN training after 2 epochs"), train_size=192),
-    "word_language_model": Spec(once(r"\| End of training \| test loss"), todos=[MANUAL_BATCHES]),
+    "word_language_model": Spec(once(r"\| End of training \| test loss")),
     "super_resolution": Spec(once(r"Super-resolution training finished"), train_size=160),
     "finetune_backbone": Spec(
         once(r"Saved finetuned model to finetuned\.pt"),
-        todos=["give the training DataLoader built here a DistributedSampler"],  # loaders in a dict comprehension
         train_size=192,
     ),
     "trainer_class": Spec(once(r"Trainer finished 2 epochs"), train_size=320, full_cover=False),
@@ -100,7 +99,8 @@ SPECS: dict[str, Spec] = {
     "gnn_fullbatch": Spec(once(r"Test set results:"), todos=[MANUAL_BATCHES]),
     "regression_mlp": Spec(once(r"Final validation RMSE"), train_size=512),
     "transformer_classifier": Spec(once(r"Done training transformer classifier"), train_size=384),
-    "nanogpt_style": Spec(once(r"training finished: best val loss"), todos=[MANUAL_BATCHES]),
+    "nanogpt_style": Spec(once(r"training finished: best val loss")),
+    "gan_tensor_types": Spec(once(r"PyTorch-GAN style training done"), train_size=512),
     # trace_run.py's index hook calls int() on what the sampler yields: None for an IterableDataset
     "iterable_stream": Spec(
         once(r"stream training complete"), todos=["streams an IterableDataset: give each rank its own part"], harness=False
@@ -111,11 +111,7 @@ SPECS: dict[str, Spec] = {
 EXPECTED_REFUSALS: dict[str, tuple[str, str]] = {}  # name -> (regex on the error message, why refusing is right)
 
 # Scripts that fail today: "<first failing stage>: <what goes wrong>". See the module docstring.
-KNOWN_BROKEN: dict[str, str] = {
-    "finetune_backbone": "shards: the training loaders are built in a dict comprehension "
-    "({x: DataLoader(...) for x in ['train', 'val']}); convert leaves a TODO there, so every rank still "
-    "reads the whole training set until the user gives the 'train' loader a DistributedSampler.",
-}
+KNOWN_BROKEN: dict[str, str] = {}
 
 
 SCRIPTS = sorted(p.stem for p in CORPUS.glob("*.py"))

@@ -37,11 +37,6 @@ PATTERNS = ROOT / "fixtures" / "patterns"
 B = 16  # per-process batch in the torchrun runs
 ATOL = 1e-5
 
-HAND_BATCHES_TODO = (
-    "the data is not read through a DataLoader, so every process trains on all of it: give each rank its own "
-    "slice (e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step counts, or keep full-batch "
-    "training replicated"
-)
 TWO_FORWARDS_TODO = (
     "DDP119 DDP model called twice before backward; combine the inputs into one forward or set `static_graph=True`"
 )
@@ -139,10 +134,29 @@ CASES: dict[str, Case] = {
         checkpoints={"local_rank_model.pt": 1},
         in_code=['parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))'],
     ),
-    "hand_batches": Case(  # no DataLoader: shards are not checked (that is what the TODO says)
-        todos=[HAND_BATCHES_TODO],
+    "hand_batches": Case(  # nanoGPT-style random batches: the seed is offset by rank
         args=["--max-iters", "30", "--eval-interval", "10", "--batch-size", str(B)], train_size=None,
         once=[r"bigram training done"], checkpoints={"bigram.pt": 1},
+        in_code=["torch.manual_seed(1337 + dist.get_rank())"],
+    ),
+    "hand_batches_sequential": Case(  # batchify + bptt steps: each rank a block of rows
+        args=["--batch-size", "8", "--epochs", "2"], train_size=None,
+        per_epoch=[r"seq epoch \d: last loss"], epochs=2, once=[r"sequential batches done"],
+        checkpoints={"seq_model.pt": 1}, in_code=["rows_per_rank = train_data.size(0) // dist.get_world_size()"],
+    ),
+    "split_loaders": Case(  # {x: DataLoader(...) for x in splits}, one loop over the phases
+        args=["--batch-size", str(B), "--epochs", "2"], train_size=384, epochs=2,
+        per_epoch=[r"epoch \d train loss", r"epoch \d val loss"], once=[r"(?m)^split loaders done"],
+        checkpoints={"split_best.pt": 1}, in_code=["sampler=samplers[x]", 'samplers = {\n    "train": DistributedSampler('],
+        equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
+                     ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
+    ),
+    "split_loaders_named": Case(  # {"train": train_loader, "val": val_loader}, built in main()
+        args=["--batch-size", str(B), "--epochs", "2"], train_size=384, epochs=2,
+        per_epoch=[r"epoch \d train loss", r"epoch \d val loss"], once=[r"named split loaders done"],
+        checkpoints={"named_best.pt": 1}, in_code=["sampler=train_sampler"],
+        equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
+                     ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
     ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
@@ -512,10 +526,48 @@ def test_amp_accumulation_no_sync_in_the_loop():
     assert ".no_sync()" in loop[: loop.index("scheduler.step()")]
 
 
-def test_hand_batches_runs_with_its_todo(runs):
+@pytest.mark.parametrize("name", ["split_loaders", "split_loaders_named"])
+def test_split_metrics_equal_single_process(runs, name):
+    """Validation over per-rank slices (203 samples: no padding) prints what one process prints."""
+    traces = ran(runs.dist, name)
+    val = [[p["indices"] for p in t["passes"] if p["loader"] in [ld["id"] for ld in t["loaders"] if ld["dataset_len"] == 203]] for t in traces]
+    assert len(val[0]) == len(val[1]) == 2
+    for a, b in zip(*val):
+        assert sorted(a + b) == list(range(203)), "a validation pass missed or repeated samples"
+    metrics = r"epoch (\d) (train|val) loss: ([\d.]+) acc: ([\d.]+)"
+    got = re.findall(metrics, traces[0]["stdout"])
+    want = re.findall(metrics, ran(runs.single, f"{name}_reference", world_size=1)[0]["stdout"])
+    assert [g[:2] for g in got] == [w[:2] for w in want] and len(got) == 4
+    for g, w in zip(got, want):
+        assert float(g[2]) == pytest.approx(float(w[2]), abs=2e-6) and g[3] == w[3], (g, w)
+
+
+def test_hand_batches_ranks_draw_their_own_batches(runs):
+    """Random batches from a seeded generator: with the seed offset by rank the ranks differ."""
     traces = ran(runs.dist, "hand_batches")
     assert all(t["loaders"] == [] for t in traces)
     assert len(re.findall(r"step \d+: train loss", traces[0]["stdout"])) == 3
+    tokens = [t["trained_tokens"] for t in traces]
+    assert len(tokens[0]) == len(tokens[1]) == 30, "one training forward per step on each rank"
+    same = sum(a == b for a, b in zip(*tokens))
+    assert same == 0, f"{same} of 30 steps trained both ranks on the same batch"
+
+
+def test_hand_batches_sequential_disjoint_rows(runs):
+    """Every token is its own position: the ranks train on disjoint, equal blocks of the stream."""
+    traces = ran(runs.dist, "hand_batches_sequential")
+    seen = [[set(), set()] for _ in traces]  # per rank, per epoch
+    for rank, t in enumerate(traces):
+        forwards = t["trained_tokens"]
+        assert len(forwards) % 2 == 0 and forwards, f"rank {rank}: {len(forwards)} training forwards"
+        half = len(forwards) // 2
+        for epoch, chunk in enumerate((forwards[:half], forwards[half:])):
+            seen[rank][epoch] = {token for forward in chunk for token in forward}
+    assert len(traces[0]["trained_tokens"]) == len(traces[1]["trained_tokens"]), "ranks took different step counts"
+    for epoch in range(2):
+        a, b = seen[0][epoch], seen[1][epoch]
+        assert not a & b, f"epoch {epoch}: ranks share {len(a & b)} tokens"
+        assert len(a) == len(b) and len(a | b) >= 0.95 * 1024, (len(a), len(b))
 
 
 def test_spawn_launcher(tmp_path):

@@ -47,6 +47,12 @@ SUMMARY_WRITERS = frozenset(
     {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
 )
 MAKEDIRS = frozenset({"os.makedirs"})
+RANDOM_DRAWS = frozenset(  # ways to pick batch indices at random
+    {"torch.randint", "torch.randperm", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
+     "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}
+)  # fmt: skip
+TORCH_SEED = frozenset({"torch.manual_seed", "torch.random.manual_seed"})
+SEEDS = TORCH_SEED | {"numpy.random.seed", "random.seed"}
 TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"})
 
 # Any of these in a script means it is already distributed: convert leaves it alone.

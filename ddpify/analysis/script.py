@@ -48,6 +48,27 @@ class EpochLoop:
     loop: cst.For
     scope: ScopeNode
     loader_expr: str  # the loader as named in `scope` (a variable or a parameter)
+    inner: cst.For | None = None  # the pass over the loader inside it
+
+
+@dataclass
+class SplitLoaders:
+    """One DataLoader per split, picked as `loaders[phase]` in a loop over the splits:
+    `{x: DataLoader(...) for x in ["train", "val"]}` or `{"train": DataLoader(...), ...}`."""
+
+    name: str
+    stmt: cst.SimpleStatementLine
+    scope: ScopeNode
+    keys: dict[str, str]  # split -> its key as written (`'train'`)
+    calls: dict[str, cst.Call]  # split -> its DataLoader call (one call for every split of a comprehension)
+    key_var: str | None = None  # the comprehension's variable
+    epoch_loops: list[EpochLoop] = field(default_factory=list)
+
+    @property
+    def train_key(self) -> str | None:
+        """The one split whose name says it trains."""
+        found = [key for key in self.keys if "train" in key.lower()]
+        return found[0] if len(found) == 1 else None
 
 
 @dataclass
@@ -70,7 +91,8 @@ class Script:
     models: dict[str, ScopeNode] = field(default_factory=dict)  # every trained model -> its scope
     optimizer_stmt: cst.BaseStatement | None = None
     loaders: list[Loader] = field(default_factory=list)
-    unplaced_loaders: list[cst.Call] = field(default_factory=list)  # e.g. built in a comprehension
+    unplaced_loaders: list[cst.Call] = field(default_factory=list)  # e.g. built in a list comprehension
+    split_loaders: list[SplitLoaders] = field(default_factory=list)
     train_loaders: list[Loader] = field(default_factory=list)
     epoch_loops: dict[str, list[EpochLoop]] = field(default_factory=dict)
     training_functions: set[cst.FunctionDef] = field(default_factory=set)
@@ -384,6 +406,8 @@ def _find_loaders(script: Script) -> None:
     for call in script.calls:
         if not script.is_call_to(call, N.DATALOADER):
             continue
+        if _add_to_split(script, call):
+            continue
         assign = script.parent(call)
         line = script.parent(assign) if assign is not None else None
         if (
@@ -395,6 +419,9 @@ def _find_loaders(script: Script) -> None:
             script.loaders.append(Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call)))
         else:
             script.unplaced_loaders.append(call)
+    _named_splits(script)
+    for split in script.split_loaders:
+        split.epoch_loops = _epoch_loops(script, split.name, split.scope, depth=0) or []
     if not script.loaders:
         return  # batches made by hand, or loaders ddpify cannot follow: shard_data leaves a TODO
     for loader in script.loaders:
@@ -408,6 +435,73 @@ def _find_loaders(script: Script) -> None:
             script.epoch_loops[loader.name] = loops
 
 
+def _add_to_split(script: Script, call: cst.Call) -> bool:
+    """Record a DataLoader built per split in a dict (comprehension or literal)."""
+    holder = script.parent(call)
+    if isinstance(holder, cst.DictComp) and holder.value is call:
+        comp = holder.for_in
+        if not (isinstance(comp.target, cst.Name) and not comp.ifs and comp.inner_for_in is None):
+            return False
+        keys = _string_keys(getattr(comp.iter, "elements", None), lambda e: e.value)
+        if keys is None or not isinstance(holder.key, cst.Name) or holder.key.value != comp.target.value:
+            return False
+        dict_node, key_var, calls = holder, comp.target.value, {key: call for key in keys}
+    elif isinstance(holder, cst.DictElement) and holder.value is call:
+        dict_node = script.parent(holder)
+        keys = _string_keys(dict_node.elements, lambda e: e.key)
+        if keys is None:
+            return False
+        key_var, calls = None, {}
+        for element, key in zip(dict_node.elements, keys):
+            if isinstance(element.value, cst.Call) and script.is_call_to(element.value, N.DATALOADER):
+                calls[key] = element.value
+    else:
+        return False
+    assign = script.parent(dict_node)
+    line = script.parent(assign)
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and ref_of(assign.targets[0].target)):
+        return False
+    if not isinstance(line, cst.SimpleStatementLine):
+        return False
+    name = ref_of(assign.targets[0].target)
+    if any(split.name == name and split.stmt is line for split in script.split_loaders):
+        return True
+    script.split_loaders.append(SplitLoaders(name, line, script.scope_of(call), keys, calls, key_var))
+    return True
+
+
+def _string_keys(elements, key_of) -> dict[str, str] | None:
+    """{split: key as written} when every element's key is a plain string literal."""
+    if not elements:
+        return None
+    keys = {}
+    for element in elements:
+        key = key_of(element) if isinstance(element, (cst.Element, cst.DictElement)) else None
+        if not isinstance(key, cst.SimpleString):
+            return None
+        keys[key.evaluated_value] = cst.Module([]).code_for_node(key)
+    return keys
+
+
+def _named_splits(script: Script) -> None:
+    """`loaders = {"train": train_loader, "val": val_loader}` over loaders built above."""
+    for loader in list(script.loaders):
+        for assign in script.assigns.get(loader.scope, []):
+            if not isinstance(assign.value, cst.Dict):
+                continue
+            elements = assign.value.elements
+            keys = _string_keys(elements, lambda e: e.key)
+            values = [ref_of(e.value) if isinstance(e, cst.DictElement) else None for e in elements]
+            if keys is None or loader.name not in values or ref_of(assign.targets[0].target) is None:
+                continue
+            line = script.parent(assign)
+            split = next((s for s in script.split_loaders if s.stmt is line), None)
+            if split is None:
+                split = SplitLoaders(ref_of(assign.targets[0].target), line, loader.scope, keys, {})
+                script.split_loaders.append(split)
+            split.calls[list(keys)[values.index(loader.name)]] = loader.call
+            script.loaders.remove(loader)
+
 
 def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
     """Where a loader built by a helper (`return train_loader, test_loader`) lands in callers."""
@@ -415,7 +509,7 @@ def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
     if not isinstance(fn, cst.FunctionDef):
         return []
     position = None
-    for ret in _returns(fn):
+    for ret in returns(fn):
         values = ret.value.elements if isinstance(ret.value, cst.Tuple) else [ret.value]
         for index, element in enumerate(values):
             value = element.value if isinstance(element, cst.Element) else element
@@ -441,7 +535,7 @@ def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
     return found
 
 
-def _returns(fn: cst.FunctionDef) -> list[cst.Return]:
+def returns(fn: cst.FunctionDef) -> list[cst.Return]:
     found: list[cst.Return] = []
 
     class _Returns(cst.CSTVisitor):
@@ -483,28 +577,31 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
         for loop in _loops_in(script, where):
             if any(mentions(loop.iter, r) for r in aliases if r) and _has_backward(script, loop.body):
                 outer = script.enclosing_loop(loop, where)
+                if outer is not None and _picks_split(loop, outer):
+                    outer = script.enclosing_loop(outer, where)
                 found = found or []
                 if outer is not None:
-                    found.append(EpochLoop(outer, where, ref))
+                    found.append(EpochLoop(outer, where, ref, loop))
                 elif isinstance(where, cst.FunctionDef):
-                    found += _loops_around_calls(script, where, ref)
+                    found += _loops_around_calls(script, where, ref, loop)
         for call in script.calls_in(where):
             fn = script.local_function(call)
             if fn is None or script.scope_of(call) is not where or fn not in script.training_functions:
                 continue
-            param = _param_receiving(fn, call, ref)
+            param = param_receiving(fn, call, ref)
             if param is None:
                 continue
             outer = script.enclosing_loop(call, where)
             inner = _epoch_loops(script, param, fn, depth + 1)
             if outer is not None:
-                found = (found or []) + [EpochLoop(outer, where, ref)]
+                passes = [loop.inner for loop in inner or [] if loop.inner is not None]
+                found = (found or []) + [EpochLoop(outer, where, ref, passes[0] if passes else None)]
             elif inner is not None:
                 found = (found or []) + inner
     return found
 
 
-def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str) -> list[EpochLoop]:
+def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str, inner: cst.For) -> list[EpochLoop]:
     """`def train(epoch): for x in loader: ...` called as `for epoch in ...: train(epoch)`."""
     found = []
     for call in script.calls:
@@ -512,15 +609,22 @@ def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str) -> list[E
             caller = script.scope_of(call)
             outer = script.enclosing_loop(call, caller)
             if outer is not None:
-                found.append(EpochLoop(outer, caller, ref))
+                found.append(EpochLoop(outer, caller, ref, inner))
     return found
+
+
+def _picks_split(loop: cst.For, outer: cst.For) -> bool:
+    """`for phase in splits: for batch in loaders[phase]`: the outer loop is not the epoch."""
+    if not isinstance(outer.target, cst.Name):
+        return False
+    return bool(m.findall(loop.iter, m.Subscript(slice=[m.SubscriptElement(m.Index(m.Name(outer.target.value)))])))
 
 
 def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
     return script.loops.get(scope, [])
 
 
-def _param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None:
+def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None:
     """The parameter of `fn` that receives `ref` at this call."""
     params = [p.name.value for p in fn.params.params]
     if params[:1] == ["self"] and isinstance(call.func, cst.Attribute):
@@ -543,7 +647,7 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                 fn = script.local_function(call)
                 if fn is None or script.scope_of(call) is not scope:
                     continue
-                param = _param_receiving(fn, call, model)
+                param = param_receiving(fn, call, model)
                 if param is None:
                     continue
                 if fn in script.training_functions:
@@ -573,7 +677,7 @@ def _passes_over(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
             fn = script.local_function(call)
             if fn is None or fn in script.training_functions or script.scope_of(call) is not where:
                 continue
-            param = _param_receiving(fn, call, ref)
+            param = param_receiving(fn, call, ref)
             if param is not None:
                 found += [loop for loop in _passes_over(script, param, fn, depth + 1) if loop not in found]
     return found

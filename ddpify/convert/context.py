@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from ddpify.analysis.script import Script, ScopeNode, ref_of
+from ddpify.analysis.script import Script, ScopeNode, param_receiving, ref_of, returns
 from ddpify.convert.edits import Edits
 from ddpify.results import ConvertOptions
 
@@ -32,6 +32,13 @@ class Context:
     device: str = "device"
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"
     local_rank: str = "local_rank"
+    helpers: set[str] = field(default_factory=set)  # module-level helpers already added
+
+    def rank_and_world(self, stmt: cst.CSTNode) -> tuple[str, str]:
+        """This process's rank and the world size as code that works where `stmt` runs."""
+        if self.rank0_condition(stmt) == RANK0:
+            return "dist.get_rank()", "dist.get_world_size()"
+        return 'int(os.environ.get("RANK", 0))', 'int(os.environ.get("WORLD_SIZE", 1))'
 
     def device_visible(self, scope: ScopeNode) -> bool:
         """Can code in `scope` name this process's device?"""
@@ -76,9 +83,21 @@ class Context:
             return False
         start, line = script.line(body[body.index(wrapped) + 1]), script.line(node)
         return not any(
-            ref_of(a.targets[0].target) == model and start <= script.line(a) < line and a not in self.reloads
+            ref_of(a.targets[0].target) == model
+            and start <= script.line(a) < line
+            and a not in self.reloads
+            and not self._hands_back(a.value, model)
             for a in script.assigns.get(scope, [])
         )
+
+    def _hands_back(self, value: cst.BaseExpression, model: str) -> bool:
+        """`model = train_model(model, ...)`: the script's helper returns the model it was given."""
+        script = self.script
+        fn = script.local_function(value) if isinstance(value, cst.Call) else None
+        if fn is None:
+            return False
+        param = param_receiving(fn, value, model)
+        return param is not None and any(ref_of(r.value) == param for r in returns(fn))
 
     def called_before_init(self) -> set[cst.FunctionDef]:
         """The script's functions that may run before the process group exists."""

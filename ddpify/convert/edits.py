@@ -177,7 +177,10 @@ class _Applier(cst.CSTTransformer):
             condition = edits.guards.get(orig)
             if edits.before.get(orig) or condition != run_condition:
                 flush()
-            out.extend(edits.before.get(orig, ()))
+            inserted = list(edits.before.get(orig, ()))
+            if inserted:
+                upd, inserted[0] = _blank_lines_move_up(upd, inserted[0])
+            out.extend(inserted)
             if orig not in edits.removed:
                 if condition is None:
                     out.append(upd)
@@ -205,6 +208,20 @@ class _Applier(cst.CSTTransformer):
             body=cst.IndentedBlock(body=body),
             leading_lines=leading,
         )
+
+
+def _blank_lines_move_up(stmt: cst.CSTNode, inserted: cst.CSTNode) -> tuple[cst.CSTNode, cst.CSTNode]:
+    """Code inserted before `stmt` goes below the blank lines that separate it from what precedes
+    (unless it brings blank lines of its own, like a helper function)."""
+    lines = list(getattr(stmt, "leading_lines", ()))
+    blank = 0
+    while blank < len(lines) and lines[blank].comment is None:
+        blank += 1
+    if not blank or getattr(inserted, "leading_lines", True):  # it brings its own spacing
+        return stmt, inserted
+    return stmt.with_changes(leading_lines=lines[blank:]), inserted.with_changes(
+        leading_lines=[*lines[:blank], *inserted.leading_lines]
+    )
 
 
 def apply(module: cst.Module, edits: Edits) -> cst.Module:

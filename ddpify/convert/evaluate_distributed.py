@@ -16,7 +16,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, ref_of
-from ddpify.convert.context import RANK0, Context
+from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
 from ddpify.convert.shard_data import loader_dataset, sampler_name
 
@@ -43,7 +43,7 @@ def run(ctx: Context) -> None:
         loops = script.eval_loops.get(loader.name)
         if loader in script.train_loaders or not loops:
             continue
-        if any(_per_rank_denominator(ctx, loop) for loop in loops):
+        if any(per_rank_denominator(ctx, loop) for loop in loops):
             ctx.edits.change(
                 script.line(loader.stmt),
                 f"`{loader.name}`: every rank evaluates the whole set (its averages divide by batch counts)",
@@ -51,12 +51,12 @@ def run(ctx: Context) -> None:
             continue
         _slice(ctx, loader)
         for loop in loops:
-            reduced |= _reduce_after(ctx, loop)
+            reduced |= reduce_after(ctx, loop)
     if reduced:
-        _define_helper(ctx)
+        define_helper(ctx)
 
 
-def _per_rank_denominator(ctx: Context, loop: cst.For) -> bool:
+def per_rank_denominator(ctx: Context, loop: cst.For) -> bool:
     """After the loop, does the code use `len(loader)` or the batch index (`batch_idx + 1`)?
     Those count this rank's batches only, so summed metrics would be divided wrongly."""
     script = ctx.script
@@ -96,10 +96,7 @@ def _slice(ctx: Context, loader: Loader) -> None:
         edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has its own sampler: give each rank a slice of it")
         return
     dataset = loader_dataset(ctx, loader, sampler_name(loader.name))
-    if ctx.rank0_condition(loader.stmt) == RANK0:
-        rank, world = "dist.get_rank()", "dist.get_world_size()"
-    else:
-        rank, world = 'int(os.environ.get("RANK", 0))', 'int(os.environ.get("WORLD_SIZE", 1))'
+    rank, world = ctx.rank_and_world(loader.stmt)
     code = SLICE.format(rank=rank, world=world, dataset=dataset)
     star = next((a for a in call.args if a.star == "**"), None)
     if star is not None:  # the kwargs dict may hold a shuffle, which a sampler excludes
@@ -113,7 +110,7 @@ def _slice(ctx: Context, loader: Loader) -> None:
     edits.change(script.line(call), f"`{loader.name}` gives each rank its own slice (no padding)")
 
 
-def _reduce_after(ctx: Context, loop: cst.For) -> bool:
+def reduce_after(ctx: Context, loop: cst.For) -> bool:
     """Sum the loop's `x += ...` accumulators over ranks right after it."""
     script, edits = ctx.script, ctx.edits
     sums: list[str] = []
@@ -138,7 +135,11 @@ def _reduce_after(ctx: Context, loop: cst.For) -> bool:
     return True
 
 
-def _define_helper(ctx: Context) -> None:
+def define_helper(ctx: Context) -> None:
+    """`all_reduce_sum` once, after the imports."""
+    if "all_reduce_sum" in ctx.helpers:
+        return
+    ctx.helpers.add("all_reduce_sum")
     module = ctx.script.module
     anchor = next(
         (s for s in module.body if not _is_import(s) and not _is_docstring(s)),

@@ -32,6 +32,7 @@ def run(ctx: Context) -> None:
     eval_helpers = {script.local_function(c) for c in script.eval_calls} if rank0_eval else set()
     writers = _rank0_writers(ctx)
     targets: dict[cst.CSTNode, str] = {}
+    hoisted: set[cst.CSTNode] = set()  # prints whose model-running calls now run before them
     for call in script.calls:
         line = script.statement_line(call)
         if script.scope_of(call) in eval_helpers:
@@ -50,15 +51,17 @@ def run(ctx: Context) -> None:
             or (owner is not None and ref_of(owner) in writers)
         ):
             targets[line] = ctx.rank0_condition(line)
+            if script.is_call_to(call, N.PRINT | N.LOGGING_CALLS) and _hoist_model_calls(ctx, line, call):
+                hoisted.add(line)
     for call in script.eval_calls:
         if rank0_eval:
             line = script.statement_line(call)
             targets[line] = ctx.rank0_condition(line)
         _pass_unwrapped(ctx, call)
-    _guard(ctx, targets)
+    _guard(ctx, targets, hoisted)
 
 
-def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str]) -> None:
+def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: set[cst.CSTNode]) -> None:
     script, edits = ctx.script, ctx.edits
     merged: set[cst.If] = set()
     for line, condition in targets.items():
@@ -71,7 +74,7 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str]) -> None:
             and owner not in merged
             and owner.orelse is None
             and not isinstance(script.parent(owner), cst.If)
-            and all(targets.get(s) == condition for s in block.body)
+            and all(targets.get(s) == condition and s not in hoisted for s in block.body)
         ):
             merged.add(owner)
             edits.rewrite(owner, lambda updated, c=condition: updated.with_changes(test=_and(ctx, updated.test, c)))
@@ -79,6 +82,39 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str]) -> None:
         elif not any(script.inside(line, o) for o in merged):
             edits.guard(line, condition)
             edits.change(script.line(line), "runs on rank 0 only")
+
+
+def _hoist_model_calls(ctx: Context, line: cst.SimpleStatementLine, call: cst.Call) -> bool:
+    """`print(..., evaluate(val_data))`: the script's helper runs the model, so it runs on every
+    rank before the guarded print (`evaluate_result = evaluate(val_data)`), never behind it."""
+    script, edits = ctx.script, ctx.edits
+    hoisted = False
+    for inner in script.calls_in(call):
+        fn = script.local_function(inner)
+        if fn is None or inner is call or not _runs_any_model(ctx, fn):
+            continue
+        if any(script.local_function(a) for a in script.ancestors(inner) if isinstance(a, cst.Call) and a is not call):
+            continue  # inside another helper call: that one is hoisted whole
+        name = _free_name(script, f"{fn.name.value}_result")
+        edits.insert_before(line, f"{name} = {script.module.code_for_node(inner)}\n")
+        edits.replace(inner, cst.Name(name))
+        edits.change(script.line(inner), f"`{fn.name.value}(...)` runs the model: every rank calls it, rank 0 prints")
+        hoisted = True
+    return hoisted
+
+
+def _runs_any_model(ctx: Context, fn: cst.FunctionDef) -> bool:
+    script = ctx.script
+    models = set(script.models) | set().union(*script.ddp_names.values())
+    return any(ref_of(c.func) in models for c in script.calls_in(fn))
+
+
+def _free_name(script, name: str) -> str:
+    taken = set().union(*script.bound.values())
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}{n}", n + 1
+    return candidate
 
 
 def _makedirs_on_every_rank(ctx: Context) -> None:

@@ -5,11 +5,14 @@
 explicit index is dropped, so `torch.cuda.set_device(local_rank)` picks the GPU.
 `torch.load` gets a `map_location` so no rank loads onto GPU 0.
 The script's own `torch.cuda.set_device(...)` calls are removed: setup does it.
+Legacy tensor types (`torch.cuda.FloatTensor(...)`, `x.type(torch.cuda.LongTensor)`) allocate
+on the current device, which setup's `set_device` makes this process's GPU: they stay.
 """
 
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
@@ -19,6 +22,7 @@ from ddpify.convert.edits import append_arg, keyword_arg
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     _compare_device_types(ctx)
+    _note_tensor_types(ctx)
     for call in script.calls:
         if ctx.device_stmt is not None and script.inside(call, ctx.device_stmt):
             continue
@@ -74,6 +78,19 @@ def _compare_device_types(ctx: Context) -> None:
             side = next(a for a in sides if isinstance(a, cst.Name))
             ctx.edits.replace(side, ctx.edits.expression(ctx.device_type))
             ctx.edits.change(ctx.script.line(node), f'`{ctx.device_type} == "cuda"`: the device now carries its index')
+
+
+def _note_tensor_types(ctx: Context) -> None:
+    script = ctx.script
+    tensor_type = m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda name: name.endswith("Tensor"))))
+    for node in m.findall(script.module, tensor_type):
+        names = [n for n in script.names(node) if n.startswith("torch.cuda.") and n.count(".") == 2]
+        if names:
+            ctx.edits.change(
+                script.line(node),
+                f"`{names[0]}` allocates on the current GPU, which setup's set_device makes this process's",
+            )
+            return
 
 
 def _cuda_call(ctx: Context, call: cst.Call, device: cst.BaseExpression | None) -> None:

@@ -28,8 +28,6 @@ def run(ctx: Context) -> None:
     if script.loaders and not script.train_loaders:
         first = script.loaders[0]
         edits.todo(first.stmt, script.line(first.stmt), "could not tell which DataLoader trains: give it a DistributedSampler and call set_epoch(epoch) every epoch")
-    if not script.loaders and not script.unplaced_loaders:
-        _hand_made_batches(ctx)
     for loader in script.train_loaders:
         if _iterable(ctx, loader):
             edits.todo(
@@ -56,7 +54,7 @@ def run(ctx: Context) -> None:
             _split_batch(ctx, loader)
         for epoch in script.epoch_loops[loader.name]:
             visible = epoch.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
-            _set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
+            set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
 
 
 def _iterable(ctx: Context, loader: Loader) -> bool:
@@ -71,24 +69,6 @@ def _iterable(ctx: Context, loader: Loader) -> bool:
         bound = [a.value for a in script.assigns.get(loader.scope, []) if ref_of(a.targets[0].target) == ref_of(value)]
         value = bound[-1] if bound else value
     return isinstance(value, cst.Call) and N.call_name(value) in script.iterable_datasets
-
-
-def _hand_made_batches(ctx: Context) -> None:
-    """No DataLoader: every process would train on all the data. Say where to shard it."""
-    script = ctx.script
-    for call in script.calls:
-        if N.call_name(call) == "backward" and N.receiver(call) is not None:
-            scope = script.scope_of(call)
-            loop = script.enclosing_loop(call, scope)
-            stmt = loop or script.statement_line(call)
-            ctx.edits.todo(
-                stmt,
-                script.line(stmt),
-                "the data is not read through a DataLoader, so every process trains on all of it: give each "
-                "rank its own slice (e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step "
-                "counts, or keep full-batch training replicated",
-            )
-            return
 
 
 def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
@@ -204,7 +184,7 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
     return "False"
 
 
-def _set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
+def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
     """`sampler.set_epoch(epoch)` as the first statement of the epoch loop."""
     script, edits = ctx.script, ctx.edits
     target = loop.target

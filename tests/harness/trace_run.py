@@ -20,7 +20,9 @@ original:
 * ``torch.optim.Optimizer.__init__``: every optimizer; their parameters at the end of the run
   are written to ``params-<tag>.pt`` as ``[[tensor, ...] per optimizer]``.
 * ``torch.distributed.init_process_group`` / ``destroy_process_group`` and the
-  ``DistributedDataParallel`` constructor: calls, backend, world size and rank.
+  ``DistributedDataParallel`` constructor: calls, backend, world size and rank; a forward
+  pre-hook on every DDP model notes the integer first input (token ids) of each training
+  forward, as ``trained_tokens`` (one flat list per forward).
 * ``sys.stdout``: what this process printed during the run (still written through).
 
 Output, in ``$DDPIFY_TRACE_DIR`` (default: the working directory), with ``<tag>`` = ``<RANK>``
@@ -72,6 +74,7 @@ def _new_trace(label: str | None, script: str, args: list[str]) -> None:
         init_process_group=[],
         destroy_process_group=0,
         ddp_wrapped=0,
+        trained_tokens=[],
         loaders=[],
         passes=[],
         saves=[],
@@ -220,8 +223,19 @@ def _ddp_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         _trace["ddp_wrapped"] += 1
+        self.register_forward_pre_hook(_record_tokens)
 
     return __init__
+
+
+def _record_tokens(module, inputs):
+    """Integer inputs of training forwards (token ids): which data this rank trained on."""
+    first = inputs[0] if inputs else None
+    if not (module.training and torch.is_grad_enabled() and isinstance(first, torch.Tensor)):
+        return
+    if first.is_floating_point() or first.is_complex() or first.numel() > 100_000:
+        return
+    _trace["trained_tokens"].append(first.detach().flatten().tolist())
 
 
 def install_hooks() -> None:

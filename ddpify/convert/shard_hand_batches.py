@@ -1,0 +1,147 @@
+"""Shard the batches a script cuts by hand from a tensor, without a DataLoader.
+
+* Plain sequential indexing, as in pytorch/examples' word language model:
+  `for i in range(0, train_data.size(0) - 1, bptt): data, targets = get_batch(train_data, i)`
+  over a tensor the script binds (`train_data = batchify(corpus.train, batch_size)`): each rank
+  keeps its own contiguous block of the tensor's rows, every block the same length, so every
+  process takes the same number of steps.
+* Random batches, as in nanoGPT: `torch.randint(len(data) - block_size, (batch_size,))` in the
+  training loop or a helper it calls. Each process draws its own batches: the script's seeds are
+  offset by the rank (nanoGPT's `seed_offset`), or, without a torch seed, one is set after setup
+  (torch's default seed is the same in every process). DDP still starts every rank from rank 0's
+  weights.
+* Anything else (full-batch training, masks, custom indexing): a TODO says what to do.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import ScopeNode, ref_of
+from ddpify.convert.context import Context
+
+TODO = (
+    "the data is not read through a DataLoader, so every process trains on all of it: give each "
+    "rank its own slice (e.g. indices[dist.get_rank()::dist.get_world_size()]) with equal step "
+    "counts, or keep full-batch training replicated"
+)
+SHARD_ROWS = (
+    "{rows} = {data}.size(0) // {world}  # the same number of steps on every process\n"
+    "{data} = {data}[{rank} * {rows} : ({rank} + 1) * {rows}]\n"
+)
+SEED_AFTER_SETUP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches\n"
+
+
+def run(ctx: Context) -> None:
+    script = ctx.script
+    if script.loaders or script.unplaced_loaders or script.split_loaders:
+        return
+    backward = next((c for c in script.calls if N.call_name(c) == "backward" and N.receiver(c) is not None), None)
+    if backward is None:
+        return
+    scope = script.scope_of(backward)
+    loop = script.enclosing_loop(backward, scope)
+    if loop is not None and _shard_rows(ctx, loop, scope):
+        return
+    if loop is not None and _random_draws(ctx, loop):
+        _seed_by_rank(ctx, loop)
+        return
+    stmt = loop or script.statement_line(backward)
+    ctx.edits.todo(stmt, script.line(stmt), TODO)
+
+
+def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
+    """`for i in range(0, data.size(0) - 1, step)`: give each rank a block of `data`'s rows."""
+    script, edits = ctx.script, ctx.edits
+    steps = loop.iter
+    if m.matches(steps, m.Call(func=m.Name("enumerate"))) and steps.args:
+        steps = steps.args[0].value
+    if not m.matches(steps, m.Call(func=m.Name("range"))):
+        return False
+    lengths = m.findall(
+        steps,
+        m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("size")), args=[m.Arg(m.Integer("0"))])
+        | m.Call(func=m.Name("len"), args=[m.Arg(m.Name())])
+        | m.Subscript(value=m.Attribute(value=m.Name(), attr=m.Name("shape")), slice=[m.SubscriptElement(m.Index(m.Integer("0")))]),
+    )
+    names = {_measured(node) for node in lengths}
+    if len(names) != 1:
+        return False
+    data = names.pop()
+    bound = _last_binding(ctx, data, scope, loop)
+    if bound is None:
+        return False
+    rank, world = ctx.rank_and_world(bound)
+    taken = set().union(*script.bound.values())
+    rows = next(n for n in ("rows_per_rank", f"{data}_rows_per_rank", f"_{data}_rows") if n not in taken)
+    edits.insert_after(bound, SHARD_ROWS.format(rows=rows, data=data, rank=rank, world=world))
+    edits.change(
+        script.line(bound),
+        f"`{data}` is cut into one block of rows per rank, all the same length (the remainder is dropped)",
+    )
+    return True
+
+
+def _measured(node: cst.CSTNode) -> str:
+    """The tensor whose length `x.size(0)`, `len(x)` or `x.shape[0]` measures."""
+    if isinstance(node, cst.Subscript):
+        return node.value.value.value
+    if m.matches(node, m.Call(func=m.Name("len"))):
+        return node.args[0].value.value
+    return node.func.value.value
+
+
+def _last_binding(ctx: Context, name: str, scope: ScopeNode, loop: cst.For) -> cst.SimpleStatementLine | None:
+    """The statement that last binds `name` (a plain `name = ...`) before the loop runs: in the
+    loop's own function, or at module level for a global."""
+    script = ctx.script
+    if name in script.bound.get(scope, set()) and not isinstance(scope, cst.Module):
+        where = scope
+    else:
+        where = script.module
+    line = script.line(loop) if where is scope else None
+    found = None
+    for assign in script.assigns.get(where, []):
+        if ref_of(assign.targets[0].target) == name and (line is None or script.line(assign) < line):
+            found = assign
+    if found is None or any(
+        isinstance(p, cst.Param) and p.name.value == name for p in getattr(scope, "params", cst.Parameters()).params
+    ):
+        return None
+    stmt = script.parent(found)
+    return stmt if isinstance(stmt, cst.SimpleStatementLine) else None
+
+
+def _random_draws(ctx: Context, loop: cst.For) -> bool:
+    """Does the loop (or a helper of the script it calls) draw indices at random?"""
+    script = ctx.script
+    calls = list(script.calls_in(loop))
+    for call in list(calls):
+        fn = script.local_function(call)
+        if fn is not None:
+            calls += script.calls_in(fn)
+    return any(script.is_call_to(c, N.RANDOM_DRAWS) and N.keyword(c, "generator") is None for c in calls)
+
+
+def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
+    """Offset every seed the script sets by the rank; set one after setup when torch has none."""
+    script, edits = ctx.script, ctx.edits
+    seeds = [c for c in script.calls if script.is_call_to(c, N.SEEDS) and len(c.args) == 1]
+    for call in seeds:
+        rank, _ = ctx.rank_and_world(call)
+        value = call.args[0].value
+        code = script.module.code_for_node(value)
+        if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
+            code = f"({code})"
+        edits.replace(value, edits.expression(f"{code} + {rank}"))
+        edits.change(script.line(call), "the seed is offset by the rank: each process draws its own random batches")
+    if not any(script.is_call_to(c, N.TORCH_SEED) for c in seeds):
+        block = script.block_of(ctx.setup_scope).body
+        anchor = block[ctx.init_index] if ctx.init_index < len(block) else None
+        if anchor is None:
+            edits.todo(loop, script.line(loop), "seed each process differently (torch.manual_seed(seed + rank)) so ranks draw different batches")
+            return
+        edits.insert_before(anchor, SEED_AFTER_SETUP.format(rank=ctx.rank_and_world(anchor)[0]))
+        edits.change(script.line(loop), "batches are drawn at random: each process seeds torch with its rank")

@@ -1,0 +1,141 @@
+"""Shard a dict of per-split DataLoaders, the shape of the PyTorch fine-tuning tutorial:
+
+    dataloaders = {x: DataLoader(image_datasets[x], shuffle=True, ...) for x in ["train", "val"]}
+    for epoch in ...:
+        for phase in ["train", "val"]:
+            for inputs, labels in dataloaders[phase]: ...
+
+The training split reads through a DistributedSampler (with `set_epoch` every epoch), the
+other splits read a slice per rank with no padding, and the sums the shared loop accumulates
+are added up over ranks after it, so every rank prints and decides on the same metrics.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import Loader, SplitLoaders, ref_of
+from ddpify.convert.context import RANK0, Context
+from ddpify.convert.edits import append_arg, keyword_arg
+from ddpify.convert.evaluate_distributed import SLICE, define_helper, per_rank_denominator, reduce_after
+from ddpify.convert.shard_data import BEFORE_INIT, loader_dataset, sampler_name, set_epoch
+
+SAMPLER = "DistributedSampler({dataset}, shuffle={shuffle}{extra})"
+
+
+def run(ctx: Context) -> None:
+    for split in ctx.script.split_loaders:
+        _shard(ctx, split)
+
+
+def _shard(ctx: Context, split: SplitLoaders) -> None:
+    script, edits = ctx.script, ctx.edits
+    train = split.train_key
+    line = script.line(split.stmt)
+    own = any(N.keyword(c, k) is not None for c in split.calls.values() for k in ("sampler", "batch_sampler"))
+    if train is None or train not in split.calls or not split.epoch_loops or own:
+        edits.todo(
+            split.stmt,
+            line,
+            f"`{split.name}` holds a DataLoader per split: give the training one a DistributedSampler "
+            "(set_epoch every epoch) and the others a slice per rank",
+        )
+        return
+    rank, world = ctx.rank_and_world(split.stmt)
+    extra = "" if ctx.rank0_condition(split.stmt) == RANK0 else BEFORE_INIT
+    samplers = {}
+    for key, call in split.calls.items():
+        dataset = _dataset(ctx, call, split.key_var, split.keys[key])
+        loader = _named_loader(ctx, call)
+        if dataset is None and loader is not None:  # hoisted: `train_dataset = ...` above the loader
+            dataset = loader_dataset(ctx, loader, sampler_name(loader.name))
+        if dataset is None:
+            edits.todo(split.stmt, script.line(call), f"shard the `{split.name}` loaders by rank: their dataset is built inline")
+            return
+        shuffle_arg = N.keyword(call, "shuffle")
+        shuffle = script.module.code_for_node(shuffle_arg.value) if shuffle_arg is not None else "False"
+        if key == train:
+            samplers[key] = SAMPLER.format(dataset=dataset, shuffle=shuffle, extra=extra)
+        else:
+            samplers[key] = SLICE.format(rank=rank, world=world, dataset=dataset)
+    if split.key_var is None:
+        train_sampler = f"{split.name}[{split.keys[train]}].sampler"
+        for key, call in split.calls.items():
+            loader = _named_loader(ctx, call)
+            if key == train and loader is not None:  # `train_loader = DataLoader(...)`: its sampler gets a name
+                train_sampler = sampler_name(loader.name)
+                edits.insert_before(loader.stmt, f"{train_sampler} = {samplers[key]}\n")
+                samplers[key] = train_sampler
+            _set_sampler(ctx, call, samplers[key])
+    else:  # one call builds every split: it picks its sampler from a dict made just before
+        name = _free_name(ctx, split, "samplers")
+        entries = "".join(f"    {split.keys[key]}: {code},\n" for key, code in samplers.items())
+        edits.insert_before(split.stmt, f"{name} = {{\n{entries}}}\n")
+        _set_sampler(ctx, split.calls[train], f"{name}[{split.key_var}]")
+        train_sampler = f"{name}[{split.keys[train]}]"
+    edits.need_import("torch.utils.data.distributed", "DistributedSampler")
+    edits.change(line, f"`{split.name}[{split.keys[train]}]` reads this process's shard; the other splits a slice per rank")
+    reduced = False
+    for epoch in split.epoch_loops:
+        visible = epoch.scope is split.scope
+        set_epoch(ctx, epoch.loop, train_sampler if visible else f"{epoch.loader_expr}[{split.keys[train]}].sampler")
+        if epoch.inner is not None and not _divides_by_batches(ctx, epoch.inner, epoch.loader_expr):
+            reduced |= reduce_after(ctx, epoch.inner)
+    if reduced:
+        define_helper(ctx)
+
+
+def _dataset(ctx: Context, call: cst.Call, key_var: str | None, key: str) -> str | None:
+    """The loader's dataset for one split (`image_datasets[x]` -> `image_datasets["val"]`), when
+    it is a name or an item of one (safe to name twice); None when it is built inline."""
+    args = N.positional(call)
+    arg = args[0] if args else N.keyword(call, "dataset")
+    if arg is None:
+        return None
+    value = arg.value
+    if key_var is not None and m.matches(value, m.Subscript(slice=[m.SubscriptElement(m.Index(m.Name(key_var)))])):
+        value = value.with_changes(slice=[cst.SubscriptElement(cst.Index(cst.parse_expression(key)))])
+    if not m.matches(value, m.Name() | m.Attribute() | m.Subscript(value=m.Name() | m.Attribute())):
+        return None
+    if key_var is not None and m.findall(value, m.Name(key_var)):
+        return None
+    return ctx.script.module.code_for_node(value)
+
+
+def _named_loader(ctx: Context, call: cst.Call) -> Loader | None:
+    """The `name = DataLoader(...)` statement the call is, if it is one."""
+    script = ctx.script
+    assign = script.parent(call)
+    line = script.parent(assign)
+    if isinstance(assign, cst.Assign) and ref_of(assign.targets[0].target) and isinstance(line, cst.SimpleStatementLine):
+        return Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call))
+    return None
+
+
+def _free_name(ctx: Context, split: SplitLoaders, name: str) -> str:
+    """`name`, unless the loaders' scope already binds it."""
+    taken = ctx.script.bound.get(split.scope, set())
+    return name if name not in taken else f"{split.name}_{name}"
+
+
+def _set_sampler(ctx: Context, call: cst.Call, code: str) -> None:
+    """`shuffle=...` becomes `sampler=...` (a sampler excludes shuffle), or the sampler is added."""
+    edits = ctx.edits
+    shuffle = N.keyword(call, "shuffle")
+    if shuffle is not None:
+        edits.rewrite(shuffle, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(code)))
+    else:
+        edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("sampler", edits.expression(code))))
+
+
+def _divides_by_batches(ctx: Context, loop: cst.For, loaders: str) -> bool:
+    """Does the code after the pass divide by `len(loaders[phase])` or a batch index? Those
+    count this rank's batches only, so sums over ranks would be divided wrongly."""
+    script = ctx.script
+    scope = script.scope_of(loop)
+    end = script.positions[loop].end.line
+    per_batch = m.Call(func=m.Name("len"), args=[m.Arg(m.Subscript(value=m.Name(loaders)))])
+    later = [c for c in script.calls_in(script.body_of(scope)) if script.line(c) > end]
+    return any(m.matches(c, per_batch) for c in later) or per_rank_denominator(ctx, loop)

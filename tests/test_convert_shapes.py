@@ -1,0 +1,136 @@
+"""Smaller shapes around the issue-4 patterns: what convert does where it must not guess."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpify.engine import convert_source
+
+
+def convert(code: str, tail: str = ""):
+    return convert_source(textwrap.dedent(code) + tail, "train.py")
+
+
+LOOP = """
+for epoch in range(2):
+    for phase in ["fit", "check"]:
+        for x, y in loaders[phase]:
+            loss = model(x).sub(y).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+"""
+
+
+def test_split_loaders_without_a_training_split_get_a_todo():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        sets = {"fit": [], "check": []}
+        loaders = {x: DataLoader(sets[x], batch_size=4, shuffle=True) for x in ["fit", "check"]}
+        """,
+        LOOP,
+    )
+    assert [t.message for t in result.todos] == [
+        "`loaders` holds a DataLoader per split: give the training one a DistributedSampler "
+        "(set_epoch every epoch) and the others a slice per rank"
+    ]
+    assert "DistributedSampler(" not in result.code
+
+
+def test_split_loader_datasets_built_inline_get_a_todo():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loaders = {x: DataLoader(make(x), batch_size=4, shuffle=True) for x in ["train", "val"]}
+        """,
+        LOOP.replace('"fit", "check"', '"train", "val"'),
+    )
+    assert [t.message for t in result.todos] == ["shard the `loaders` loaders by rank: their dataset is built inline"]
+
+
+def test_random_batches_without_a_seed_get_one_per_rank_after_setup():
+    result = convert(
+        """
+        import torch
+        data = torch.randn(100, 3)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            ix = torch.randint(len(data), (8,))
+            loss = model(data[ix]).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    assert result.todos == []
+    code = result.code
+    seed = "torch.manual_seed(torch.initial_seed() + dist.get_rank())"
+    assert seed in code and code.index("dist.init_process_group(") < code.index(seed) < code.index("for step in")
+
+
+def test_random_batches_from_a_generator_are_left_to_the_user():
+    result = convert(
+        """
+        import torch
+        g = torch.Generator().manual_seed(0)
+        data = torch.randn(100, 3)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            ix = torch.randint(len(data), (8,), generator=g)
+            loss = model(data[ix]).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    assert [t.message.split(":")[0] for t in result.todos] == [
+        "the data is not read through a DataLoader, so every process trains on all of it"
+    ]
+
+
+def test_sequential_batches_over_a_parameter_get_a_todo():
+    result = convert(
+        """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def train(source):
+            for i in range(0, source.size(0) - 1, 8):
+                loss = model(source[i : i + 8]).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+
+        train(torch.randn(64, 3))
+        """
+    )
+    assert len(result.todos) == 1 and "rows_per_rank" not in result.code
+
+
+def test_a_print_that_runs_the_model_is_split():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader([], batch_size=4, shuffle=True)
+
+        def score():
+            return model(torch.ones(1, 2)).item()
+
+        for epoch in range(2):
+            for x, y in loader:
+                model(x).sum().backward()
+                optimizer.step()
+            print("score", score())
+        """
+    )
+    assert "    score_result = score()\n    if dist.get_rank() == 0:\n        print(\"score\", score_result)\n" in result.code
+    assert result.todos == []
