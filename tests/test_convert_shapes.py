@@ -134,3 +134,27 @@ def test_a_print_that_runs_the_model_is_split():
     )
     assert "    score_result = score()\n    if dist.get_rank() == 0:\n        print(\"score\", score_result)\n" in result.code
     assert result.todos == []
+
+
+def test_split_metrics_averaged_per_batch_get_a_todo():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        sets = {"train": [], "val": []}
+        loaders = {x: DataLoader(sets[x], batch_size=4, shuffle=True) for x in ["train", "val"]}
+        for epoch in range(2):
+            for phase in ["train", "val"]:
+                total = 0.0
+                for x, y in loaders[phase]:
+                    loss = model(x).sub(y).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    total += loss.item()
+                print(phase, total / len(loaders[phase]))
+        """
+    )
+    assert [t.message.split(":")[0] for t in result.todos] == ["the metrics of this loop divide by this rank's batch count"]
+    assert 'samplers["train"].set_epoch(epoch)' in result.code

@@ -142,7 +142,7 @@ CASES: dict[str, Case] = {
     "hand_batches_sequential": Case(  # batchify + bptt steps: each rank a block of rows
         args=["--batch-size", "8", "--epochs", "2"], train_size=None,
         per_epoch=[r"seq epoch \d: last loss"], epochs=2, once=[r"sequential batches done"],
-        checkpoints={"seq_model.pt": 1}, in_code=["rows_per_rank = train_data.size(0) // dist.get_world_size()"],
+        checkpoints={"seq_model.pt": 1}, in_code=["rows_per_rank = len(train_data) // dist.get_world_size()"],
     ),
     "split_loaders": Case(  # {x: DataLoader(...) for x in splits}, one loop over the phases
         args=["--batch-size", str(B), "--epochs", "2"], train_size=384, epochs=2,

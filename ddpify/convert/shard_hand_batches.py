@@ -3,8 +3,8 @@
 * Plain sequential indexing, as in pytorch/examples' word language model:
   `for i in range(0, train_data.size(0) - 1, bptt): data, targets = get_batch(train_data, i)`
   over a tensor the script binds (`train_data = batchify(corpus.train, batch_size)`): each rank
-  keeps its own contiguous block of the tensor's rows, every block the same length, so every
-  process takes the same number of steps.
+  keeps its own contiguous block of the tensor's rows (or a list's items), every block the same
+  length, so every process takes the same number of steps.
 * Random batches, as in nanoGPT: `torch.randint(len(data) - block_size, (batch_size,))` in the
   training loop or a helper it calls. Each process draws its own batches: the script's seeds are
   offset by the rank (nanoGPT's `seed_offset`), or, without a torch seed, one is set after setup
@@ -28,7 +28,7 @@ TODO = (
     "counts, or keep full-batch training replicated"
 )
 SHARD_ROWS = (
-    "{rows} = {data}.size(0) // {world}  # the same number of steps on every process\n"
+    "{rows} = len({data}) // {world}  # the same number of steps on every process\n"
     "{data} = {data}[{rank} * {rows} : ({rank} + 1) * {rows}]\n"
 )
 SEED_AFTER_SETUP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches\n"
@@ -79,7 +79,7 @@ def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
     edits.insert_after(bound, SHARD_ROWS.format(rows=rows, data=data, rank=rank, world=world))
     edits.change(
         script.line(bound),
-        f"`{data}` is cut into one block of rows per rank, all the same length (the remainder is dropped)",
+        f"`{data}` is cut into one block per rank, all the same length (the remainder is dropped)",
     )
     return True
 

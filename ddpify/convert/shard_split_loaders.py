@@ -81,7 +81,15 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
     for epoch in split.epoch_loops:
         visible = epoch.scope is split.scope
         set_epoch(ctx, epoch.loop, train_sampler if visible else f"{epoch.loader_expr}[{split.keys[train]}].sampler")
-        if epoch.inner is not None and not _divides_by_batches(ctx, epoch.inner, epoch.loader_expr):
+        if epoch.inner is None:
+            continue
+        if _divides_by_batches(ctx, epoch.inner, epoch.loader_expr):
+            edits.todo(
+                epoch.inner,
+                script.line(epoch.inner),
+                "the metrics of this loop divide by this rank's batch count: sum them and their counts over ranks (dist.all_reduce) before reporting",
+            )
+        else:
             reduced |= reduce_after(ctx, epoch.inner)
     if reduced:
         define_helper(ctx)
