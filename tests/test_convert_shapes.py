@@ -158,3 +158,25 @@ def test_split_metrics_averaged_per_batch_get_a_todo():
     )
     assert [t.message.split(":")[0] for t in result.todos] == ["the metrics of this loop divide by this rank's batch count"]
     assert 'samplers["train"].set_epoch(epoch)' in result.code
+
+
+def test_full_batch_training_stays_replicated_and_says_so():
+    result = convert(
+        """
+        import torch
+        features, labels = torch.randn(50, 3), torch.randn(50, 1)
+        mask = torch.arange(50) < 30
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(20):
+            optimizer.zero_grad()
+            loss = (model(features)[mask] - labels[mask]).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            if epoch % 10 == 0:
+                print(epoch, loss.item())
+        """
+    )
+    assert result.todos == []
+    assert any(n.message.startswith("full-batch training: every process takes the same step") for n in result.changes)
+    assert "rows_per_rank" not in result.code and "manual_seed" not in result.code

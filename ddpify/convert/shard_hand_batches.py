@@ -10,7 +10,9 @@
   offset by the rank (nanoGPT's `seed_offset`), or, without a torch seed, one is set after setup
   (torch's default seed is the same in every process). DDP still starts every rank from rank 0's
   weights.
-* Anything else (full-batch training, masks, custom indexing): a TODO says what to do.
+* Full-batch training (each step on all the data, e.g. a GCN over one graph): left replicated,
+  which is correct (every rank computes the same gradient), and said so in the summary.
+* Anything else (custom indexing): a TODO says what to do.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ SHARD_ROWS = (
     "{rows} = len({data}) // {world}  # the same number of steps on every process\n"
     "{data} = {data}[{rank} * {rows} : ({rank} + 1) * {rows}]\n"
 )
+FULL_BATCH = (
+    "full-batch training: every process takes the same step on all the data (DDP averages identical "
+    "gradients), which is correct but no faster with more processes"
+)
 SEED_AFTER_SETUP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches\n"
 
 
@@ -49,7 +55,30 @@ def run(ctx: Context) -> None:
         _seed_by_rank(ctx, loop)
         return
     stmt = loop or script.statement_line(backward)
+    if _full_batch(ctx, loop):
+        ctx.edits.change(script.line(stmt), FULL_BATCH)
+        return
     ctx.edits.todo(stmt, script.line(stmt), TODO)
+
+
+def _full_batch(ctx: Context, loop: cst.For | None) -> bool:
+    """Each step trains on all the data: no loop around backward in its function, or a loop
+    whose variable picks nothing (no `x[i]`, no `next(...)`, no random draw, not handed to a
+    helper)."""
+    if loop is None:
+        return True
+    if not isinstance(loop.target, cst.Name):
+        return False
+    script = ctx.script
+    var = m.Name(loop.target.value)
+    picks = m.SubscriptElement(slice=m.MatchIfTrue(lambda index: bool(m.findall(index, var))))
+    if m.findall(loop.body, picks) or m.findall(loop.body, m.Call(func=m.Name("next"))):
+        return False
+    calls = script.calls_in(loop.body)
+    if any(script.is_call_to(c, N.RANDOM_DRAWS) for c in calls):
+        return False
+    helpers = [c for c in calls if script.local_function(c) is not None]
+    return not any(m.findall(arg, var) for call in helpers for arg in call.args)
 
 
 def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
