@@ -180,3 +180,22 @@ def test_full_batch_training_stays_replicated_and_says_so():
     assert result.todos == []
     assert any(n.message.startswith("full-batch training: every process takes the same step") for n in result.changes)
     assert "rows_per_rank" not in result.code and "manual_seed" not in result.code
+
+
+def test_a_dict_of_loaders_the_loop_does_not_walk_leaves_the_loader_alone():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_loader = DataLoader([], batch_size=4, shuffle=True)
+        registry = {"train": train_loader}
+        for epoch in range(2):
+            for x, y in train_loader:
+                model(x).sum().backward()
+                optimizer.step()
+        """
+    )
+    assert result.todos == []
+    assert "train_sampler = DistributedSampler(" in result.code and "train_sampler.set_epoch(epoch)" in result.code

@@ -492,12 +492,15 @@ def _named_splits(script: Script) -> None:
             elements = assign.value.elements
             keys = _string_keys(elements, lambda e: e.key)
             values = [ref_of(e.value) if isinstance(e, cst.DictElement) else None for e in elements]
-            if keys is None or loader.name not in values or ref_of(assign.targets[0].target) is None:
+            name = ref_of(assign.targets[0].target)
+            if keys is None or loader.name not in values or name is None:
                 continue
+            if not _epoch_loops(script, name, loader.scope, depth=0):
+                continue  # the dict is not what the training loop walks: the loader stays on its own
             line = script.parent(assign)
             split = next((s for s in script.split_loaders if s.stmt is line), None)
             if split is None:
-                split = SplitLoaders(ref_of(assign.targets[0].target), line, loader.scope, keys, {})
+                split = SplitLoaders(name, line, loader.scope, keys, {})
                 script.split_loaders.append(split)
             split.calls[list(keys)[values.index(loader.name)]] = loader.call
             script.loaders.remove(loader)
