@@ -199,3 +199,26 @@ def test_a_dict_of_loaders_the_loop_does_not_walk_leaves_the_loader_alone():
     )
     assert result.todos == []
     assert "train_sampler = DistributedSampler(" in result.code and "train_sampler.set_epoch(epoch)" in result.code
+
+
+def test_a_step_helper_called_per_batch_is_not_full_batch():
+    result = convert(
+        """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(8)]
+
+        def train_step(x, y):
+            loss = (model(x) - y).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+
+        for epoch in range(2):
+            for x, y in batches:
+                train_step(x, y)
+        """
+    )
+    assert [t.message.split(":")[0] for t in result.todos] == [
+        "the data is not read through a DataLoader, so every process trains on all of it"
+    ]

@@ -144,6 +144,10 @@ CASES: dict[str, Case] = {
         per_epoch=[r"seq epoch \d: last loss"], epochs=2, once=[r"sequential batches done"],
         checkpoints={"seq_model.pt": 1}, in_code=["rows_per_rank = len(train_data) // dist.get_world_size()"],
     ),
+    "full_batch": Case(  # replicated on purpose: every rank takes the same full-batch step
+        args=["--epochs", "40"], train_size=None, once=[r"full-batch training done"], checkpoints={"gcn.pt": 1},
+        equivalence=(["--epochs", "40"], ["--epochs", "40"]),
+    ),
     "split_loaders": Case(  # {x: DataLoader(...) for x in splits}, one loop over the phases
         args=["--batch-size", str(B), "--epochs", "2"], train_size=384, epochs=2,
         per_epoch=[r"epoch \d train loss", r"epoch \d val loss"], once=[r"(?m)^split loaders done"],

@@ -55,29 +55,46 @@ def run(ctx: Context) -> None:
         _seed_by_rank(ctx, loop)
         return
     stmt = loop or script.statement_line(backward)
-    if _full_batch(ctx, loop):
+    if _full_batch(ctx, loop, scope):
         ctx.edits.change(script.line(stmt), FULL_BATCH)
         return
     ctx.edits.todo(stmt, script.line(stmt), TODO)
 
 
-def _full_batch(ctx: Context, loop: cst.For | None) -> bool:
-    """Each step trains on all the data: no loop around backward in its function, or a loop
-    whose variable picks nothing (no `x[i]`, no `next(...)`, no random draw, not handed to a
-    helper)."""
-    if loop is None:
-        return True
-    if not isinstance(loop.target, cst.Name):
-        return False
+def _full_batch(ctx: Context, loop: cst.For | None, scope: ScopeNode) -> bool:
+    """Each step trains on all the data: the loop around backward (or around the calls of the
+    function holding it) picks nothing with its variable: no `x[i]`, no `next(...)`, no random
+    draw, nothing handed to a helper."""
     script = ctx.script
-    var = m.Name(loop.target.value)
+    if loop is not None:
+        return _picks_nothing(ctx, loop, loop.body)
+    if not isinstance(scope, cst.FunctionDef):
+        return True
+    params = {p.name.value for p in scope.params.params}
+    param = m.Name(value=m.MatchIfTrue(lambda name: name in params))
+    if m.findall(scope.body, m.SubscriptElement(slice=m.MatchIfTrue(lambda index: bool(m.findall(index, param))))):
+        return False  # `def train(i): x = data[i]`
+    for call in script.calls:
+        if script.local_function(call) is scope:
+            outer = script.enclosing_loop(call, script.scope_of(call))
+            if outer is not None and not _picks_nothing(ctx, outer, outer.body, skip=scope):
+                return False
+    return True
+
+
+def _picks_nothing(ctx: Context, loop: cst.For, body: cst.CSTNode, skip: cst.FunctionDef | None = None) -> bool:
+    script = ctx.script
+    targets = {n.value for n in m.findall(loop.target, m.Name())}
+    var = m.Name(value=m.MatchIfTrue(lambda name: name in targets))
     picks = m.SubscriptElement(slice=m.MatchIfTrue(lambda index: bool(m.findall(index, var))))
-    if m.findall(loop.body, picks) or m.findall(loop.body, m.Call(func=m.Name("next"))):
+    if m.findall(body, picks) or m.findall(body, m.Call(func=m.Name("next"))):
         return False
-    calls = script.calls_in(loop.body)
+    calls = script.calls_in(body)
     if any(script.is_call_to(c, N.RANDOM_DRAWS) for c in calls):
         return False
-    helpers = [c for c in calls if script.local_function(c) is not None]
+    if not m.matches(loop.iter, m.Call(func=m.Name("range"))):
+        return False  # `for x, y in batches`: the loop itself hands out data
+    helpers = [c for c in calls if script.local_function(c) not in (None, skip)]
     return not any(m.findall(arg, var) for call in helpers for arg in call.args)
 
 
