@@ -148,6 +148,13 @@ CASES: dict[str, Case] = {
         args=["--epochs", "40"], train_size=None, once=[r"full-batch training done"], checkpoints={"gcn.pt": 1},
         equivalence=(["--epochs", "40"], ["--epochs", "40"]),
     ),
+    "compiled_model": Case(  # torch.compile'd model, OneCycle over epochs * len(loader), clipping
+        args=["--batch-size", str(B), "--epochs", "2"], train_size=512, epochs=2,
+        per_epoch=[r"compiled epoch \d: loss"], once=[r"compiled training done"], checkpoints={"compiled.pt": 1},
+        in_code=["model = torch.compile(model)\n"],
+        equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
+                     ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
+    ),
     "split_loaders": Case(  # {x: DataLoader(...) for x in splits}, one loop over the phases
         args=["--batch-size", str(B), "--epochs", "2"], train_size=384, epochs=2,
         per_epoch=[r"epoch \d train loss", r"epoch \d val loss"], once=[r"(?m)^split loaders done"],
