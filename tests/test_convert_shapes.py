@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from ddpify.engine import convert_source
+from ddpify.engine import ConvertOptions, convert_source
 
 
 def convert(code: str, tail: str = ""):
@@ -222,3 +222,39 @@ def test_a_step_helper_called_per_batch_is_not_full_batch():
     assert [t.message.split(":")[0] for t in result.todos] == [
         "the data is not read through a DataLoader, so every process trains on all of it"
     ]
+
+
+def test_global_batch_on_hand_made_batches_says_what_to_divide():
+    code = """
+        import torch
+        batch_size = 8
+        data = torch.randn(100, 3)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            ix = torch.randint(len(data), (batch_size,))
+            model(data[ix]).sum().backward()
+            optimizer.step()
+        """
+    result = convert_source(textwrap.dedent(code), "train.py", ConvertOptions(global_batch=True))
+    assert [t.message for t in result.todos] == [
+        "--global-batch: this script cuts its own batches, so divide its batch size by dist.get_world_size() where it is set"
+    ]
+
+
+def test_global_batch_before_the_process_group_reads_the_environment():
+    code = """
+        import torch
+        from torch.utils.data import DataLoader
+        loader = DataLoader(list(range(64)), batch_size=16, shuffle=True)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = torch.nn.Linear(1, 1).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for x in loader:
+                model(x.float().unsqueeze(1)).sum().backward()
+                optimizer.step()
+        """
+    result = convert_source(textwrap.dedent(code), "train.py", ConvertOptions(global_batch=True))
+    assert 'batch_size=16 // int(os.environ.get("WORLD_SIZE", 1))' in result.code
+    assert result.code.index("DataLoader(") < result.code.index("dist.init_process_group(")

@@ -51,7 +51,7 @@ def run(ctx: Context) -> None:
         edits.need_import("torch.utils.data.distributed", "DistributedSampler")
         edits.change(script.line(loader.stmt), f"`{loader.name}` reads this process's shard through `{sampler}`")
         if ctx.options.global_batch:
-            _split_batch(ctx, loader)
+            split_batch(ctx, loader)
         for epoch in script.epoch_loops[loader.name]:
             visible = epoch.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
             set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
@@ -120,18 +120,19 @@ def _bound_call(ctx: Context, value: cst.BaseExpression, loader: Loader) -> cst.
     return found
 
 
-def _split_batch(ctx: Context, loader: Loader) -> None:
+def split_batch(ctx: Context, loader: Loader) -> None:
     """--global-batch: each process takes batch_size // world_size of the script's batch."""
     script, edits = ctx.script, ctx.edits
     args = N.positional(loader.call)
     arg = N.keyword(loader.call, "batch_size") or (args[1] if len(args) > 1 else None)
     if arg is None:
-        edits.todo(loader.stmt, script.line(loader.stmt), "divide this loader's batch size by dist.get_world_size()")
+        edits.todo(loader.stmt, script.line(loader.stmt), "divide this loader's batch size by the world size (dist.get_world_size())")
         return
     code = script.module.code_for_node(arg.value)
     if not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Integer, cst.Subscript, cst.Call)):
         code = f"({code})"
-    edits.replace(arg.value, edits.expression(f"{code} // dist.get_world_size()"))
+    world = ctx.rank_and_world(loader.stmt)[1]
+    edits.replace(arg.value, edits.expression(f"{code} // {world}"))
     edits.change(
         script.line(loader.stmt),
         f"per-process batch is {code} // world size (a remainder is dropped: pick a divisible batch size)",

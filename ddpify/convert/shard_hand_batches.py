@@ -37,6 +37,10 @@ FULL_BATCH = (
     "full-batch training: every process takes the same step on all the data (DDP averages identical "
     "gradients), which is correct but no faster with more processes"
 )
+GLOBAL_BATCH = (
+    "--global-batch: this script cuts its own batches, so divide its batch size by "
+    "dist.get_world_size() where it is set"
+)
 SEED_AFTER_SETUP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches\n"
 
 
@@ -49,16 +53,25 @@ def run(ctx: Context) -> None:
         return
     scope = script.scope_of(backward)
     loop = script.enclosing_loop(backward, scope)
-    if loop is not None and _shard_rows(ctx, loop, scope):
-        return
-    if loop is not None and _random_draws(ctx, loop):
-        _seed_by_rank(ctx, loop)
-        return
+    if loop is not None:
+        if _shard_rows(ctx, loop, scope):
+            _global_batch_todo(ctx, loop)
+            return
+        if _random_draws(ctx, loop):
+            _seed_by_rank(ctx, loop)
+            _global_batch_todo(ctx, loop)
+            return
     stmt = loop or script.statement_line(backward)
     if _full_batch(ctx, loop, scope):
         ctx.edits.change(script.line(stmt), FULL_BATCH)
         return
     ctx.edits.todo(stmt, script.line(stmt), TODO)
+
+
+def _global_batch_todo(ctx: Context, loop: cst.For) -> None:
+    """--global-batch divides DataLoader batch sizes; hand-made batches are the script's own."""
+    if ctx.options.global_batch:
+        ctx.edits.todo(loop, ctx.script.line(loop), GLOBAL_BATCH)
 
 
 def _full_batch(ctx: Context, loop: cst.For | None, scope: ScopeNode) -> bool:

@@ -20,7 +20,7 @@ from ddpify.analysis.script import Loader, SplitLoaders, ref_of
 from ddpify.convert.context import RANK0, Context
 from ddpify.convert.edits import append_arg, keyword_arg
 from ddpify.convert.evaluate_distributed import SLICE, define_helper, per_rank_denominator, reduce_after
-from ddpify.convert.shard_data import BEFORE_INIT, loader_dataset, sampler_name, set_epoch
+from ddpify.convert.shard_data import BEFORE_INIT, loader_dataset, sampler_name, set_epoch, split_batch
 
 SAMPLER = "DistributedSampler({dataset}, shuffle={shuffle}{extra})"
 
@@ -75,6 +75,8 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
         edits.insert_before(split.stmt, f"{name} = {{\n{entries}}}\n")
         _set_sampler(ctx, split.calls[train], f"{name}[{split.key_var}]")
         train_sampler = f"{name}[{split.keys[train]}]"
+    if ctx.options.global_batch:
+        split_batch(ctx, _named_loader(ctx, split.calls[train]) or Loader(split.name, split.calls[train], split.stmt, split.scope))
     edits.need_import("torch.utils.data.distributed", "DistributedSampler")
     edits.change(line, f"`{split.name}[{split.keys[train]}]` reads this process's shard; the other splits a slice per rank")
     reduced = False
