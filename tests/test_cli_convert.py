@@ -143,7 +143,7 @@ def test_hand_made_batches_convert_with_a_todo_at_the_loop(tmp_path: Path) -> No
     src = tmp_path / "nodata.py"
     src.write_text(
         "import torch\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "for _ in range(3):\n    opt.zero_grad()\n    model(torch.ones(1, 2)).sum().backward()\n    opt.step()\n"
+        "for x in [torch.ones(1, 2), torch.zeros(1, 2)]:\n    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\n"
     )
     out = tmp_path / "out.py"
     result = ddpify("convert", str(src), "-o", str(out))
