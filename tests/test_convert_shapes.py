@@ -258,3 +258,28 @@ def test_global_batch_before_the_process_group_reads_the_environment():
     result = convert_source(textwrap.dedent(code), "train.py", ConvertOptions(global_batch=True))
     assert 'batch_size=16 // int(os.environ.get("WORLD_SIZE", 1))' in result.code
     assert result.code.index("DataLoader(") < result.code.index("dist.init_process_group(")
+
+
+def test_random_batches_reseed_after_the_data_and_once_before_the_epochs():
+    result = convert(
+        """
+        import torch
+        torch.manual_seed(0)
+        data = torch.randn(100, 3)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def train_epoch():
+            for step in range(10):
+                ix = torch.randint(len(data), (8,))
+                model(data[ix]).sum().backward()
+                optimizer.step()
+
+        for epoch in range(3):
+            train_epoch()
+        """
+    )
+    code, seed = result.code, "torch.manual_seed(torch.initial_seed() + dist.get_rank())"
+    assert result.todos == [] and code.count(seed) == 1
+    assert code.index("data = torch.randn(100, 3)") < code.index(seed) < code.index("for epoch in range(3):")
+    assert "torch.manual_seed(0)\n" in code  # the data and the weights are still the same on every rank

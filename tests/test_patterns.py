@@ -137,7 +137,7 @@ CASES: dict[str, Case] = {
     "hand_batches": Case(  # nanoGPT-style random batches: the seed is offset by rank
         args=["--max-iters", "30", "--eval-interval", "10", "--batch-size", str(B)], train_size=None,
         once=[r"bigram training done"], checkpoints={"bigram.pt": 1},
-        in_code=["torch.manual_seed(1337 + dist.get_rank())"],
+        in_code=["torch.manual_seed(torch.initial_seed() + dist.get_rank())  # each process draws its own batches\nfor it in range("],
     ),
     "hand_batches_sequential": Case(  # batchify + bptt steps: each rank a block of rows
         args=["--batch-size", "8", "--epochs", "2"], train_size=None,

@@ -6,10 +6,9 @@
   keeps its own contiguous block of the tensor's rows (or a list's items), every block the same
   length, so every process takes the same number of steps.
 * Random batches, as in nanoGPT: `torch.randint(len(data) - block_size, (batch_size,))` in the
-  training loop or a helper it calls. Each process draws its own batches: the script's seeds are
-  offset by the rank (nanoGPT's `seed_offset`), or, without a torch seed, one is set after setup
-  (torch's default seed is the same in every process). DDP still starts every rank from rank 0's
-  weights.
+  training loop or a helper it calls. Each process draws its own batches: torch is re-seeded
+  with its seed + rank right before training (torch's default seed is the same in every process),
+  so data and weights made before are still the same on every rank.
 * Full-batch training (each step on all the data, e.g. a GCN over one graph): left replicated,
   which is correct (every rank computes the same gradient), and said so in the summary.
 * Anything else (custom indexing): a TODO says what to do.
@@ -41,7 +40,7 @@ GLOBAL_BATCH = (
     "--global-batch: this script cuts its own batches, so divide its batch size by "
     "dist.get_world_size() where it is set"
 )
-SEED_AFTER_SETUP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches\n"
+SEED_BEFORE_TRAINING = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches\n"
 
 
 def run(ctx: Context) -> None:
@@ -181,26 +180,82 @@ def _random_draws(ctx: Context, loop: cst.For) -> bool:
         fn = script.local_function(call)
         if fn is not None:
             calls += script.calls_in(fn)
-    return any(script.is_call_to(c, N.RANDOM_DRAWS) and N.keyword(c, "generator") is None for c in calls)
+    return any(_draws(script, c) for c in calls)
+
+
+def _draws(script, call: cst.Call) -> bool:
+    """A random draw from the global generator (not a `generator=` of the script's own)."""
+    return script.is_call_to(call, N.RANDOM_DRAWS) and N.keyword(call, "generator") is None
 
 
 def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
-    """Offset every seed the script sets by the rank; set one after setup when torch has none."""
+    """Each process draws its own batches: torch is re-seeded with its seed + rank just before the
+    training starts (data and weights made earlier stay the same on every rank), and numpy's or
+    random's seeds, if the script sets them, are offset by the rank."""
     script, edits = ctx.script, ctx.edits
-    seeds = [c for c in script.calls if script.is_call_to(c, N.SEEDS) and len(c.args) == 1]
-    for call in seeds:
-        rank, _ = ctx.rank_and_world(call)
+    calls = list(script.calls_in(loop))
+    calls += [c for call in list(calls) if (fn := script.local_function(call)) for c in script.calls_in(fn)]
+    draws = {name.split(".")[0] for c in calls if _draws(script, c) for name in script.names(c.func) & N.RANDOM_DRAWS}
+    if "torch" in draws:
+        start = _runs_once_before(ctx, loop)
+        if start is None:
+            edits.todo(loop, script.line(loop), "seed each process differently (torch.manual_seed(seed + rank)) so ranks draw different batches")
+        else:
+            rank = ctx.rank_and_world(start)[0]
+            edits.insert_before(start, SEED_BEFORE_TRAINING.format(rank=rank))
+            edits.change(script.line(loop), "batches are drawn at random: torch is seeded with its seed + rank before training")
+    for call in script.calls:
+        seeds_module = {name.split(".")[0] for name in script.names(call.func) & N.SEEDS} - {"torch"}
+        if not seeds_module & draws or len(call.args) != 1:
+            continue
         value = call.args[0].value
         code = script.module.code_for_node(value)
         if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
             code = f"({code})"
-        edits.replace(value, edits.expression(f"{code} + {rank}"))
+        edits.replace(value, edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
         edits.change(script.line(call), "the seed is offset by the rank: each process draws its own random batches")
-    if not any(script.is_call_to(c, N.TORCH_SEED) for c in seeds):
-        block = script.block_of(ctx.setup_scope).body
-        anchor = block[ctx.init_index] if ctx.init_index < len(block) else None
-        if anchor is None:
-            edits.todo(loop, script.line(loop), "seed each process differently (torch.manual_seed(seed + rank)) so ranks draw different batches")
-            return
-        edits.insert_before(anchor, SEED_AFTER_SETUP.format(rank=ctx.rank_and_world(anchor)[0]))
-        edits.change(script.line(loop), "batches are drawn at random: each process seeds torch with its rank")
+
+
+def _runs_once_before(ctx: Context, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
+    """The statement right before which code runs once, just before `node` does: the outermost
+    loop around it in its function, or the function's call when it runs more than once."""
+    script = ctx.script
+    scope = script.scope_of(node)
+    while (outer := script.enclosing_loop(node, scope)) is not None:
+        node = outer
+    if isinstance(scope, cst.Module) or _runs_once(ctx, scope):
+        start = node if isinstance(node, cst.For) else script.statement_line(node)
+        return _first_draw_before(ctx, start)
+    callers = [c for c in script.calls if script.local_function(c) is scope]
+    return _runs_once_before(ctx, callers[0], depth + 1) if len(callers) == 1 and depth < 5 else None
+
+
+def _first_draw_before(ctx: Context, start: cst.CSTNode | None) -> cst.CSTNode | None:
+    """nanoGPT draws its first batch just above the loop: start there (not above a seed call)."""
+    script = ctx.script
+    block = script.parent(start) if start is not None else None
+    body = list(getattr(block, "body", ()))
+    if start not in body:
+        return start
+    for stmt in reversed(body[: body.index(start)]):
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue  # defined here, run later
+        calls = script.calls_in(stmt)
+        if any(script.is_call_to(c, N.SEEDS) for c in calls):
+            break
+        helpers = [fn for c in calls if (fn := script.local_function(c))]
+        if any(_draws(script, d) for fn in helpers for d in script.calls_in(fn)):
+            start = stmt  # e.g. `X, Y = get_batch("train")`
+    return start
+
+
+def _runs_once(ctx: Context, fn: cst.FunctionDef, depth: int = 0) -> bool:
+    """Is `fn` called from exactly one place, outside any loop, by code that runs once?"""
+    script = ctx.script
+    callers = [c for c in script.calls if script.local_function(c) is fn]
+    if len(callers) != 1 or depth > 5:
+        return False
+    caller = script.scope_of(callers[0])
+    if script.enclosing_loop(callers[0], caller) is not None:
+        return False
+    return isinstance(caller, cst.Module) or _runs_once(ctx, caller, depth + 1)
