@@ -23,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 
 def all_reduce_sum(value):
-    """Sum a metric over all processes (each one evaluated its own slice of the data)."""
+    """Sum a metric over all processes (each one saw its own part of the data)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
     total = torch.as_tensor(value, dtype=torch.float64, device=device).clone()
     dist.all_reduce(total)

@@ -283,3 +283,29 @@ def test_random_batches_reseed_after_the_data_and_once_before_the_epochs():
     assert result.todos == [] and code.count(seed) == 1
     assert code.index("data = torch.randn(100, 3)") < code.index(seed) < code.index("for epoch in range(3):")
     assert "torch.manual_seed(0)\n" in code  # the data and the weights are still the same on every rank
+
+
+def test_training_sums_reset_each_epoch_are_reduced_but_step_counters_are_not():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        global_step = 0
+        for epoch in range(3):
+            running = 0.0
+            for batch_idx, x in enumerate(loader):
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                running += loss.item()
+                global_step += 1
+            print(epoch, global_step, running / (batch_idx + 1))
+        """
+    )
+    code = result.code
+    assert "running = all_reduce_sum(running) / dist.get_world_size()\n" in code  # per-rank batch count: averaged
+    assert "global_step = all_reduce_sum" not in code  # carries over epochs: a counter, not a metric
+    assert code.count("all_reduce_sum(") == 2  # the helper and the one call

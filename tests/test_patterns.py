@@ -169,6 +169,11 @@ CASES: dict[str, Case] = {
         equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
                      ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
     ),
+    "train_metrics_stop": Case(  # stop on the training loss; test() for two loaders; evaluation inside saves
+        args=["--batch-size", str(B), "--no-shuffle"], train_size=384, epochs=None,  # early stop: see its own test
+        once=[r"converged at epoch \d+", r"train-metrics run done"], checkpoints={"stop_best.pt": None},
+        equivalence=(["--batch-size", str(B), "--no-shuffle"], ["--batch-size", str(NPROC * B), "--no-shuffle"]),
+    ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
         in_code=["SyncBatchNorm.convert_sync_batchnorm("],
@@ -551,6 +556,26 @@ def test_split_metrics_equal_single_process(runs, name):
     assert [g[:2] for g in got] == [w[:2] for w in want] and len(got) == 4
     for g, w in zip(got, want):
         assert float(g[2]) == pytest.approx(float(w[2]), abs=2e-6) and g[3] == w[3], (g, w)
+
+
+def test_train_metrics_stop_like_one_process(runs):
+    """Training sums and evaluation sums add up over ranks: rank 0 prints what one process with
+    twice the batch prints, both ranks stop at the same epoch (no hang), and the evaluation called
+    inside torch.save(...) and json.dump(...) ran on every rank."""
+    name = "train_metrics_stop"
+    traces = ran(runs.dist, name)
+    reference = ran(runs.single, f"{name}_reference", world_size=1)[0]
+    metric = r"(?m)^(epoch \d+ train_loss|val loss|test loss|final loss)=([\d.]+)(?: correct=(\d+)/\d+)?$"
+    got, want = re.findall(metric, traces[0]["stdout"]), re.findall(metric, reference["stdout"])
+    assert [g[0] for g in got] == [w[0] for w in want] and len(got) > 6, (got, want)
+    for g, w in zip(got, want):
+        assert float(g[1]) == pytest.approx(float(w[1]), abs=2e-6) and g[2] == w[2], (g, w)
+    stopped = re.findall(r"converged at epoch (\d+)", reference["stdout"])
+    assert stopped and re.findall(r"converged at epoch (\d+)", traces[0]["stdout"]) == stopped
+    passes = [len(train_passes(t, 384)) for t in traces]
+    assert passes == [int(stopped[0]) + 1] * NPROC, f"training passes per rank: {passes}"
+    summary = json.loads((runs.dist.cwd / name / "stop_summary.json").read_text())
+    assert summary == json.loads((runs.single.cwd / f"{name}_reference" / "stop_summary.json").read_text())
 
 
 def test_hand_batches_ranks_draw_their_own_batches(runs):

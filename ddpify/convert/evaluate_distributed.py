@@ -23,7 +23,7 @@ from ddpify.convert.shard_data import loader_dataset, sampler_name
 ALL_REDUCE_SUM = '''
 
 def all_reduce_sum(value):
-    """Sum a metric over all processes (each one evaluated its own slice of the data)."""
+    """Sum a metric over all processes (each one saw its own part of the data)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
     total = torch.as_tensor(value, dtype=torch.float64, device=device).clone()
     dist.all_reduce(total)
@@ -38,7 +38,7 @@ def run(ctx: Context) -> None:
     script = ctx.script
     if ctx.options.eval_on_rank0:
         return
-    reduced = False
+    reduced, done = False, set()
     for loader in script.loaders:
         loops = script.eval_loops.get(loader.name)
         if loader in script.train_loaders or not loops:
@@ -51,7 +51,9 @@ def run(ctx: Context) -> None:
             continue
         _slice(ctx, loader)
         for loop in loops:
-            reduced |= reduce_after(ctx, loop)
+            if loop not in done:  # one helper may evaluate several loaders (`test(model, val_loader)`)
+                done.add(loop)
+                reduced |= reduce_after(ctx, loop)
     if reduced:
         define_helper(ctx)
 
@@ -113,6 +115,18 @@ def _slice(ctx: Context, loader: Loader) -> None:
 def reduce_after(ctx: Context, loop: cst.For) -> bool:
     """Sum the loop's `x += ...` accumulators over ranks right after it."""
     script, edits = ctx.script, ctx.edits
+    sums, appends = accumulators(loop)
+    if appends:
+        edits.todo(loop, script.line(loop), "this evaluation collects per-sample results: gather them from all ranks (dist.all_gather_object)")
+    if not sums:
+        return False
+    edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name})\n" for name in sums))
+    edits.change(script.line(loop), f"evaluation sums over all ranks: {', '.join(sums)}")
+    return True
+
+
+def accumulators(loop: cst.For) -> tuple[list[str], bool]:
+    """The names the loop adds to with `+=`, and whether it appends to lists."""
     sums: list[str] = []
     appends = False
 
@@ -126,13 +140,7 @@ def reduce_after(ctx: Context, loop: cst.For) -> bool:
             appends = appends or N.call_name(node) in ("append", "extend")
 
     loop.body.visit(_Accumulators())
-    if appends:
-        edits.todo(loop, script.line(loop), "this evaluation collects per-sample results: gather them from all ranks (dist.all_gather_object)")
-    if not sums:
-        return False
-    edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name})\n" for name in sums))
-    edits.change(script.line(loop), f"evaluation sums over all ranks: {', '.join(sums)}")
-    return True
+    return sums, appends
 
 
 def define_helper(ctx: Context) -> None:
@@ -146,6 +154,14 @@ def define_helper(ctx: Context) -> None:
         module.body[-1],
     )
     ctx.edits.insert_before(anchor, ALL_REDUCE_SUM)
+    blank = 0
+    for line in anchor.leading_lines:
+        if line.comment is not None:
+            break
+        blank += 1
+    if blank < 2:  # two blank lines after a top-level function
+        pad = [cst.EmptyLine()] * (2 - blank)
+        ctx.edits.rewrite(anchor, lambda updated: updated.with_changes(leading_lines=[*pad, *updated.leading_lines]))
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:

@@ -32,7 +32,8 @@ def run(ctx: Context) -> None:
     eval_helpers = {script.local_function(c) for c in script.eval_calls} if rank0_eval else set()
     writers = _rank0_writers(ctx)
     targets: dict[cst.CSTNode, str] = {}
-    hoisted: set[cst.CSTNode] = set()  # prints whose model-running calls now run before them
+    hoisted: set[cst.CSTNode] = set()  # statements whose model-running calls now run before them
+    moved: set[cst.Call] = set()  # those calls
     for call in script.calls:
         line = script.statement_line(call)
         if script.scope_of(call) in eval_helpers:
@@ -41,6 +42,8 @@ def run(ctx: Context) -> None:
             stmt = script.parent(script.parent(call))  # Call -> WithItem -> With
             if isinstance(stmt, cst.With) and not _runs_model(ctx, stmt):
                 targets[stmt] = ctx.rank0_condition(stmt)
+                if _hoist_model_calls(ctx, stmt, stmt, moved):
+                    hoisted.add(stmt)
             continue
         if line is None or len(line.body) != 1 or getattr(line.body[0], "value", None) is not call:
             continue
@@ -51,7 +54,7 @@ def run(ctx: Context) -> None:
             or (owner is not None and ref_of(owner) in writers)
         ):
             targets[line] = ctx.rank0_condition(line)
-            if script.is_call_to(call, N.PRINT | N.LOGGING_CALLS) and _hoist_model_calls(ctx, line, call):
+            if _hoist_model_calls(ctx, line, call, moved):
                 hoisted.add(line)
     for call in script.eval_calls:
         if rank0_eval:
@@ -84,29 +87,36 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: s
             edits.change(script.line(line), "runs on rank 0 only")
 
 
-def _hoist_model_calls(ctx: Context, line: cst.SimpleStatementLine, call: cst.Call) -> bool:
-    """`print(..., evaluate(val_data))`: the script's helper runs the model, so it runs on every
-    rank before the guarded print (`evaluate_result = evaluate(val_data)`), never behind it."""
+def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved: set[cst.Call]) -> bool:
+    """`print(..., evaluate(val_data))`, `torch.save({"acc": evaluate(test_loader)}, path)`, or
+    `with open(path, "w")` around such a call: the script's helper runs the model (and its
+    collectives), so it runs on every rank before the guarded statement
+    (`evaluate_result = evaluate(val_data)`), never behind it."""
     script, edits = ctx.script, ctx.edits
     hoisted = False
-    for inner in script.calls_in(call):
+    for inner in script.calls_in(node):
         fn = script.local_function(inner)
-        if fn is None or inner is call or not _runs_any_model(ctx, fn):
+        if fn is None or inner is node or inner in moved or not _runs_any_model(ctx, fn):
             continue
-        if any(script.local_function(a) for a in script.ancestors(inner) if isinstance(a, cst.Call) and a is not call):
+        outer = [a for a in script.ancestors(inner) if isinstance(a, cst.Call) and script.inside(a, node)]
+        if any(script.local_function(a) for a in outer if a is not node):
             continue  # inside another helper call: that one is hoisted whole
         name = _free_name(script, f"{fn.name.value}_result")
         edits.insert_before(line, f"{name} = {script.module.code_for_node(inner)}\n")
         edits.replace(inner, cst.Name(name))
-        edits.change(script.line(inner), f"`{fn.name.value}(...)` runs the model: every rank calls it, rank 0 prints")
+        edits.change(script.line(inner), f"`{fn.name.value}(...)` runs the model: every rank calls it, then rank 0 uses the result")
+        moved.add(inner)
         hoisted = True
     return hoisted
 
 
 def _runs_any_model(ctx: Context, fn: cst.FunctionDef) -> bool:
+    """Does the helper call a model, or hold an evaluation loop (whose sums get all-reduced)?"""
     script = ctx.script
     models = set(script.models) | set().union(*script.ddp_names.values())
-    return any(ref_of(c.func) in models for c in script.calls_in(fn))
+    if any(ref_of(c.func) in models for c in script.calls_in(fn)):
+        return True
+    return any(script.inside(loop, fn) for loops in script.eval_loops.values() for loop in loops)
 
 
 def _free_name(script, name: str) -> str:

@@ -1,0 +1,86 @@
+"""Training metrics add up over ranks: each epoch's sums are all-reduced after the pass.
+
+    epoch_loss = 0.0
+    for x, y in train_loader:
+        ...
+        epoch_loss += loss.item() * x.size(0)
+    epoch_loss = all_reduce_sum(epoch_loss)   # inserted: one collective per epoch
+    epoch_loss /= len(train_loader.dataset)
+    if epoch_loss < 0.1: break                # every rank decides the same
+
+Each rank sums only its own shard, so without this rank 0 logs half the story and, worse,
+a `break` or best-model decision taken on the sum differs between ranks (one stops, the other
+waits in its next all-reduce forever). Only sums that are reset before the pass (per-epoch
+metrics, not step counters that carry over) and read after it are reduced. When the code
+after the pass divides by this rank's batch count (`len(train_loader)`, `batch_idx + 1`),
+the sums are averaged over ranks instead, which keeps those averages right.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis.script import ScopeNode
+from ddpify.convert.context import Context
+from ddpify.convert.evaluate_distributed import accumulators, define_helper, per_rank_denominator
+
+
+def run(ctx: Context) -> None:
+    script = ctx.script
+    done: set[cst.For] = set()
+    for loader in script.train_loaders:
+        for epoch in script.epoch_loops.get(loader.name, []):
+            inner = epoch.inner
+            if inner is None or inner in done:
+                continue
+            done.add(inner)
+            sums = [name for name in accumulators(inner)[0] if _reset_before(ctx, name, inner, epoch.loop) and _read_after(ctx, name, inner)]
+            if sums:
+                _reduce(ctx, inner, sums)
+
+
+def _reduce(ctx: Context, loop: cst.For, sums: list[str]) -> None:
+    average = per_rank_denominator(ctx, loop)
+    world = ctx.rank_and_world(loop)[1]
+    tail = f" / {world}" if average else ""
+    ctx.edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name}){tail}\n" for name in sums))
+    how = "averaged" if average else "summed"
+    ctx.edits.change(
+        ctx.script.line(loop),
+        f"training metrics {how} over all ranks after each pass: {', '.join(sums)} (every rank logs and decides on the same numbers)",
+    )
+    define_helper(ctx)
+
+
+def _reset_before(ctx: Context, name: str, loop: cst.For, epoch_loop: cst.For) -> bool:
+    """`name = ...` runs before every pass: in the epoch loop's body, or earlier in the helper
+    that holds the pass (the helper runs once an epoch)."""
+    script = ctx.script
+    scope: ScopeNode = script.scope_of(loop)
+    start = script.line(loop)
+    for assign in script.assigns.get(scope, []):
+        names = {n.value for target in assign.targets for n in _bound_names(target.target)}
+        if name not in names or script.line(assign) >= start:
+            continue
+        if isinstance(scope, cst.FunctionDef) and scope is not script.scope_of(epoch_loop):
+            return True
+        if script.inside(assign, epoch_loop) and epoch_loop is not loop:
+            return True
+    return False
+
+
+def _bound_names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for element in target.elements for n in _bound_names(element.value)]
+    return []
+
+
+def _read_after(ctx: Context, name: str, loop: cst.For) -> bool:
+    """Is `name` used after the pass, in the same function (a log, a return, a decision)?"""
+    script = ctx.script
+    end = script.positions[loop].end.line
+    body = script.body_of(script.scope_of(loop))
+    return any(script.line(found) > end for found in m.findall(body, m.Name(name)))
