@@ -174,6 +174,10 @@ CASES: dict[str, Case] = {
         once=[r"converged at epoch \d+", r"train-metrics run done"], checkpoints={"stop_best.pt": None},
         equivalence=(["--batch-size", str(B), "--no-shuffle"], ["--batch-size", str(NPROC * B), "--no-shuffle"]),
     ),
+    "step_based": Case(  # three step-based loops, no epochs: see its own test (shuffled run: "step_based_shuffled")
+        args=["--batch-size", str(B)], train_size=None, ddp_wrapped=3, checkpoints={"step_based.pt": 1},
+        equivalence=(["--batch-size", str(B), "--no-shuffle"], ["--batch-size", str(NPROC * B), "--no-shuffle"]),
+    ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
         in_code=["SyncBatchNorm.convert_sync_batchnorm("],
@@ -352,6 +356,8 @@ def runs(tmp_path_factory):
         if name == "resume_checkpoint":
             entry["cwd"] = "resume"
         plan.append(entry)
+        if name == "step_based":  # equivalence runs without shuffling; this one shuffles
+            plan.append({"label": "step_based_shuffled", "script": str(golden(name)), "args": case.args})
         if name == "resume_checkpoint":  # a second converted run resumes from the first one's checkpoint
             resumed = ["--batch-size", str(B), "--epochs", "4", "--resume", "checkpoint.pt", "--checkpoint", "resumed.pt"]
             plan.append({"label": "resume_again", "script": str(golden(name)), "args": resumed, "cwd": "resume"})
@@ -576,6 +582,18 @@ def test_train_metrics_stop_like_one_process(runs):
     assert passes == [int(stopped[0]) + 1] * NPROC, f"training passes per rank: {passes}"
     summary = json.loads((runs.dist.cwd / name / "stop_summary.json").read_text())
     assert summary == json.loads((runs.single.cwd / f"{name}_reference" / "stop_summary.json").read_text())
+
+
+def test_step_based_passes_are_sharded_and_reshuffled(runs):
+    """2.5 passes over each loader without an epoch loop: every complete pass gives the ranks
+    disjoint halves, and each new pass is a new shuffle (set_epoch advanced per pass)."""
+    traces = ran(runs.dist, "step_based_shuffled")
+    assert len(re.findall(r"step-based done", traces[0]["stdout"])) == 1 and traces[1]["stdout"] == ""
+    for size in (256, 320, 384):  # next()/iter(), while + for, generator
+        check_disjoint_shards(traces, size, 2)
+        for rank, t in enumerate(traces):
+            first, second = train_passes(t, size)
+            assert first != second, f"loader over {size}: rank {rank} saw the same order in both passes"
 
 
 def test_hand_batches_ranks_draw_their_own_batches(runs):

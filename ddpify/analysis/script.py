@@ -52,6 +52,17 @@ class EpochLoop:
 
 
 @dataclass
+class PassStart:
+    """Where step-based training starts a new pass over a training loader without an epoch
+    loop: `iter(loader)` (again after StopIteration), a `for` over it inside a `while`, or the
+    `for` of a generator helper that hands out its batches forever."""
+
+    stmt: cst.CSTNode
+    scope: ScopeNode
+    loader_expr: str  # the loader as named in `scope`
+
+
+@dataclass
 class SplitLoaders:
     """One DataLoader per split, picked as `loaders[phase]` in a loop over the splits:
     `{x: DataLoader(...) for x in ["train", "val"]}` or `{"train": DataLoader(...), ...}`."""
@@ -95,6 +106,7 @@ class Script:
     split_loaders: list[SplitLoaders] = field(default_factory=list)
     train_loaders: list[Loader] = field(default_factory=list)
     epoch_loops: dict[str, list[EpochLoop]] = field(default_factory=dict)
+    pass_starts: dict[str, list[PassStart]] = field(default_factory=dict)  # step-based training
     training_functions: set[cst.FunctionDef] = field(default_factory=set)
     eval_calls: list[cst.Call] = field(default_factory=list)
     eval_loops: dict[str, list[cst.For]] = field(default_factory=dict)  # loader -> loops over it
@@ -430,9 +442,11 @@ def _find_loaders(script: Script) -> None:
             more = _epoch_loops(script, name, scope, depth=0)
             if more is not None:
                 loops = (loops or []) + more
-        if loops is not None:
+        starts = _pass_starts(script, loader.name, loader.scope)
+        if loops is not None or starts:
             script.train_loaders.append(loader)
-            script.epoch_loops[loader.name] = loops
+            script.epoch_loops[loader.name] = loops or []
+            script.pass_starts[loader.name] = starts
 
 
 def _add_to_split(script: Script, call: cst.Call) -> bool:
@@ -602,6 +616,59 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
             elif inner is not None:
                 found = (found or []) + inner
     return found
+
+
+def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> list[PassStart]:
+    """Step-based training over loader `ref`: the statements that start each new pass."""
+    found: list[PassStart] = []
+    if depth > 3:
+        return found
+    for where in script.scopes_for(ref, scope):
+        for loop in _loops_in(script, where):  # `while step < max_steps: for batch in loader:`
+            if (
+                mentions(loop.iter, ref)
+                and _has_backward(script, loop.body)
+                and script.enclosing_loop(loop, where) is None
+                and any(isinstance(a, cst.While) for a in _ancestors_in(script, loop, where))
+            ):
+                found.append(PassStart(loop, where, ref))
+        for call in script.calls_in(where):
+            if script.scope_of(call) is not where:
+                continue
+            fn = script.local_function(call)
+            param = param_receiving(fn, call, ref) if fn is not None else None
+            if m.matches(call.func, m.Name("iter")) and call.args and mentions(call.args[0].value, ref):
+                if _drawn_in_training(script, call, where):  # `it = iter(loader)`
+                    found.append(PassStart(script.statement_line(call) or call, where, ref))
+            elif param and m.findall(fn, m.Yield()) and _drawn_in_training(script, call, where):
+                # `batches = infinite_loader(loader)`: each pass of the generator's own loop
+                found += [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
+            elif param and fn in script.training_functions:  # `train(model, loader, max_steps)`
+                found += _pass_starts(script, param, fn, depth + 1)
+    return found
+
+
+def _ancestors_in(script: Script, node: cst.CSTNode, scope: ScopeNode) -> list[cst.CSTNode]:
+    found = []
+    for anc in script.ancestors(node):
+        if anc is scope:
+            break
+        found.append(anc)
+    return found
+
+
+def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
+    """`it = <call>` and `next(it)` inside a loop of `scope` that calls backward."""
+    assign = script.parent(call)
+    if not isinstance(assign, cst.Assign) or not isinstance(assign.targets[0].target, cst.Name):
+        return False
+    name = assign.targets[0].target.value
+    for draw in script.calls_in(scope):
+        if m.matches(draw, m.Call(func=m.Name("next"), args=[m.Arg(m.Name(name)), m.ZeroOrMore()])):
+            loops = [a for a in _ancestors_in(script, draw, scope) if isinstance(a, (cst.For, cst.While))]
+            if any(_has_backward(script, loop.body) for loop in loops):
+                return True
+    return False
 
 
 def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str, inner: cst.For) -> list[EpochLoop]:

@@ -18,6 +18,7 @@ SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle}{extra})\n
 # Before the process group exists the sampler reads its place from torchrun's environment.
 BEFORE_INIT = ', num_replicas=int(os.environ.get("WORLD_SIZE", 1)), rank=int(os.environ.get("RANK", 0))'
 SET_EPOCH = "{sampler}.set_epoch({epoch})\n"
+NEXT_EPOCH = "{sampler}.set_epoch({sampler}.epoch + 1)  # a new pass: a new shuffle, the same on every rank\n"
 
 
 def run(ctx: Context) -> None:
@@ -28,6 +29,7 @@ def run(ctx: Context) -> None:
     if script.loaders and not script.train_loaders:
         first = script.loaders[0]
         edits.todo(first.stmt, script.line(first.stmt), "could not tell which DataLoader trains: give it a DistributedSampler and call set_epoch(epoch) every epoch")
+    started: set[cst.CSTNode] = set()
     for loader in script.train_loaders:
         if _iterable(ctx, loader):
             edits.todo(
@@ -55,6 +57,12 @@ def run(ctx: Context) -> None:
         for epoch in script.epoch_loops[loader.name]:
             visible = epoch.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
             set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
+        for start in script.pass_starts[loader.name]:
+            if start.stmt in started:
+                continue  # one helper trains several loaders: `loader.sampler` serves them all
+            started.add(start.stmt)
+            visible = start.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
+            _next_epoch(ctx, start.stmt, sampler if visible else f"{start.loader_expr}.sampler")
 
 
 def _iterable(ctx: Context, loader: Loader) -> bool:
@@ -183,6 +191,12 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
         return f'{kwargs}.get("shuffle", False)'
     edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
     return "False"
+
+
+def _next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str) -> None:
+    """Step-based training has no epoch number: every new pass advances the sampler's own."""
+    ctx.edits.insert_before(stmt, NEXT_EPOCH.format(sampler=sampler))
+    ctx.edits.change(ctx.script.line(stmt), f"a new pass over the data: `{sampler}.set_epoch(...)` reshuffles the shards")
 
 
 def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
