@@ -309,3 +309,50 @@ def test_training_sums_reset_each_epoch_are_reduced_but_step_counters_are_not():
     assert "running = all_reduce_sum(running) / dist.get_world_size()\n" in code  # per-rank batch count: averaged
     assert "global_step = all_reduce_sum" not in code  # carries over epochs: a counter, not a metric
     assert code.count("all_reduce_sum(") == 2  # the helper and the one call
+
+
+def test_device_option_naming_a_gpu_becomes_this_process_gpu():
+    result = convert(
+        """
+        import argparse
+        import torch
+        from torch.utils.data import DataLoader
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+        args = parser.parse_args()
+        model = torch.nn.Linear(3, 1).to(args.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                model(x.to(args.device)).sum().backward()
+                optimizer.step()
+        """
+    )
+    code = result.code
+    fix = 'if args.device.startswith("cuda"):  # --device names a GPU: this process\'s own\n'
+    assert code.index("args = parser.parse_args()\n" + fix) < code.index("dist.init_process_group(")
+    assert "    args.device = f\"cuda:{os.environ.get('LOCAL_RANK', 0)}\"\n" in code
+    # the setup is not wedged between the parser's add_argument lines
+    assert code.index("local_rank = int(") > code.index("args = parser.parse_args()")
+
+
+def test_unseeded_random_split_gets_the_same_generator_on_every_rank():
+    code = """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset, random_split
+        {seed}
+        dataset = TensorDataset(torch.randn(100, 3))
+        train_set, val_set = random_split(dataset, [80, 20])
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(train_set, batch_size=8, shuffle=True)
+        for epoch in range(2):
+            for (x,) in loader:
+                model(x).sum().backward()
+                optimizer.step()
+        """
+    unseeded = convert(code.format(seed="")).code
+    assert "random_split(dataset, [80, 20], generator=torch.Generator().manual_seed(0))" in unseeded
+    seeded = convert(code.format(seed="torch.manual_seed(0)")).code
+    assert "random_split(dataset, [80, 20])\n" in seeded  # the global seed already makes it the same

@@ -52,6 +52,7 @@ RANDOM_DRAWS = frozenset(  # ways to pick batch indices at random
      "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}
 )  # fmt: skip
 TORCH_SEED = frozenset({"torch.manual_seed", "torch.random.manual_seed"})
+RANDOM_SPLIT = frozenset({"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"})
 SEEDS = TORCH_SEED | {"numpy.random.seed", "random.seed"}
 TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"})
 

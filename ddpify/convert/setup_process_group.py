@@ -27,6 +27,9 @@ ACCELERATOR_TYPE = "torch.accelerator.current_accelerator().type"
 FIXUP = """if {device}.type == "cuda":  # chosen at run time: this process's GPU
     {device} = torch.device("cuda", {local_rank})
 """
+DEVICE_OPTION = """if {option}.startswith("cuda"):  # --device names a GPU: this process's own
+    {option} = f"cuda:{{os.environ.get('LOCAL_RANK', 0)}}"
+"""
 
 INIT = """if {device_type} == "cuda":
     torch.cuda.set_device({device})
@@ -75,12 +78,43 @@ def run(ctx: Context) -> None:
         ctx.init_index = body.index(anchor)
         if not uses_gpu:
             edits.change(script.line(anchor), "the script never uses a GPU: every process trains on the CPU (gloo)")
+    _device_option(ctx)
     edits.need_import("os")
     edits.need_import("torch.distributed", asname="dist")
     edits.change(
         script.line(body[min(ctx.init_index, len(body) - 1)]),
         "process group from torchrun's environment (NCCL with CUDA after set_device, gloo on CPU)",
     )
+
+
+def _device_option(ctx: Context) -> None:
+    """`--device cuda:0` (a default or a value that names a GPU) means this process's GPU:
+    right after `args = parser.parse_args()`, a GPU device becomes `cuda:<LOCAL_RANK>`."""
+    script, edits = ctx.script, ctx.edits
+    options = [
+        c for c in script.calls
+        if N.call_name(c) == "add_argument" and c.args and m.matches(c.args[0].value, m.SimpleString())
+        and c.args[0].value.evaluated_value == "--device" and N.keyword(c, "dest") is None
+        and _names_gpu(N.keyword(c, "default"))
+    ]  # fmt: skip
+    parsed = [c for c in script.calls if N.call_name(c) == "parse_args" and isinstance(script.parent(c), cst.Assign)]
+    if not options or len(parsed) != 1:
+        return
+    target = script.parent(parsed[0]).targets[0].target
+    line = script.statement_line(parsed[0])
+    if not isinstance(target, cst.Name) or line is None:
+        return
+    edits.insert_after(line, DEVICE_OPTION.format(option=f"{target.value}.device"))
+    edits.change(script.line(line), f"`{target.value}.device` naming a GPU becomes this process's (`cuda:<LOCAL_RANK>`)")
+
+
+def _names_gpu(arg: cst.Arg | None) -> bool:
+    if arg is None:
+        return False
+    value = arg.value
+    if isinstance(value, cst.IfExp):
+        return N.is_cuda_string(value.body) or N.is_cuda_string(value.orelse)
+    return N.is_cuda_string(value)
 
 
 def _candidate_scopes(script: Script) -> list[ScopeNode]:
@@ -203,6 +237,8 @@ def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:
 def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
     if script.optimizer_stmt is stmt:
         return True
+    if m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(attr=m.Name("add_argument"))))])):
+        return False  # `parser.add_argument("--device", default="cuda" if torch.cuda.is_available() ...)`
     for call in script.calls_in(stmt):
         qualified = script.names(call.func)
         if (
