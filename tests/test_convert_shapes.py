@@ -356,3 +356,33 @@ def test_unseeded_random_split_gets_the_same_generator_on_every_rank():
     assert "random_split(dataset, [80, 20], generator=torch.Generator().manual_seed(0))" in unseeded
     seeded = convert(code.format(seed="torch.manual_seed(0)")).code
     assert "random_split(dataset, [80, 20])\n" in seeded  # the global seed already makes it the same
+
+
+EVAL_SCRIPT = """
+import torch
+from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+train_set, eval_set = TensorDataset(torch.randn(64, 3)), TensorDataset(torch.randn(32, 3))
+train_loader = DataLoader(train_set, batch_size=8, shuffle=True)
+eval_loader = DataLoader(eval_set, sampler=SequentialSampler(eval_set), batch_size=8)
+for epoch in range(2):
+    for (x,) in train_loader:
+        model(x).sum().backward()
+        optimizer.step()
+    {body}
+"""
+
+
+def test_in_order_evaluation_reads_a_slice_per_rank():
+    body = "total = 0.0\n    for (x,) in eval_loader:\n        total += model(x).sum().item()\n    print(total)"
+    result = convert_source(EVAL_SCRIPT.format(body=body), "train.py")
+    assert "sampler=range(dist.get_rank(), len(eval_set), dist.get_world_size())" in result.code
+    assert "SequentialSampler" not in result.code and result.todos == []
+
+
+def test_evaluation_collecting_per_sample_results_runs_whole_on_every_rank():
+    body = "preds = []\n    for (x,) in eval_loader:\n        preds.append(model(x).argmax(1))\n    print(torch.cat(preds).shape)"
+    result = convert_source(EVAL_SCRIPT.format(body=body), "train.py")
+    assert "sampler=SequentialSampler(eval_set)" in result.code and result.todos == []
+    assert any("every rank evaluates the whole set (it collects per-sample results)" in n.message for n in result.changes)

@@ -473,6 +473,9 @@ class FileContext:
                 return True
             if last_name(e.func) == "int" and e.args:
                 return self._is_rank_expr(e.args[0].value)
+            if last_name(e.func) in ("get", "getenv") and e.args:  # os.environ.get("RANK", 0)
+                key = string_value(e.args[0].value)
+                return key is not None and key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
             return "rank" in (last_name(e.func) or "").lower()
         if isinstance(e, cst.Subscript):  # os.environ["RANK"]
             if len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):

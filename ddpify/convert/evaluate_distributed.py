@@ -5,7 +5,9 @@ with no padding, so summed counts are exact (a DistributedSampler would repeat s
 to even the shards out). After each evaluation loop, the sums it accumulated with `+=`
 (losses, correct counts, sample counts) are all-reduced, so every rank sees the same
 metrics and makes the same early-stopping and best-model decisions. Helpers get the
-unwrapped `model.module`, so evaluation never needs DDP's collectives.
+unwrapped `model.module`, so evaluation never needs DDP's collectives. Loops whose averages
+divide by this rank's batch count, or that collect per-sample results (`preds.append(...)`),
+evaluate the whole set on every rank instead: slower, but their numbers stay right.
 
 With `--eval-on-rank0` evaluation runs on rank 0 only instead (see guard_rank_zero).
 """
@@ -43,11 +45,13 @@ def run(ctx: Context) -> None:
         loops = script.eval_loops.get(loader.name)
         if loader in script.train_loaders or not loops:
             continue
+        why = None
         if any(per_rank_denominator(ctx, loop) for loop in loops):
-            ctx.edits.change(
-                script.line(loader.stmt),
-                f"`{loader.name}`: every rank evaluates the whole set (its averages divide by batch counts)",
-            )
+            why = "its averages divide by batch counts"
+        elif any(accumulators(loop)[1] for loop in loops):
+            why = "it collects per-sample results"
+        if why:
+            ctx.edits.change(script.line(loader.stmt), f"`{loader.name}`: every rank evaluates the whole set ({why})")
             continue
         _slice(ctx, loader)
         for loop in loops:
@@ -94,7 +98,17 @@ def _names_and_calls(node: cst.CSTNode) -> list[cst.CSTNode]:
 def _slice(ctx: Context, loader: Loader) -> None:
     script, edits = ctx.script, ctx.edits
     call = loader.call
-    if N.keyword(call, "sampler") is not None or N.keyword(call, "batch_sampler") is not None:
+    sampler = N.keyword(call, "sampler")
+    if sampler is not None and isinstance(sampler.value, cst.Call) and script.is_call_to(sampler.value, N.SEQUENTIAL_SAMPLER):
+        rank, world = ctx.rank_and_world(loader.stmt)
+        dataset = script.module.code_for_node(N.positional(sampler.value)[0].value) if N.positional(sampler.value) else None
+        if dataset is not None:  # `sampler=SequentialSampler(ds)`: in order, so a slice per rank reads the same
+            edits.replace(sampler.value, edits.expression(SLICE.format(rank=rank, world=world, dataset=dataset)))
+            edits.change(script.line(call), f"`{loader.name}` gives each rank its own slice (no padding)")
+            for module in ("torch.utils.data", "torch.utils.data.sampler"):
+                edits.drop_import_if_unused(module, "SequentialSampler")
+            return
+    if sampler is not None or N.keyword(call, "batch_sampler") is not None:
         edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has its own sampler: give each rank a slice of it")
         return
     dataset = loader_dataset(ctx, loader, sampler_name(loader.name))

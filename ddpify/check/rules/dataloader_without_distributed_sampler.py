@@ -20,7 +20,8 @@ class DataLoaderWithoutDistributedSampler(Rule):
     ## What it does
     Flags a training `DataLoader` (shuffled, named like a training loader, or iterated by the
     step loop) with no sampler, or with a `RandomSampler`/`SequentialSampler`, in a
-    distributed script. Loaders used on rank 0 only are not flagged.
+    distributed script; any loader with a `RandomSampler`. Loaders used on rank 0 only, and
+    in-order (`SequentialSampler`) loaders that do not look like training, are not flagged.
 
     ## Why is this bad?
     Every rank iterates the whole dataset: an epoch does N times the work and the model sees
@@ -50,6 +51,8 @@ class DataLoaderWithoutDistributedSampler(Rule):
     VALID = [
         "import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\n"
         "train_loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds))\n",
+        "import torch.distributed as dist\nfrom torch.utils.data import DataLoader, SequentialSampler\n"
+        "eval_loader = DataLoader(ds, batch_size=8, sampler=SequentialSampler(ds))\n",
         "import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n"
         "test_loader = DataLoader(ds, batch_size=8, shuffle=False)\n",
         "from torch.utils.data import DataLoader\ntrain_loader = DataLoader(ds, batch_size=8, shuffle=True)\n",
@@ -61,14 +64,15 @@ class DataLoaderWithoutDistributedSampler(Rule):
                 "loader = DataLoader(ds, sampler=RandomSampler(ds))\n"),
     ]
 
-    def _local_sampler(self, ctx, expr) -> bool:
+    def _local_sampler(self, ctx, expr) -> str | None:
+        """"RandomSampler" or "SequentialSampler" (also inside a BatchSampler), else None."""
         if isinstance(expr, cst.Call):
             q = ctx.info(expr).qnames
             if q & _LOCAL_SAMPLERS:
-                return True
+                return next(iter(q & _LOCAL_SAMPLERS)).rsplit(".", 1)[-1]
             if any(x.endswith("BatchSampler") for x in q) and expr.args:
                 return self._local_sampler(ctx, expr.args[0].value)
-        return False
+        return None
 
     def check(self, ctx):
         step_iterated = {iterated_name(l) for l in ctx.step_loops if isinstance(l, cst.For)}
@@ -79,15 +83,15 @@ class DataLoaderWithoutDistributedSampler(Rule):
             sampler = kwarg(call, "sampler") or kwarg(call, "batch_sampler")
             if sampler is None and len(call.args) > 3 and call.args[3].keyword is None:
                 sampler = call.args[3]
+            name = assigned_name(ctx, call) or ""
+            trains = "train" in name.lower() or (name and name in step_iterated)
             if sampler is not None:
-                if self._local_sampler(ctx, sampler.value):
+                local = self._local_sampler(ctx, sampler.value)
+                if local == "RandomSampler" or (local and trains):  # in-order evaluation is fine
                     yield Report(sampler)
                 continue
             if ctx.in_rank0(call):
                 continue
-            name = assigned_name(ctx, call) or ""
             shuffle = kwarg(call, "shuffle")
-            if (shuffle is not None and is_true(shuffle.value)) or "train" in name.lower() or (
-                name and name in step_iterated
-            ):
+            if (shuffle is not None and is_true(shuffle.value)) or trains:
                 yield Report(call)

@@ -10,7 +10,9 @@ class LogOnEveryRank(Rule):
     ## What it does
     Flags `logging.info(...)`, `logger.info(...)` and `.debug(...)` in training code outside a
     rank-0-only branch (messages that mention the rank are not flagged). Warnings and errors
-    are left alone: they may be rank-specific.
+    are left alone: they may be rank-specific. Nothing is flagged when logging is configured on
+    rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard): the other ranks'
+    info messages then reach no handler.
 
     ## Why is this bad?
     Each message is written N times; with a shared log file the lines interleave.
@@ -40,6 +42,8 @@ class LogOnEveryRank(Rule):
     VALID = [
         "import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\n"
         "for e in range(3):\n    if rank == 0:\n        logger.info('e %d', e)\n",
+        "import logging, torch.distributed as dist\nif dist.get_rank() == 0:\n"
+        "    logging.basicConfig(level=logging.INFO)\nfor e in range(3):\n    logging.info('e %d', e)\n",
     ]
     INVALID = [
         Invalid("import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\n"
@@ -48,6 +52,9 @@ class LogOnEveryRank(Rule):
     ]
 
     def check(self, ctx):
+        setup = [ci for ci in ctx.calls if ci.is_("logging.basicConfig") or ci.name == "addHandler"]
+        if setup and not any(every_rank(ctx, ci.node) for ci in setup):
+            return  # logging is configured on rank 0 only: other ranks' info goes nowhere
         loggers = {
             b.dotted
             for b in ctx.assignments
