@@ -386,3 +386,28 @@ def test_evaluation_collecting_per_sample_results_runs_whole_on_every_rank():
     result = convert_source(EVAL_SCRIPT.format(body=body), "train.py")
     assert "sampler=SequentialSampler(eval_set)" in result.code and result.todos == []
     assert any("every rank evaluates the whole set (it collects per-sample results)" in n.message for n in result.changes)
+
+
+def test_fixed_draws_from_an_iterator_advance_the_epoch_and_get_a_todo():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        for epoch in range(2):
+            it = iter(loader)
+            for _ in range(6):
+                x = next(it)
+                model(x).sum().backward()
+                optimizer.step()
+        """
+    )
+    code = result.code
+    start = code.index("for epoch in range(2):\n    sampler.set_epoch(sampler.epoch + 1)  # a new pass")
+    assert start < code.index("# TODO(ddpify): each rank now holds") < code.index("    it = iter(loader)")
+    assert [t.message for t in result.todos] == [
+        "each rank now holds 1/world_size of `loader`'s batches: draw at most len(loader) batches "
+        "from this iterator, or make it again on StopIteration"
+    ]

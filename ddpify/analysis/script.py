@@ -60,6 +60,7 @@ class PassStart:
     stmt: cst.CSTNode
     scope: ScopeNode
     loader_expr: str  # the loader as named in `scope`
+    restarts: bool = True  # False: `next(it)` with no StopIteration handling (a fixed step count)
 
 
 @dataclass
@@ -639,13 +640,30 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
             param = param_receiving(fn, call, ref) if fn is not None else None
             if m.matches(call.func, m.Name("iter")) and call.args and mentions(call.args[0].value, ref):
                 if _drawn_in_training(script, call, where):  # `it = iter(loader)`
-                    found.append(PassStart(script.statement_line(call) or call, where, ref))
+                    stmt = script.statement_line(call) or call
+                    found.append(PassStart(stmt, where, ref, _restarts(script, call, where)))
             elif param and m.findall(fn, m.Yield()) and _drawn_in_training(script, call, where):
                 # `batches = infinite_loader(loader)`: each pass of the generator's own loop
                 found += [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
             elif param and fn in script.training_functions:  # `train(model, loader, max_steps)`
                 found += _pass_starts(script, param, fn, depth + 1)
     return found
+
+
+def _restarts(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
+    """Does every `next(it)` on this iterator survive its end (`except StopIteration`, or a
+    default: `next(it, None)`)? Otherwise the script counts on a number of batches per pass."""
+    name = ref_of(script.parent(call).targets[0].target)
+    for draw in script.calls_in(scope):
+        if not m.matches(draw, m.Call(func=m.Name("next"), args=[m.Arg(m.Name(name)), m.ZeroOrMore()])):
+            continue
+        caught = any(
+            isinstance(a, cst.Try) and any(m.findall(h.type, m.Name("StopIteration")) for h in a.handlers if h.type)
+            for a in _ancestors_in(script, draw, scope)
+        )
+        if len(draw.args) == 1 and not caught:
+            return False
+    return True
 
 
 def _ancestors_in(script: Script, node: cst.CSTNode, scope: ScopeNode) -> list[cst.CSTNode]:

@@ -63,6 +63,13 @@ def run(ctx: Context) -> None:
             started.add(start.stmt)
             visible = start.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
             _next_epoch(ctx, start.stmt, sampler if visible else f"{start.loader_expr}.sampler")
+            if not start.restarts:
+                edits.todo(
+                    start.stmt,
+                    script.line(start.stmt),
+                    f"each rank now holds 1/world_size of `{start.loader_expr}`'s batches: draw at most "
+                    f"len({start.loader_expr}) batches from this iterator, or make it again on StopIteration",
+                )
 
 
 def _iterable(ctx: Context, loader: Loader) -> bool:
