@@ -411,3 +411,56 @@ def test_fixed_draws_from_an_iterator_advance_the_epoch_and_get_a_todo():
         "each rank now holds 1/world_size of `loader`'s batches: draw at most len(loader) batches "
         "from this iterator, or make it again on StopIteration"
     ]
+
+
+def test_a_model_returned_by_the_function_that_builds_it_is_refused_at_the_return():
+    import pytest
+
+    from ddpify.engine import ConvertError
+
+    code = """
+        import torch
+        from torch.utils.data import DataLoader
+
+        def load_train_objs():
+            model = torch.nn.Linear(3, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            return model, optimizer
+
+        def main():
+            model, optimizer = load_train_objs()
+            loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+            for epoch in range(2):
+                for x in loader:
+                    model(x).sum().backward()
+                    optimizer.step()
+
+        main()
+        """
+    with pytest.raises(ConvertError) as raised:
+        convert(code)
+    assert raised.value.line == 8 and "returned to its caller" in str(raised.value)
+
+
+def test_an_object_given_the_model_gets_the_ddp_model():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model, self.optimizer = model, optimizer
+
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        trainer = Trainer(model, optimizer)
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                trainer.model(x).sum().backward()
+                trainer.optimizer.step()
+        """
+    )
+    code = result.code
+    assert code.index("model = DDP(model") < code.index("trainer = Trainer(model, optimizer)")

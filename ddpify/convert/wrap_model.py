@@ -8,6 +8,7 @@ process group exists; `device_ids` is passed only for CUDA.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, mentions, ref_of
@@ -25,6 +26,7 @@ def run(ctx: Context) -> None:
 def _wrap(ctx: Context, model: str, scope) -> None:
     script, edits = ctx.script, ctx.edits
     body = list(script.block_of(scope).body)
+    _refuse_returned(ctx, model, scope, body)
     last = None
     for stmt in body:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
@@ -52,13 +54,32 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
 
+def _refuse_returned(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -> None:
+    """`def load_train_objs(): ...; return train_set, model, optimizer`: the model trains in a
+    caller ddpify does not follow, so no wrap or setup placed here would be right."""
+    if not isinstance(scope, cst.FunctionDef):
+        return
+    for stmt in body:
+        if m.matches(stmt, m.SimpleStatementLine(body=[m.Return()])) and stmt.body[0].value is not None and mentions(stmt.body[0].value, model):
+            raise AnalysisError(
+                ctx.script.line(stmt),
+                f"`{model}` is built in `{scope.name.value}()` and returned to its caller: ddpify cannot follow "
+                f"a model out of the function that builds it; build it (or call `{scope.name.value}()`) in the "
+                "function that trains it, or wrap it there by hand with DistributedDataParallel",
+            )
+
+
 def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
-    """Does `stmt` train or call the model (directly, or by handing it to a training function)?"""
+    """Does `stmt` train or call the model (directly, by handing it to a training function, or
+    by giving it to an object of the script's own classes, e.g. `Trainer(model, ...)`)?"""
+    classes = {c.name.value for c in script.module.body if isinstance(c, cst.ClassDef)}
     for call in script.calls_in(stmt):
         if ref_of(call.func) == model or N.call_name(call) == "backward":
             return True
         if script.local_function(call) in script.training_functions:
             return True  # a training helper (it may use the model as a global)
+        if isinstance(call.func, cst.Name) and call.func.value in classes and any(ref_of(a.value) == model for a in call.args):
+            return True  # the object keeps the model and trains it later: it must get the DDP one
     return False
 
 
