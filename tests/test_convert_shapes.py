@@ -464,3 +464,42 @@ def test_an_object_given_the_model_gets_the_ddp_model():
     )
     code = result.code
     assert code.index("model = DDP(model") < code.index("trainer = Trainer(model, optimizer)")
+
+
+METERS = """
+import torch
+from torch.utils.data import DataLoader
+
+class AverageMeter:
+    def __init__(self):
+        self.sum, self.count = 0.0, 0
+
+    def update(self, val, n=1):
+        self.sum += val * n
+        self.count += n
+
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+val_loader = DataLoader(torch.randn(32, 3), batch_size=8)
+for epoch in range(2):
+    losses = []
+    for x in train_loader:
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    print(sum(losses) / len(losses))
+    meter = AverageMeter()
+    for x in val_loader:
+        meter.update(model(x).pow(2).mean().item(), x.size(0))
+    if meter.sum / meter.count < 0.1:
+        break
+"""
+
+
+def test_meters_evaluate_the_whole_set_and_per_epoch_lists_get_a_todo():
+    result = convert_source(METERS, "train.py")
+    assert "val_loader = DataLoader(torch.randn(32, 3), batch_size=8)\n" in result.code  # not sliced
+    assert any("every rank evaluates the whole set (it keeps its metrics in objects" in n.message for n in result.changes)
+    assert [t.message.split(" collect ")[0] for t in result.todos] == ["`losses`"]

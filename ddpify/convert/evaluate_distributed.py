@@ -6,8 +6,9 @@ to even the shards out). After each evaluation loop, the sums it accumulated wit
 (losses, correct counts, sample counts) are all-reduced, so every rank sees the same
 metrics and makes the same early-stopping and best-model decisions. Helpers get the
 unwrapped `model.module`, so evaluation never needs DDP's collectives. Loops whose averages
-divide by this rank's batch count, or that collect per-sample results (`preds.append(...)`),
-evaluate the whole set on every rank instead: slower, but their numbers stay right.
+divide by this rank's batch count, that collect per-sample results (`preds.append(...)`), or
+that keep metrics in objects (`top1.update(acc, n)` on an AverageMeter) evaluate the whole set
+on every rank instead: slower, but their numbers and decisions stay right.
 
 With `--eval-on-rank0` evaluation runs on rank 0 only instead (see guard_rank_zero).
 """
@@ -50,6 +51,8 @@ def run(ctx: Context) -> None:
             why = "its averages divide by batch counts"
         elif any(accumulators(loop)[1] for loop in loops):
             why = "it collects per-sample results"
+        elif any(meters(ctx, loop) for loop in loops):
+            why = "it keeps its metrics in objects of the script's own classes"
         if why:
             ctx.edits.change(script.line(loader.stmt), f"`{loader.name}`: every rank evaluates the whole set ({why})")
             continue
@@ -155,6 +158,24 @@ def accumulators(loop: cst.For) -> tuple[list[str], bool]:
 
     loop.body.visit(_Accumulators())
     return sums, appends
+
+
+def meters(ctx: Context, loop: cst.For) -> list[str]:
+    """`top1.update(acc, n)` in the loop on `top1 = AverageMeter(...)`: an object of the script's
+    own classes that sums what it is given, out of reach of the all-reduce of plain sums."""
+    script = ctx.script
+    classes = {c.name.value for c in script.module.body if isinstance(c, cst.ClassDef)}
+    made = {
+        ref_of(a.targets[0].target)
+        for a in script.assigns.get(script.scope_of(loop), [])
+        if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value in classes
+    }
+    found = []
+    for call in script.calls_in(loop):
+        owner = ref_of(N.receiver(call)) if N.receiver(call) is not None else None
+        if N.call_name(call) == "update" and owner in made and owner not in found:
+            found.append(owner)
+    return found
 
 
 def define_helper(ctx: Context) -> None:

@@ -13,7 +13,9 @@ a `break` or best-model decision taken on the sum differs between ranks (one sto
 waits in its next all-reduce forever). Only sums that are reset before the pass (per-epoch
 metrics, not step counters that carry over) and read after it are reduced. When the code
 after the pass divides by this rank's batch count (`len(train_loader)`, `batch_idx + 1`),
-the sums are averaged over ranks instead, which keeps those averages right.
+the sums are averaged over ranks instead, which keeps those averages right. Per-epoch lists
+and meters (`losses.append(...)`, `top1.update(...)`) read after the pass get a TODO: ddpify
+cannot reduce what they hold.
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import names as N
 from ddpify.analysis.script import ScopeNode
 from ddpify.convert.context import Context
-from ddpify.convert.evaluate_distributed import accumulators, define_helper, per_rank_denominator
+from ddpify.convert.evaluate_distributed import accumulators, define_helper, meters, per_rank_denominator
+
+COLLECTED = (
+    "{names} collect this rank's share of the epoch only: average them over ranks (dist.all_reduce) "
+    "before logging them or deciding on them (a scheduler step, an early stop), or the ranks disagree"
+)
 
 
 def run(ctx: Context) -> None:
@@ -35,9 +43,22 @@ def run(ctx: Context) -> None:
             if inner is None or inner in done:
                 continue
             done.add(inner)
-            sums = [name for name in accumulators(inner)[0] if _reset_before(ctx, name, inner, epoch.loop) and _read_after(ctx, name, inner)]
+            per_epoch = [name for name in accumulators(inner)[0] + _collected(ctx, inner) if _reset_before(ctx, name, inner, epoch.loop) and _read_after(ctx, name, inner)]
+            sums = [name for name in per_epoch if name in accumulators(inner)[0]]
             if sums:
                 _reduce(ctx, inner, sums)
+            if kept := [name for name in per_epoch if name not in sums]:
+                ctx.edits.todo(inner, ctx.script.line(inner), COLLECTED.format(names=", ".join(f"`{n}`" for n in kept)))
+
+
+def _collected(ctx: Context, loop: cst.For) -> list[str]:
+    """Lists the pass appends to and meters it updates (`losses.append(...)`, `top1.update(...)`)."""
+    found = list(meters(ctx, loop))
+    for call in ctx.script.calls_in(loop):
+        owner = N.receiver(call)
+        if N.call_name(call) in ("append", "extend") and isinstance(owner, cst.Name) and owner.value not in found:
+            found.append(owner.value)
+    return found
 
 
 def _reduce(ctx: Context, loop: cst.For, sums: list[str]) -> None:
