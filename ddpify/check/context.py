@@ -441,6 +441,8 @@ class FileContext:
                 if line > b.line or (b.func is not None and b.line == self.line(b.func)):
                     return True
             elif b.func is None:
+                if func is not None and name in self._param_names(func):
+                    continue  # a parameter shadows the global: bound only through its call sites
                 return True
             elif name.startswith("self."):
                 # a method only called before the wrapping (e.g. loading a snapshot in __init__)
@@ -448,6 +450,11 @@ class FileContext:
                 if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):
                     return True
         return False
+
+    @staticmethod
+    def _param_names(fn: Func) -> set[str]:
+        params = fn.params
+        return {p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]}
 
     def is_ddp(self, expr: cst.CSTNode) -> bool:
         """Does this expression hold the DDP-wrapped model (not ``.module``)?"""

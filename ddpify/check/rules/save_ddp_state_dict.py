@@ -40,6 +40,10 @@ class SaveDDPStateDict(Rule):
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
         "sd = model.module.state_dict()\n",
         "from torch.nn.parallel import DistributedDataParallel as DDP\nsd = net.state_dict()\nmodel = DDP(net)\n",
+        # a helper's parameter named like the DDP global, given the unwrapped model
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "def save(model, path):\n    torch.save(model.state_dict(), path)\n"
+        "model = DDP(net)\nsave(model.module, 'm.pt')\n",
     ]
     INVALID = [
         Invalid(
