@@ -178,6 +178,11 @@ CASES: dict[str, Case] = {
         args=["--batch-size", str(B)], train_size=None, ddp_wrapped=3, checkpoints={"step_based.pt": 1},
         equivalence=(["--batch-size", str(B), "--no-shuffle"], ["--batch-size", str(NPROC * B), "--no-shuffle"]),
     ),
+    "early_stopping_class": Case(  # an EarlyStopping object saves the best model; reloaded at the end
+        args=["--batch-size", str(B), "--no-shuffle"], train_size=256, epochs=None,  # early stop: see its own test
+        once=[r"EarlyStopping stopped training at epoch \d+", r"reloaded the best model"], checkpoints={"es_checkpoint.pt": None},
+        equivalence=(["--batch-size", str(B), "--no-shuffle"], ["--batch-size", str(NPROC * B), "--no-shuffle"]),
+    ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
         in_code=["SyncBatchNorm.convert_sync_batchnorm("],
@@ -594,6 +599,21 @@ def test_step_based_passes_are_sharded_and_reshuffled(runs):
         for rank, t in enumerate(traces):
             first, second = train_passes(t, size)
             assert first != second, f"loader over {size}: rank {rank} saw the same order in both passes"
+
+
+def test_early_stopping_object_like_one_process(runs):
+    """The EarlyStopping object gets `model.module`: its checkpoint has no `module.` prefix and
+    reloads (after a barrier); every rank stops at the epoch one process stops at."""
+    name = "early_stopping_class"
+    traces = ran(runs.dist, name)
+    reference = ran(runs.single, f"{name}_reference", world_size=1)[0]
+    losses = r"(?m)^epoch (\d+) valid_loss=([\d.]+)$"
+    got, want = re.findall(losses, traces[0]["stdout"]), re.findall(losses, reference["stdout"])
+    assert [g[0] for g in got] == [w[0] for w in want] and len(got) > 3, (got, want)
+    for g, w in zip(got, want):
+        assert float(g[1]) == pytest.approx(float(w[1]), abs=2e-6), (g, w)
+    passes = [len(train_passes(t, 256)) for t in traces]
+    assert passes == [len(want)] * NPROC, f"training passes per rank: {passes}"
 
 
 def test_hand_batches_ranks_draw_their_own_batches(runs):

@@ -2,8 +2,8 @@
 
 `model.state_dict()` / `model.load_state_dict(...)` (checkpoints with no `module.`
 prefix, loadable by the single-GPU script), the model's own methods and attributes
-(`model.init_hidden(...)`, `model.fc = ...`), and `torch.save(model, ...)` of the whole
-model. What DDP itself provides (`train()`, `eval()`, `parameters()`, `to()`, ...) and
+(`model.init_hidden(...)`, `model.fc = ...`), `torch.save(model, ...)` of the whole
+model, and the model handed to an object that keeps or saves it (`early_stopping(loss, model)`). What DDP itself provides (`train()`, `eval()`, `parameters()`, `to()`, ...) and
 calling the model stay on the wrapper.
 """
 
@@ -38,6 +38,7 @@ class _Attributes(cst.CSTVisitor):
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     _reload_into_module(ctx)
+    _unwrapped_to_objects(ctx)
     attributes = _Attributes()
     script.module.visit(attributes)
     for node in attributes.found:
@@ -54,6 +55,36 @@ def run(ctx: Context) -> None:
             if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
                 edits.replace(args[0].value, edits.expression(f"{owner}.module"))
                 edits.change(script.line(call), f"saves `{owner}.module`, not the DDP wrapper")
+
+
+def _unwrapped_to_objects(ctx: Context) -> None:
+    """`early_stopping(val_loss, model)`: an object of the script's own classes that does not
+    train (it tracks, saves, evaluates) gets `model.module`, so what it saves has no `module.`
+    prefix and loads back into the single-GPU model."""
+    script, edits = ctx.script, ctx.edits
+    classes = {c.name.value: c for c in script.module.body if isinstance(c, cst.ClassDef)}
+    instances = {
+        ref_of(a.targets[0].target): classes[a.value.func.value]
+        for assigns in script.assigns.values()
+        for a in assigns
+        if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value in classes
+    }
+    for call in script.calls:
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in instances:
+            cls, method = instances[func.value], "__call__"
+        elif isinstance(func, cst.Attribute) and ref_of(func.value) in instances:
+            cls, method = instances[ref_of(func.value)], func.attr.value
+        else:
+            continue
+        methods = script.methods(cls)
+        if method not in methods or any(fn in script.training_functions for fn in methods.values()):
+            continue  # an object that trains needs the DDP model
+        for arg in call.args:
+            owner = ref_of(arg.value)
+            if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
+                edits.replace(arg.value, edits.expression(f"{owner}.module"))
+                edits.change(script.line(call), f"`{cls.name.value}` gets `{owner}.module`: it keeps or saves the model, it does not train it")
 
 
 def _reload_into_module(ctx: Context) -> None:

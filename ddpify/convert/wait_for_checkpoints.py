@@ -12,6 +12,7 @@ The barrier sits right before the read, which every rank executes.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
@@ -67,7 +68,20 @@ def _is_handle(node: cst.CSTNode, handles: set[str]) -> bool:
 
 
 def _code(ctx: Context, node: cst.CSTNode) -> str:
-    return ctx.script.module.code_for_node(node)
+    """The path as code; `self.path` set from an `__init__` parameter with a default (an
+    EarlyStopping's `path="checkpoint.pt"`) reads as that default."""
+    script = ctx.script
+    if m.matches(node, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        cls = script.class_of(node)
+        init = script.methods(cls).get("__init__") if cls is not None else None
+        params = {p.name.value: p for p in init.params.params} if init is not None else {}
+        for assign in script.assigns.get(init, []):
+            value = assign.value
+            if script.module.code_for_node(assign.targets[0].target) == f"self.{node.attr.value}" and isinstance(value, cst.Name):
+                default = getattr(params.get(value.value), "default", None)
+                if isinstance(default, cst.SimpleString):
+                    return script.module.code_for_node(default)
+    return script.module.code_for_node(node)
 
 
 def _mode(call: cst.Call) -> str:
