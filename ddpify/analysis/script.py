@@ -210,6 +210,11 @@ class Script:
         """The class whose method holds `node`."""
         return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
 
+    @property
+    def classes(self) -> dict[str, cst.ClassDef]:
+        """The script's own top-level classes, by name."""
+        return {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
+
     def methods(self, cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
         return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
 

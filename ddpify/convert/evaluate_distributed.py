@@ -164,7 +164,7 @@ def meters(ctx: Context, loop: cst.For) -> list[str]:
     """`top1.update(acc, n)` in the loop on `top1 = AverageMeter(...)`: an object of the script's
     own classes that sums what it is given, out of reach of the all-reduce of plain sums."""
     script = ctx.script
-    classes = {c.name.value for c in script.module.body if isinstance(c, cst.ClassDef)}
+    classes = script.classes
     made = {
         ref_of(a.targets[0].target)
         for a in script.assigns.get(script.scope_of(loop), [])

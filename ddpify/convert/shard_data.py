@@ -55,14 +55,12 @@ def run(ctx: Context) -> None:
         if ctx.options.global_batch:
             split_batch(ctx, loader)
         for epoch in script.epoch_loops[loader.name]:
-            visible = epoch.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
-            set_epoch(ctx, epoch.loop, sampler if visible else f"{epoch.loader_expr}.sampler")
+            set_epoch(ctx, epoch.loop, _sampler_in(epoch.scope, loader, sampler, epoch.loader_expr))
         for start in script.pass_starts[loader.name]:
             if start.stmt in started:
                 continue  # one helper trains several loaders: `loader.sampler` serves them all
             started.add(start.stmt)
-            visible = start.scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
-            _next_epoch(ctx, start.stmt, sampler if visible else f"{start.loader_expr}.sampler")
+            _next_epoch(ctx, start.stmt, _sampler_in(start.scope, loader, sampler, start.loader_expr))
             if not start.restarts:
                 edits.todo(
                     start.stmt,
@@ -198,6 +196,12 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
         return f'{kwargs}.get("shuffle", False)'
     edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
     return "False"
+
+
+def _sampler_in(scope, loader: Loader, sampler: str, loader_expr: str) -> str:
+    """The sampler as `scope` can name it: its own name where visible, else `<loader>.sampler`."""
+    visible = scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
+    return sampler if visible else f"{loader_expr}.sampler"
 
 
 def _next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str) -> None:

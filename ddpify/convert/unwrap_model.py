@@ -62,7 +62,7 @@ def _unwrapped_to_objects(ctx: Context) -> None:
     train (it tracks, saves, evaluates) gets `model.module`, so what it saves has no `module.`
     prefix and loads back into the single-GPU model."""
     script, edits = ctx.script, ctx.edits
-    classes = {c.name.value: c for c in script.module.body if isinstance(c, cst.ClassDef)}
+    classes = script.classes
     instances = {
         ref_of(a.targets[0].target): classes[a.value.func.value]
         for assigns in script.assigns.values()

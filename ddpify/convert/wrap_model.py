@@ -72,7 +72,7 @@ def _refuse_returned(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -
 def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
     """Does `stmt` train or call the model (directly, by handing it to a training function, or
     by giving it to an object of the script's own classes, e.g. `Trainer(model, ...)`)?"""
-    classes = {c.name.value for c in script.module.body if isinstance(c, cst.ClassDef)}
+    classes = script.classes
     for call in script.calls_in(stmt):
         if ref_of(call.func) == model or N.call_name(call) == "backward":
             return True
