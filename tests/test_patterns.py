@@ -183,6 +183,14 @@ CASES: dict[str, Case] = {
         once=[r"EarlyStopping stopped training at epoch \d+", r"reloaded the best model"], checkpoints={"es_checkpoint.pt": None},
         equivalence=(["--batch-size", str(B), "--no-shuffle"], ["--batch-size", str(NPROC * B), "--no-shuffle"]),
     ),
+    "trainer_constructor": Case(  # the DDP tutorial's Trainer: model and loaders handed to its constructor
+        args=["--batch-size", str(B), "--epochs", "3"], train_size=320, epochs=3,
+        per_epoch=[r"Epoch \d \| train_loss", r"Epoch \d \| val_loss"], once=[r"tutorial trainer done"],
+        checkpoints={"trainer_ckpt.pt": 2},
+        in_code=["self.train_data.sampler.set_epoch(epoch)", "model = DDP(model.to(device), device_ids=[local_rank]"],
+        equivalence=(["--batch-size", str(B), "--epochs", "3", "--no-shuffle"],
+                     ["--batch-size", str(NPROC * B), "--epochs", "3", "--no-shuffle"]),
+    ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
         in_code=["SyncBatchNorm.convert_sync_batchnorm("],
@@ -614,6 +622,18 @@ def test_early_stopping_object_like_one_process(runs):
         assert float(g[1]) == pytest.approx(float(w[1]), abs=2e-6), (g, w)
     passes = [len(train_passes(t, 256)) for t in traces]
     assert passes == [len(want)] * NPROC, f"training passes per rank: {passes}"
+
+
+def test_trainer_constructor_metrics_like_one_process(runs):
+    """The Trainer's training and validation sums add up over ranks: rank 0 prints what one
+    process with twice the batch prints."""
+    name = "trainer_constructor"
+    metric = r"(?m)^Epoch (\d) \| (train_loss|val_loss) ([\d.]+)$"
+    got = re.findall(metric, ran(runs.dist, name)[0]["stdout"])
+    want = re.findall(metric, ran(runs.single, f"{name}_reference", world_size=1)[0]["stdout"])
+    assert [g[:2] for g in got] == [w[:2] for w in want] and len(got) == 6, (got, want)
+    for g, w in zip(got, want):
+        assert float(g[2]) == pytest.approx(float(w[2]), abs=2e-6), (g, w)
 
 
 def test_hand_batches_ranks_draw_their_own_batches(runs):

@@ -322,7 +322,8 @@ def analyze(wrapper: MetadataWrapper) -> Script:
     module.visit(_CallCollector(script))
     if script.distributed_marker is not None:
         return script
-    script.training_functions = {fn for fn in script.all_functions if _has_backward(script, fn)}
+    for _ in range(3):  # a function that calls a training helper (`self._run_batch(...)`) trains too
+        script.training_functions = {fn for fn in script.all_functions if _has_backward(script, fn)}
     _find_model(script)
     _find_loaders(script)
     _find_ddp_names_and_eval_calls(script)
@@ -331,7 +332,12 @@ def analyze(wrapper: MetadataWrapper) -> Script:
 
 
 def _has_backward(script: Script, outer: cst.CSTNode) -> bool:
-    return any(N.call_name(c) == "backward" and N.receiver(c) is not None for c in script.calls_in(outer))
+    """Does `outer` call backward, directly or through one of the script's training functions?"""
+    return any(
+        (N.call_name(c) == "backward" and N.receiver(c) is not None)
+        or (script.local_function(c) in script.training_functions and not script.inside(script.local_function(c), outer))
+        for c in script.calls_in(outer)
+    )
 
 
 def _find_model(script: Script) -> None:
@@ -621,6 +627,10 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
                 found = (found or []) + [EpochLoop(outer, where, ref, passes[0] if passes else None)]
             elif inner is not None:
                 found = (found or []) + inner
+        for attr, init in kept_by_objects(script, ref, where):  # `Trainer(model, train_loader)`
+            kept = _epoch_loops(script, attr, init, depth + 1)
+            if kept is not None:
+                found = (found or []) + kept
     return found
 
 
@@ -720,7 +730,7 @@ def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
 def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None:
     """The parameter of `fn` that receives `ref` at this call."""
     params = [p.name.value for p in fn.params.params]
-    if params[:1] == ["self"] and isinstance(call.func, cst.Attribute):
+    if params[:1] == ["self"] and (isinstance(call.func, cst.Attribute) or fn.name.value == "__init__"):
         params = params[1:]
     for index, arg in enumerate(N.positional(call)):
         if ref_of(arg.value) == ref and index < len(params):
@@ -731,9 +741,30 @@ def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None
     return None
 
 
+def kept_by_objects(script: Script, ref: str, scope: ScopeNode) -> list[tuple[str, cst.FunctionDef]]:
+    """`Trainer(model, optimizer, train_loader)` keeps `train_loader` as `self.train_loader`:
+    each `self.` attribute an `__init__` of the script's own classes stores `ref` in."""
+    found = []
+    for call in script.calls_in(scope):
+        cls = script.classes.get(call.func.value) if isinstance(call.func, cst.Name) else None
+        init = script.methods(cls).get("__init__") if cls is not None else None
+        param = param_receiving(init, call, ref) if init is not None and script.scope_of(call) is scope else None
+        if param is None:
+            continue
+        kept = m.Name(param) | m.Call(func=m.Attribute(value=m.Name(param), attr=m.Name("to") | m.Name("cuda")))
+        for assign in script.assigns.get(init, []):
+            target = ref_of(assign.targets[0].target)
+            if m.matches(assign.value, kept) and target and target.startswith("self."):
+                found.append((target, init))  # `self.model = model` or `self.model = model.to(gpu_id)`
+    return found
+
+
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
     """Which names hold a DDP model in which function, and which helper calls only evaluate."""
     for model, model_scope in script.models.items():
+        for attr, init in kept_by_objects(script, model, model_scope):
+            for method in script.scopes_for(attr, init):
+                script.ddp_names.setdefault(method, set()).add(attr)
         for scope in script.scopes_for(model, model_scope):
             script.ddp_names.setdefault(scope, set()).add(model)
             for call in script.calls_in(scope):
@@ -773,4 +804,6 @@ def _passes_over(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
             param = param_receiving(fn, call, ref)
             if param is not None:
                 found += [loop for loop in _passes_over(script, param, fn, depth + 1) if loop not in found]
+        for attr, init in kept_by_objects(script, ref, where):
+            found += [loop for loop in _passes_over(script, attr, init, depth + 1) if loop not in found]
     return found

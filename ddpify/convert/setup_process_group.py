@@ -65,8 +65,8 @@ def run(ctx: Context) -> None:
         body = list(script.block_of(ctx.setup_scope).body)
         anchor = _anchor(script, body)
         ctx.device_type = f"{ctx.device}.type"
-        uses_gpu = _uses_gpu(script)
-        device_line = DEVICE if uses_gpu else CPU_DEVICE
+        on_gpu = uses_gpu(script)
+        device_line = DEVICE if on_gpu else CPU_DEVICE
         first_gpu = ctx.local_rank if ctx.gpus_per_process == 1 else f"{ctx.gpus_per_process} * {ctx.local_rank}"
         names = {"local_rank": ctx.local_rank, "first_gpu": first_gpu}
         edits.insert_above(
@@ -76,7 +76,7 @@ def run(ctx: Context) -> None:
             + INIT.format(device=ctx.device, device_type=ctx.device_type),
         )
         ctx.init_index = body.index(anchor)
-        if not uses_gpu:
+        if not on_gpu:
             edits.change(script.line(anchor), "the script never uses a GPU: every process trains on the CPU (gloo)")
     _device_option(ctx)
     edits.need_import("os")
@@ -255,7 +255,7 @@ def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
     )
 
 
-def _uses_gpu(script: Script) -> bool:
+def uses_gpu(script: Script) -> bool:
     """Does the single-GPU script put anything on a GPU at all?"""
     for call in script.calls:
         if N.call_name(call) == "cuda" or any(q.startswith("torch.cuda.") for q in script.names(call.func)):

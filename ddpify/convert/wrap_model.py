@@ -13,6 +13,7 @@ import libcst.matchers as m
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, mentions, ref_of
 from ddpify.convert.context import Context
+from ddpify.convert.setup_process_group import uses_gpu
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
 WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
@@ -49,7 +50,10 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
     else:
         index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device}.index"
-        edits.insert_after(last, WRAP.format(model=model, index=index, device_type=ctx.device_type))
+        wrap = WRAP.format(model=model, index=index, device_type=ctx.device_type)
+        if uses_gpu(script) and not _moved(script, body[: body.index(last) + 1], model):  # `Trainer(model, ...)` moves it later
+            wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
+        edits.insert_after(last, wrap)
     edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
     edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
@@ -67,6 +71,14 @@ def _refuse_returned(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -
                 f"a model out of the function that builds it; build it (or call `{scope.name.value}()`) in the "
                 "function that trains it, or wrap it there by hand with DistributedDataParallel",
             )
+
+
+def _moved(script, stmts: list[cst.CSTNode], model: str) -> bool:
+    """Is the model put on a device before the wrap (`.to(...)`/`.cuda()` in a statement that
+    names it)? DDP with `device_ids` needs the module on that GPU already."""
+    return any(
+        mentions(stmt, model) and any(N.call_name(c) in ("to", "cuda") for c in script.calls_in(stmt)) for stmt in stmts
+    )
 
 
 def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
