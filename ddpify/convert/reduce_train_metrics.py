@@ -43,12 +43,15 @@ def run(ctx: Context) -> None:
             if inner is None or inner in done:
                 continue
             done.add(inner)
-            per_epoch = [name for name in accumulators(inner)[0] + _collected(ctx, inner) if _reset_before(ctx, name, inner, epoch.loop) and _read_after(ctx, name, inner)]
-            sums = [name for name in per_epoch if name in accumulators(inner)[0]]
-            if sums:
+            added = accumulators(inner)[0]
+            per_epoch = [
+                name for name in added + _collected(ctx, inner)
+                if _reset_before(ctx, name, inner, epoch.loop) and _read_after(ctx, name, inner)
+            ]  # fmt: skip
+            if sums := [name for name in per_epoch if name in added]:
                 _reduce(ctx, inner, sums)
-            if kept := [name for name in per_epoch if name not in sums]:
-                ctx.edits.todo(inner, ctx.script.line(inner), COLLECTED.format(names=", ".join(f"`{n}`" for n in kept)))
+            if kept := [name for name in per_epoch if name not in added]:
+                ctx.edits.todo(inner, script.line(inner), COLLECTED.format(names=", ".join(f"`{n}`" for n in kept)))
 
 
 def _collected(ctx: Context, loop: cst.For) -> list[str]:
