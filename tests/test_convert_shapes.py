@@ -503,3 +503,25 @@ def test_meters_evaluate_the_whole_set_and_per_epoch_lists_get_a_todo():
     assert "val_loader = DataLoader(torch.randn(32, 3), batch_size=8)\n" in result.code  # not sliced
     assert any("every rank evaluates the whole set (it keeps its metrics in objects" in n.message for n in result.changes)
     assert [t.message.split(" collect ")[0] for t in result.todos] == ["`losses`"]
+
+
+def test_mkdir_after_an_isdir_check_cannot_race_between_ranks():
+    result = convert(
+        """
+        import os
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+            if not os.path.isdir("checkpoint"):
+                os.mkdir("checkpoint")
+            torch.save(model.state_dict(), "checkpoint/ckpt.pth")
+        """
+    )
+    assert '        os.makedirs("checkpoint", exist_ok=True)\n' in result.code
+    assert "os.mkdir(" not in result.code

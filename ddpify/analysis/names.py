@@ -47,6 +47,7 @@ SUMMARY_WRITERS = frozenset(
     {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
 )
 MAKEDIRS = frozenset({"os.makedirs"})
+MKDIR = frozenset({"os.mkdir"})
 RANDOM_DRAWS = frozenset(  # ways to pick batch indices at random
     {"torch.randint", "torch.randperm", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
      "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}

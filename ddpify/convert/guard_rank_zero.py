@@ -128,11 +128,18 @@ def _free_name(script, name: str) -> str:
 
 
 def _makedirs_on_every_rank(ctx: Context) -> None:
-    """`os.makedirs` stays on every rank (they may all open files there): with exist_ok=True."""
-    for call in ctx.script.calls:
-        if ctx.script.is_call_to(call, N.MAKEDIRS) and N.keyword(call, "exist_ok") is None:
-            ctx.edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("exist_ok", cst.Name("True"))))
-            ctx.edits.change(ctx.script.line(call), "`os.makedirs(..., exist_ok=True)`: every rank may create it")
+    """`os.makedirs` stays on every rank (they may all open files there): with exist_ok=True;
+    `if not os.path.isdir(d): os.mkdir(d)` races between ranks: `os.makedirs(d, exist_ok=True)`."""
+    script, edits = ctx.script, ctx.edits
+    for call in script.calls:
+        if script.is_call_to(call, N.MAKEDIRS) and N.keyword(call, "exist_ok") is None:
+            edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("exist_ok", cst.Name("True"))))
+            edits.change(script.line(call), "`os.makedirs(..., exist_ok=True)`: every rank may create it")
+        elif script.is_call_to(call, N.MKDIR) and len(call.args) == 1 and call.args[0].keyword is None:
+            path = script.module.code_for_node(call.args[0].value)
+            edits.replace(call, edits.expression(f"os.makedirs({path}, exist_ok=True)"))
+            edits.need_import("os")
+            edits.change(script.line(call), "`os.makedirs(..., exist_ok=True)`: every rank may create it at once")
 
 
 def _rank0_writers(ctx: Context) -> set[str]:
