@@ -525,3 +525,27 @@ def test_mkdir_after_an_isdir_check_cannot_race_between_ranks():
     )
     assert '        os.makedirs("checkpoint", exist_ok=True)\n' in result.code
     assert "os.mkdir(" not in result.code
+
+
+def test_a_loader_returned_by_a_factory_gets_its_sampler_there():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+
+        def prepare_dataloader(dataset, batch_size):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True)
+
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_data = prepare_dataloader(torch.randn(64, 3), 8)
+        for epoch in range(2):
+            for x in train_data:
+                model(x).sum().backward()
+                optimizer.step()
+        """
+    )
+    code = result.code
+    assert "    train_data_sampler = DistributedSampler(dataset, shuffle=True" in code
+    assert "    return DataLoader(dataset, batch_size=batch_size, sampler=train_data_sampler)" in code
+    assert "    train_data.sampler.set_epoch(epoch)\n" in code and result.todos == []

@@ -441,6 +441,8 @@ def _find_loaders(script: Script) -> None:
             and isinstance(line, cst.SimpleStatementLine)
         ):
             script.loaders.append(Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call)))
+        elif (returned := _returned_loader(script, call)) is not None:
+            script.loaders.append(returned)
         else:
             script.unplaced_loaders.append(call)
     _named_splits(script)
@@ -450,15 +452,33 @@ def _find_loaders(script: Script) -> None:
         return  # batches made by hand, or loaders ddpify cannot follow: shard_data leaves a TODO
     for loader in script.loaders:
         loops = _epoch_loops(script, loader.name, loader.scope, depth=0)
+        starts = _pass_starts(script, loader.name, loader.scope)
         for name, scope in _returned_to(script, loader):
             more = _epoch_loops(script, name, scope, depth=0)
             if more is not None:
                 loops = (loops or []) + more
-        starts = _pass_starts(script, loader.name, loader.scope)
+            starts += _pass_starts(script, name, scope)
         if loops is not None or starts:
             script.train_loaders.append(loader)
             script.epoch_loops[loader.name] = loops or []
             script.pass_starts[loader.name] = starts
+
+
+def _returned_loader(script: Script, call: cst.Call) -> Loader | None:
+    """`def prepare_dataloader(...): return DataLoader(...)` called from one place as
+    `train_data = prepare_dataloader(...)`: a loader named as its caller names it, whose sampler
+    is made in the factory (the caller reaches it as `train_data.sampler`)."""
+    ret, line = script.parent(call), script.parent(script.parent(call))
+    fn = script.scope_of(call)
+    if not (isinstance(ret, cst.Return) and ret.value is call and isinstance(line, cst.SimpleStatementLine)):
+        return None
+    if not isinstance(fn, cst.FunctionDef):
+        return None
+    callers = [c for c in script.calls if script.local_function(c) is fn]
+    assign = script.parent(callers[0]) if len(callers) == 1 else None
+    if not (isinstance(assign, cst.Assign) and assign.value is callers[0] and isinstance(assign.targets[0].target, cst.Name)):
+        return None  # a factory for several loaders (train and test) cannot get one sampler
+    return Loader(assign.targets[0].target.value, call, line, fn)
 
 
 def _add_to_split(script: Script, call: cst.Call) -> bool:
@@ -542,7 +562,7 @@ def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
         values = ret.value.elements if isinstance(ret.value, cst.Tuple) else [ret.value]
         for index, element in enumerate(values):
             value = element.value if isinstance(element, cst.Element) else element
-            if isinstance(value, cst.Name) and value.value == loader.name:
+            if (isinstance(value, cst.Name) and value.value == loader.name) or value is loader.call:
                 position = (index, len(values))
     if position is None:
         return []
