@@ -7,6 +7,7 @@ read the facts below and never walk the tree for names themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import libcst as cst
 import libcst.matchers as m
@@ -210,10 +211,21 @@ class Script:
         """The class whose method holds `node`."""
         return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
 
-    @property
+    @cached_property
     def classes(self) -> dict[str, cst.ClassDef]:
         """The script's own top-level classes, by name."""
         return {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
+
+    def objects(self, scope: ScopeNode | None = None) -> dict[str, cst.ClassDef]:
+        """Names bound to an object of the script's own classes (`meter = AverageMeter()`), in
+        `scope` or anywhere."""
+        scopes = [scope] if scope is not None else list(self.assigns)
+        return {
+            ref_of(a.targets[0].target): self.classes[a.value.func.value]
+            for where in scopes
+            for a in self.assigns.get(where, [])
+            if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value in self.classes
+        }
 
     def methods(self, cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
         return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}

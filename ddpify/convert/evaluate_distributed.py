@@ -164,12 +164,7 @@ def meters(ctx: Context, loop: cst.For) -> list[str]:
     """`top1.update(acc, n)` in the loop on `top1 = AverageMeter(...)`: an object of the script's
     own classes that sums what it is given, out of reach of the all-reduce of plain sums."""
     script = ctx.script
-    classes = script.classes
-    made = {
-        ref_of(a.targets[0].target)
-        for a in script.assigns.get(script.scope_of(loop), [])
-        if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value in classes
-    }
+    made = script.objects(script.scope_of(loop))
     found = []
     for call in script.calls_in(loop):
         owner = ref_of(N.receiver(call)) if N.receiver(call) is not None else None

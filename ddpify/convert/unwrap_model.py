@@ -3,7 +3,8 @@
 `model.state_dict()` / `model.load_state_dict(...)` (checkpoints with no `module.`
 prefix, loadable by the single-GPU script), the model's own methods and attributes
 (`model.init_hidden(...)`, `model.fc = ...`), `torch.save(model, ...)` of the whole
-model, and the model handed to an object that keeps or saves it (`early_stopping(loss, model)`). What DDP itself provides (`train()`, `eval()`, `parameters()`, `to()`, ...) and
+model, and the model handed to an object that keeps or saves it (`early_stopping(loss,
+model)`). What DDP itself provides (`train()`, `eval()`, `parameters()`, `to()`, ...) and
 calling the model stay on the wrapper.
 """
 
@@ -62,13 +63,7 @@ def _unwrapped_to_objects(ctx: Context) -> None:
     train (it tracks, saves, evaluates) gets `model.module`, so what it saves has no `module.`
     prefix and loads back into the single-GPU model."""
     script, edits = ctx.script, ctx.edits
-    classes = script.classes
-    instances = {
-        ref_of(a.targets[0].target): classes[a.value.func.value]
-        for assigns in script.assigns.values()
-        for a in assigns
-        if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value in classes
-    }
+    instances = script.objects()
     for call in script.calls:
         func = call.func
         if isinstance(func, cst.Name) and func.value in instances:

@@ -84,13 +84,12 @@ def _moved(script, stmts: list[cst.CSTNode], model: str) -> bool:
 def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
     """Does `stmt` train or call the model (directly, by handing it to a training function, or
     by giving it to an object of the script's own classes, e.g. `Trainer(model, ...)`)?"""
-    classes = script.classes
     for call in script.calls_in(stmt):
         if ref_of(call.func) == model or N.call_name(call) == "backward":
             return True
         if script.local_function(call) in script.training_functions:
             return True  # a training helper (it may use the model as a global)
-        if isinstance(call.func, cst.Name) and call.func.value in classes and any(ref_of(a.value) == model for a in call.args):
+        if isinstance(call.func, cst.Name) and call.func.value in script.classes and any(ref_of(a.value) == model for a in call.args):
             return True  # the object keeps the model and trains it later: it must get the DDP one
     return False
 
