@@ -69,6 +69,8 @@ def convert(
     if result.already_distributed:
         note = result.changes[0]
         typer.echo(f"{src}:{note.line}: already distributed; nothing to convert, nothing written", err=True)
+        for name, line, what in result.pending:  # what a conversion would still add: the user decides
+            typer.echo(f"{src}:{line}: note: not converted: {what} ({name})", err=True)
         return
     source = src.read_bytes().decode(encoding)
     if diff:

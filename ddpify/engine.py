@@ -7,7 +7,6 @@ import tokenize
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpify.analysis.script import AnalysisError
 from ddpify.results import ConvertError, ConvertOptions, ConvertResult, Note
@@ -57,66 +56,28 @@ def convert_source(source: str, path: str = "<string>", options: ConvertOptions 
     except AnalysisError as exc:
         raise ConvertError(path, exc.line, exc.message) from None
     if not result.already_distributed:
-        _verify(result.code, path)
-        findings = [f for f in _lint(result.code, path) if f.severity == "error"]
-        if findings and not result.todos:
-            # What DDP still gets wrong in the converted script (often a pattern of the
-            # input, e.g. two forwards before one backward) is left as TODOs at the lines.
-            result.code = annotate(result.code, findings)
-            result.todos += [Note(f.line, f"{f.code} {f.message}", in_output=True) for f in findings]
+        _verify(result.code, path, options or ConvertOptions())
     return result
 
 
-def _verify(code: str, path: str) -> None:
-    """The output must compile and be a fixed point of the conversion."""
+def _verify(code: str, path: str, options: ConvertOptions) -> None:
+    """The output must compile and be a fixed point of the conversion: every pass, run over it
+    with the already-distributed shortcut off, recognises its own work and plans no edit (a TODO
+    it leaves again is fine: it is already in the output)."""
     from ddpify.convert import convert_module
 
     try:
         compile(code, path, "exec")
-        again = convert_module(cst.parse_module(code))
+        again = convert_module(cst.parse_module(code), options, shortcut=False)
     except (SyntaxError, cst.ParserSyntaxError, AnalysisError) as exc:  # pragma: no cover - a bug
         raise ConvertError(path, 1, f"internal error: the converted script does not verify ({exc})") from None
-    if not again.already_distributed:  # pragma: no cover - a bug
-        raise ConvertError(path, 1, "internal error: converting the output again would change it")
-
-
-def _lint(code: str, path: str):
-    """Default `ddpify check` findings on converted code."""
-    from ddpify.check.rule import all_rules
-    from ddpify.check.runner import check_source
-
-    return check_source(code, path, codes=[r.CODE for r in all_rules() if r.DEFAULT]).findings
-
-
-class _Annotate(cst.CSTTransformer):
-    """Put `# TODO(ddpify): ...` above the innermost statement holding each finding's line."""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self, findings: list) -> None:
-        super().__init__()
-        self.findings = findings
-        self.owner: dict[int, cst.CSTNode] = {}
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            span = self.get_metadata(PositionProvider, node)
-            for f in self.findings:
-                if span.start.line <= f.line <= span.end.line:
-                    self.owner[f.line] = node  # visited outer first: the innermost wins
-        return True
-
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
-        notes = [f for f in self.findings if self.owner.get(f.line) is original]
-        if not notes:
-            return updated
-        comments = [cst.EmptyLine(comment=cst.Comment(f"# TODO(ddpify): {f.code} {f.message}")) for f in notes]
-        return updated.with_changes(leading_lines=[*updated.leading_lines, *comments])
-
-
-def annotate(code: str, findings: list) -> str:
-    """The code with a TODO comment above each finding."""
-    return MetadataWrapper(cst.parse_module(code)).visit(_Annotate(findings)).code
+    if again.planned:  # pragma: no cover - a bug
+        name, line, what = again.planned[0]
+        raise ConvertError(
+            path, line, f"internal error: converting the output again would change it (pass {name}: {what}, line {line} of the output)"
+        )
+    if again.code != code:  # pragma: no cover - a bug
+        raise ConvertError(path, 1, "internal error: converting the output again would change its imports")
 
 
 def convert_file(path: Path, options: ConvertOptions | None = None) -> tuple[ConvertResult, str]:

@@ -1,4 +1,6 @@
-"""Shared test options and helpers: golden updates, and running scripts under python / torchrun."""
+"""Shared test options and helpers: golden updates, running scripts under python / torchrun, and
+the replica check every multi-rank run gets (assert_replicas_identical).
+"""
 
 from __future__ import annotations
 
@@ -47,7 +49,10 @@ class Launch:
     stderr: str
     seconds: float
     timed_out: bool
-    traces: dict = field(default_factory=dict)  # label -> {rank: trace dict}
+    traces: dict = field(default_factory=dict)  # (label, rank) -> trace dict
+    ranks: int = 1  # processes per run (torchrun's nproc, or the children of an mp.spawn script)
+    may_diverge: dict = field(default_factory=dict)  # label -> why its ranks may end apart (plan "diverges")
+    replicas: dict = field(default_factory=dict)  # label -> None (checked, identical) or the failure message
 
     def log(self) -> str:
         """The whole story, for failure messages."""
@@ -58,13 +63,39 @@ class Launch:
         )
 
     def params(self, label: str, rank: int):
+        """One rank's optimizers' parameters at the end of run `label` (replicas checked as by trace())."""
         import torch
 
+        if label not in self.may_diverge:
+            self.check_replicas(label)
         return torch.load(self.cwd / f"params-{label}-{rank}.pt")
 
     def trace(self, label: str, rank: int) -> dict:
+        """One rank's trace of run `label`; the first read of a multi-rank run checks its replicas."""
         assert (label, rank) in self.traces, f"no trace for run {label!r} rank {rank}\n{self.log()}"
+        if label not in self.may_diverge:
+            self.check_replicas(label)
         return self.traces[(label, rank)]
+
+    def check_replicas(self, label: str) -> None:
+        """assert_replicas_identical for run `label` (once; the verdict is kept), if it has 2+ ranks.
+
+        Skipped while a rank's trace is missing or records a failure: the caller's exit checks
+        report that, and a rank that stopped early has its parameters apart for that reason.
+        """
+        if self.ranks < 2:
+            return
+        traces = [self.traces.get((label, r)) for r in range(self.ranks)]
+        if any(t is None or t["exit_code"] != 0 for t in traces):
+            return
+        if label not in self.replicas:
+            try:
+                assert_replicas_identical(self.cwd, label, traces)
+                self.replicas[label] = None
+            except AssertionError as exc:
+                self.replicas[label] = str(exc)
+        if self.replicas[label] is not None:
+            raise AssertionError(self.replicas[label])
 
 
 def _descendants(pid: int) -> list[int]:
@@ -87,10 +118,14 @@ def _descendants(pid: int) -> list[int]:
     return found[::-1]
 
 
-def run_plan(plan: list[dict], workdir: Path, nproc: int | None) -> Launch:
+def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None) -> Launch:
     """Run tests/harness/trace_run.py over a plan, under torchrun with nproc processes or plain python (None).
 
     Each plan entry is {"label", "script", "args", "env", "cwd"}; a relative cwd is taken under workdir.
+    An entry may add "diverges": "<why>" for a run whose ranks may legitimately end with different
+    parameters (a deliberately broken script); every other run with 2+ ranks has its replicas
+    checked (assert_replicas_identical) by the first Launch.trace() of it. ranks: the processes
+    each run has (default nproc, or 1 under python; NPROC for a script that calls mp.spawn).
     Traces land in workdir. Never raises on failure: the caller asserts on the Launch.
     """
     workdir.mkdir(parents=True, exist_ok=True)
@@ -129,10 +164,106 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None) -> Launch:
             except ProcessLookupError:
                 pass
         stdout, stderr = proc.communicate()
-    launch = Launch(cmd, workdir, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out)
+    ranks = ranks or nproc or 1
+    launch = Launch(cmd, workdir, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out, ranks=ranks)
+    launch.may_diverge = {run["label"]: run["diverges"] for run in plan if run.get("diverges")}
     for run in plan:
-        for rank in range(nproc or 1):
-            path = workdir / f"trace-{run['label']}-{rank}.json"
-            if path.exists():
-                launch.traces[(run["label"], rank)] = json.loads(path.read_text())
+        launch.traces.update(load_traces(workdir, run["label"], ranks))
     return launch
+
+
+def load_traces(workdir: Path, label: str | None, ranks: int) -> dict:
+    """{(label, rank): trace} of the trace files that exist (label None: trace_run.py without a plan)."""
+    traces = {}
+    for rank in range(ranks):
+        path = workdir / f"trace-{_tag(label, rank)}.json"
+        if path.exists():
+            traces[(label, rank)] = json.loads(path.read_text())
+    return traces
+
+
+def _tag(label: str | None, rank: int) -> str:
+    return f"{label}-{rank}" if label else str(rank)
+
+
+# --- DDP's invariant: every rank holds the same parameters after every optimizer step -------------
+
+
+def assert_replicas_identical(workdir: Path, label: str | None, traces: list[dict]) -> None:
+    """Every rank of run `label` ended with bitwise identical parameters, and had them after every step.
+
+    DDP averages the gradients before each optimizer step, so the replicas never part: a
+    conversion that trains without gradient sync passes every other check and fails this one.
+    Compares params-<label>-<rank>.pt (each optimizer's parameters at the end, trace_run.py)
+    exactly, and the checksums in the traces: after every optimizer step (``optimizer_steps``),
+    and of every DDP model before each training forward and at the end (``ddp_forwards``,
+    ``ddp_final``: scripts that update parameters by hand have no optimizer). The AssertionError
+    names, for every rank that differs from rank 0, each optimizer's first step after which
+    they differ (each DDP model's first forward), and each differing final parameter (optimizer
+    index, parameter index, shape, max |difference|).
+    """
+    import torch
+
+    name = f"run {label!r}" if label else "the run"
+    params = [torch.load(workdir / f"params-{_tag(label, r)}.pt") for r in range(len(traces))]
+    problems = []
+    for r in range(1, len(traces)):
+        steps, final = _step_differences(traces[0], traces[r]), _param_differences(params[0], params[r])
+        if final and not steps and any(traces[0].get("optimizer_steps") or []):
+            steps = ["identical after every optimizer step: they parted after the last one (a load or edit on some ranks)"]
+        problems += [f"rank 0 vs rank {r}: {p}" for p in steps + final]
+    if problems:
+        shown = problems[:12] + ([f"... and {len(problems) - 12} more"] if len(problems) > 12 else [])
+        raise AssertionError(
+            f"{name}: the ranks' parameters are not identical (DDP keeps every rank's copy the same after "
+            "each optimizer step; training without gradient sync, or an edit on some ranks only, parts them):\n  "
+            + "\n  ".join(shown)
+        )
+
+
+def _step_differences(a: dict, b: dict) -> list[str]:
+    """Where the two ranks' parameter checksums (trace_run.py) first differ: per optimizer, the
+    first step (1-based) after which they do; per DDP model, the first training forward before
+    which they do (scripts that update parameters by hand have no optimizer steps), or the end."""
+    found = []
+    for key, what, when, steps in (
+        ("optimizer_steps", "optimizer", "after step", "optimizer steps"),
+        ("ddp_forwards", "DDP model", "before training forward", "training forwards"),
+    ):
+        seq_a, seq_b = a.get(key), b.get(key)
+        if seq_a is None or seq_b is None:
+            continue  # a trace without checksums: the final parameters are still compared
+        if len(seq_a) != len(seq_b):
+            found.append(f"{len(seq_a)} vs {len(seq_b)} {what}s")
+            continue
+        for i, (sa, sb) in enumerate(zip(seq_a, seq_b)):
+            first = next((k for k, (x, y) in enumerate(zip(sa, sb)) if x != y), None)
+            if first is not None:
+                found.append(f"{what} {i}: ranks first differ {when} {first + 1} (of {len(sa)} / {len(sb)})")
+            elif len(sa) != len(sb):
+                found.append(f"{what} {i}: {len(sa)} vs {len(sb)} {steps} (identical for the first {min(len(sa), len(sb))})")
+    final_a, final_b = a.get("ddp_final"), b.get("ddp_final")
+    if final_a is not None and final_b is not None and final_a != final_b and len(final_a) == len(final_b):
+        differ = [i for i, (x, y) in enumerate(zip(final_a, final_b)) if x != y]
+        found.append(f"DDP model {', '.join(map(str, differ))}: parameters differ at the end of the run")
+    return found
+
+
+def _param_differences(a: list, b: list) -> list[str]:
+    """Each final parameter that is not bitwise equal on the two ranks, with its max |difference|."""
+    import torch
+
+    if len(a) != len(b):
+        return [f"{len(a)} vs {len(b)} optimizers at the end"]
+    found = []
+    for i, (opt_a, opt_b) in enumerate(zip(a, b)):
+        if len(opt_a) != len(opt_b):
+            found.append(f"optimizer {i}: {len(opt_a)} vs {len(opt_b)} parameters")
+            continue
+        for j, (x, y) in enumerate(zip(opt_a, opt_b)):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                found.append(f"optimizer {i} parameter {j}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}")
+            elif not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+                diff = (x.double() - y.double()).abs().nan_to_num(nan=float("inf")).max().item() if x.numel() else 0.0
+                found.append(f"optimizer {i} parameter {j} (shape {list(x.shape)}): max |difference| = {diff:.3g}")
+    return found

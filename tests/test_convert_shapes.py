@@ -413,12 +413,9 @@ def test_fixed_draws_from_an_iterator_advance_the_epoch_and_get_a_todo():
     ]
 
 
-def test_a_model_returned_by_the_function_that_builds_it_is_refused_at_the_return():
-    import pytest
-
-    from ddpify.engine import ConvertError
-
-    code = """
+def test_a_model_returned_by_a_factory_is_wrapped_where_it_lands():
+    result = convert(
+        """
         import torch
         from torch.utils.data import DataLoader
 
@@ -437,9 +434,39 @@ def test_a_model_returned_by_the_function_that_builds_it_is_refused_at_the_retur
 
         main()
         """
+    )
+    main = result.code[result.code.index("def main"):]
+    assert main.index("model, optimizer = load_train_objs()") < main.index("model = DDP(model") < main.index("for epoch")
+    assert main.index("dist.init_process_group") < main.index("model, optimizer = load_train_objs()")
+    assert "DDP(" not in result.code[: result.code.index("def main")]
+
+
+def test_a_factory_called_twice_keeps_the_model_where_it_is_built():
+    """Two callers: no single place to wrap the model the factory returns; it is refused."""
+    import pytest
+
+    from ddpify.engine import ConvertError
+
+    code = """
+        import torch
+
+        def build():
+            model = torch.nn.Linear(3, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            return model, optimizer
+
+        def main():
+            model, optimizer = build()
+            other, other_optimizer = build()
+            for x in torch.randn(4, 8, 3):
+                model(x).sum().backward()
+                optimizer.step()
+
+        main()
+        """
     with pytest.raises(ConvertError) as raised:
         convert(code)
-    assert raised.value.line == 8 and "returned to its caller" in str(raised.value)
+    assert raised.value.line == 7 and "returned to its caller" in str(raised.value)
 
 
 def test_an_object_given_the_model_gets_the_ddp_model():

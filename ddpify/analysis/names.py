@@ -48,8 +48,9 @@ SUMMARY_WRITERS = frozenset(
 )
 MAKEDIRS = frozenset({"os.makedirs"})
 MKDIR = frozenset({"os.mkdir"})
-RANDOM_DRAWS = frozenset(  # ways to pick batch indices at random
-    {"torch.randint", "torch.randperm", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
+RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at random
+    {"torch.randint", "torch.randperm", "torch.randn", "torch.rand", "torch.normal", "numpy.random.randn",
+     "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
      "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}
 )  # fmt: skip
 TORCH_SEED = frozenset({"torch.manual_seed", "torch.random.manual_seed"})

@@ -6,6 +6,8 @@ read the facts below and never walk the tree for names themselves.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -18,6 +20,7 @@ from libcst.metadata import (
     QualifiedNameProvider,
 )
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 
 ScopeNode = cst.CSTNode  # a cst.Module or a cst.FunctionDef
@@ -99,6 +102,8 @@ class Script:
     assigns: dict[ScopeNode, list[cst.Assign]] = field(default_factory=dict)
     bound: dict[ScopeNode, set[str]] = field(default_factory=dict)  # names a function binds itself
     distributed_marker: cst.CSTNode | None = None
+    distributed_apis: dict[str, cst.CSTNode] = field(default_factory=dict)  # qualified name -> first use
+    has_dataloader: bool = False
     model_name: str = ""  # the first trained model (setup goes where it is built)
     model_scope: ScopeNode | None = None
     models: dict[str, ScopeNode] = field(default_factory=dict)  # every trained model -> its scope
@@ -227,6 +232,38 @@ class Script:
             if isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Name) and a.value.func.value in self.classes
         }
 
+    @cached_property
+    def uses_gpu(self) -> bool:
+        """Does the single-GPU script put anything on a GPU: `.cuda()`, `torch.cuda.*`, a "cuda"
+        string, or an integer device (`.to(0)`, `torch.device(0)`, `.to(gpu_id)` where `gpu_id`
+        is bound to an integer or is a parameter annotated `int`)?"""
+        int_names = self._integer_names()
+        for call in self.calls:
+            if N.call_name(call) == "cuda" or any(q.startswith("torch.cuda.") for q in self.names(call.func)):
+                return True
+            if any(N.is_cuda_string(a.value) for a in call.args):
+                return True
+            if (N.call_name(call) == "to" or self.is_call_to(call, N.TORCH_DEVICE)) and N.positional(call):
+                value = N.positional(call)[0].value
+                if isinstance(value, cst.Integer) or _last_name(value) in int_names:
+                    return True
+        return False
+
+    def _integer_names(self) -> set[str]:
+        """Names (or attribute names) bound to an integer literal, or parameters annotated `int`,
+        that name a device: `device = 0`, `gpu_id: int`, `self.gpu_id = gpu_id`."""
+        found = set()
+        for assigns in self.assigns.values():
+            for a in assigns:
+                name = _last_name(a.targets[0].target)
+                if name and isinstance(a.value, cst.Integer) and _DEVICE_NAME.search(name):
+                    found.add(name)
+        for fn in self.all_functions:
+            for p in fn.params.params:
+                if p.annotation is not None and m.matches(p.annotation.annotation, m.Name("int")) and _DEVICE_NAME.search(p.name.value):
+                    found.add(p.name.value)
+        return found
+
     def methods(self, cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
         return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
 
@@ -241,6 +278,18 @@ class Script:
         return [scope]
 
 
+_DEVICE_NAME = re.compile(r"(^|_)(gpu|gpus|device|dev|cuda)(_|$)|^gpu|gpu_?id|device_?id", re.IGNORECASE)
+
+
+def _last_name(node: cst.CSTNode) -> str | None:
+    """`gpu_id` for `gpu_id` and for `self.gpu_id`."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    return None
+
+
 def ref_of(node: cst.CSTNode) -> str | None:
     """`name` or `self.attr` as a string: the references ddpify follows."""
     if isinstance(node, cst.Name):
@@ -250,7 +299,7 @@ def ref_of(node: cst.CSTNode) -> str | None:
     return None
 
 
-_MARKER_TAILS = {name.rsplit(".", 1)[-1] for name in N.DISTRIBUTED_MARKERS | N.DATA_PARALLEL}
+_MARKER_TAILS = {name.rsplit(".", 1)[-1] for name in N.DISTRIBUTED_MARKERS | N.DATA_PARALLEL | N.DATALOADER}
 
 
 class _CallCollector(cst.CSTVisitor):
@@ -286,8 +335,6 @@ class _CallCollector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         self.script.calls.append(node)
-        if self.script.distributed_marker is None and self.script.names(node.func) & N.DISTRIBUTED_MARKERS:
-            self.script.distributed_marker = node
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._reference(node)
@@ -317,12 +364,26 @@ class _CallCollector(cst.CSTVisitor):
         names = self.script.names(node)
         if self.script.distributed_marker is None and names & N.DISTRIBUTED_MARKERS:
             self.script.distributed_marker = node
+        for name in names & N.DISTRIBUTED_MARKERS:
+            self.script.distributed_apis.setdefault(name, node)
+        if names & N.DATALOADER:
+            self.script.has_dataloader = True
         if names & N.DATA_PARALLEL and not isinstance(self.script.parent(node), (cst.Attribute, cst.ImportAlias)):
             self.script.data_parallel.append(node)
 
 
-def analyze(wrapper: MetadataWrapper) -> Script:
-    """Resolve metadata once and find the model, loaders, loops and helpers of a script."""
+def fully_distributed(script: Script) -> bool:
+    """Does the script already do what a conversion would: set up a process group, wrap a model
+    in DDP, and read its data through a DistributedSampler (or through no DataLoader at all)?"""
+    apis = set(script.distributed_apis)
+    return bool(
+        apis & D.INIT_PROCESS_GROUP and apis & D.DDP and (apis & D.DISTRIBUTED_SAMPLER or not script.has_dataloader)
+    )
+
+
+def analyze(wrapper: MetadataWrapper, full: bool = False) -> Script:
+    """Resolve metadata once and find the model, loaders, loops and helpers of a script
+    (all of it, or with `full` off, only what says it is fully distributed already)."""
     script = Script(
         module=wrapper.module,
         qnames=wrapper.resolve(QualifiedNameProvider),
@@ -332,7 +393,7 @@ def analyze(wrapper: MetadataWrapper) -> Script:
     module = wrapper.module
     script.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
     module.visit(_CallCollector(script))
-    if script.distributed_marker is not None:
+    if not full and fully_distributed(script):
         return script
     for _ in range(3):  # a function that calls a training helper (`self._run_batch(...)`) trains too
         script.training_functions = {fn for fn in script.all_functions if _has_backward(script, fn)}
@@ -363,27 +424,72 @@ def _find_model(script: Script) -> None:
             for q in qualified
         ):
             continue
-        scope = script.scope_of(call)
-        owner = _parameters_owner(script, call, scope, follow=True)
-        if owner is not None and owner not in script.models:
+        optimizer_scope = script.scope_of(call)
+        for owner in _parameters_owners(script, call, optimizer_scope, follow=True):  # itertools.chain(G.parameters(), F.parameters())
+            scope, built_here = optimizer_scope, True
+            if (taken := _taken_out(script, owner, scope)) is not None:
+                (owner, scope), built_here = taken, False  # `dataset, model, optimizer = load_train_objs()`
+            if owner in script.models:
+                continue
             if not script.models:
                 script.model_name = owner
                 script.model_scope = _binding_scope(script, owner, scope)
-                if isinstance(scope, cst.Module):
+                if isinstance(scope, cst.Module) and built_here:
                     script.main_block = _main_block(script, call)
-                script.optimizer_stmt = script.top_statement(call, scope) if script.model_scope is scope else None
+                script.optimizer_stmt = (
+                    script.top_statement(call, scope) if built_here and script.model_scope is scope else None
+                )
             script.models[owner] = _binding_scope(script, owner, scope)
     if script.models:
         return
     for call in script.calls:
         owner = N.receiver(call)
         scope = script.scope_of(call)
-        if N.call_name(call) == "parameters" and owner is not None and ref_of(owner) and scope in script.training_functions:
+        if N.call_name(call) == "parameters" and owner is not None and ref_of(owner) and _updates_by_hand(script, call, scope):
             script.model_name = ref_of(owner)
             script.model_scope = _binding_scope(script, script.model_name, scope)
             script.models[script.model_name] = script.model_scope
             return
     raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
+
+
+def _taken_out(script: Script, model: str, scope: ScopeNode) -> tuple[str, ScopeNode] | None:
+    """A factory that builds the model (and its optimizer) without training it and returns it,
+    called once: the name the caller unpacks it into, in the caller's scope."""
+    if not isinstance(scope, cst.FunctionDef) or scope in script.training_functions:
+        return None
+    index = None
+    for ret in returns(scope):
+        items = [e.value for e in ret.value.elements] if isinstance(ret.value, cst.Tuple) else [ret.value]
+        where = [i for i, item in enumerate(items) if ref_of(item) == model]
+        if len(where) != 1 or index not in (None, where[0]):
+            return None
+        index = where[0]
+    if index is None:
+        return None
+    callers = [c for c in script.calls if isinstance(c.func, cst.Name) and script.local_function(c) is scope]
+    if len(callers) != 1:
+        return None
+    assign = script.parent(callers[0])
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    items = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+    name = ref_of(items[index]) if index < len(items) else None
+    return (name, script.scope_of(assign)) if name else None
+
+
+def _updates_by_hand(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
+    """Is `model.parameters()` walked where training happens: in a training function, or in a
+    loop of the module that calls backward (`p.data.add_(-lr * p.grad)` without an optimizer)?"""
+    if scope in script.training_functions:
+        return True
+    loop = next((a for a in script.ancestors(call) if isinstance(a, (cst.For, cst.While))), None)
+    while loop is not None:
+        if _has_backward(script, loop):
+            return True
+        loop = next((a for a in script.ancestors(loop) if isinstance(a, (cst.For, cst.While))), None)
+    return False
 
 
 def _main_block(script: Script, node: cst.CSTNode) -> cst.IndentedBlock | None:
@@ -396,22 +502,24 @@ def _main_block(script: Script, node: cst.CSTNode) -> cst.IndentedBlock | None:
     return None
 
 
-def _parameters_owner(script: Script, node: cst.CSTNode, scope: ScopeNode, follow: bool) -> str | None:
-    """`model` in `model.parameters()`/`model.named_parameters()` used by `node` (or by the
-    values of names it uses, assigned in the same scope)."""
+def _parameters_owners(script: Script, node: cst.CSTNode, scope: ScopeNode, follow: bool) -> list[str]:
+    """Every `model` in `model.parameters()`/`model.named_parameters()` used by `node` (or by
+    the values of names it uses, assigned in the same scope), in order."""
+    found: list[str] = []
     for inner in script.calls_in(node):
         owner = N.receiver(inner)
         if N.call_name(inner) in ("parameters", "named_parameters") and owner is not None and ref_of(owner):
-            return ref_of(owner)
-    if not follow:
-        return None
+            if ref_of(owner) not in found:
+                found.append(ref_of(owner))
+    if found or not follow:
+        return found
     used = {n.value for n in _names_in(node)}
     for assign in _assignments_in(script, scope):
         if ref_of(assign.targets[0].target) in used:
-            found = _parameters_owner(script, assign.value, scope, follow=False)
-            if found is not None:
-                return found
-    return None
+            for owner in _parameters_owners(script, assign.value, scope, follow=False):
+                if owner not in found:
+                    found.append(owner)
+    return found
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
@@ -701,15 +809,16 @@ def _restarts(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
     """Does every `next(it)` on this iterator survive its end (`except StopIteration`, or a
     default: `next(it, None)`)? Otherwise the script counts on a number of batches per pass."""
     name = ref_of(script.parent(call).targets[0].target)
-    for draw in script.calls_in(scope):
-        if not m.matches(draw, m.Call(func=m.Name("next"), args=[m.Arg(m.Name(name)), m.ZeroOrMore()])):
-            continue
-        caught = any(
-            isinstance(a, cst.Try) and any(m.findall(h.type, m.Name("StopIteration")) for h in a.handlers if h.type)
-            for a in _ancestors_in(script, draw, scope)
-        )
-        if len(draw.args) == 1 and not caught:
-            return False
+    for where in script.scopes_for(name, scope) if name and name.startswith("self.") else [scope]:
+        for draw in script.calls_in(where):
+            if not (m.matches(draw.func, m.Name("next")) and draw.args and ref_of(draw.args[0].value) == name):
+                continue
+            caught = any(
+                isinstance(a, cst.Try) and any(m.findall(h.type, m.Name("StopIteration")) for h in a.handlers if h.type)
+                for a in _ancestors_in(script, draw, where)
+            )
+            if len(draw.args) == 1 and not caught:
+                return False
     return True
 
 
@@ -723,16 +832,39 @@ def _ancestors_in(script: Script, node: cst.CSTNode, scope: ScopeNode) -> list[c
 
 
 def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
-    """`it = <call>` and `next(it)` inside a loop of `scope` that calls backward."""
+    """`it = <call>` and `next(it)` inside a loop that calls backward: in `scope`, or, for an
+    iterator kept on `self`, in a method that a training loop calls on an object of the class
+    (`batch = batch_loader.next()`, an endless-loader class)."""
     assign = script.parent(call)
-    if not isinstance(assign, cst.Assign) or not isinstance(assign.targets[0].target, cst.Name):
+    if not isinstance(assign, cst.Assign) or not (name := ref_of(assign.targets[0].target)):
         return False
-    name = assign.targets[0].target.value
-    for draw in script.calls_in(scope):
-        if m.matches(draw, m.Call(func=m.Name("next"), args=[m.Arg(m.Name(name)), m.ZeroOrMore()])):
-            loops = [a for a in _ancestors_in(script, draw, scope) if isinstance(a, (cst.For, cst.While))]
+    for where in script.scopes_for(name, scope) if name.startswith("self.") else [scope]:
+        for draw in script.calls_in(where):
+            if not (m.matches(draw.func, m.Name("next")) and draw.args and ref_of(draw.args[0].value) == name):
+                continue
+            loops = [a for a in _ancestors_in(script, draw, where) if isinstance(a, (cst.For, cst.While))]
             if any(_has_backward(script, loop.body) for loop in loops):
                 return True
+            if isinstance(where, cst.FunctionDef) and _method_called_in_training(script, where):
+                return True
+    return False
+
+
+def _method_called_in_training(script: Script, method: cst.FunctionDef) -> bool:
+    """Is `obj.method()` called, on an object of the method's class, in a loop that calls backward?"""
+    cls = script.class_of(method)
+    if cls is None:
+        return False
+    owners = {name for name, kind in script.objects().items() if kind is cls}
+    for call in script.calls:
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == method.name.value):
+            continue
+        if ref_of(call.func.value) not in owners:
+            continue
+        where = script.scope_of(call)
+        loops = [a for a in _ancestors_in(script, call, where) if isinstance(a, (cst.For, cst.While))]
+        if any(_has_backward(script, loop.body) for loop in loops):
+            return True
     return False
 
 

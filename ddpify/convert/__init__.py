@@ -7,10 +7,12 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
-from ddpify.analysis.script import analyze
+from ddpify.analysis.script import AnalysisError, analyze, fully_distributed
 from ddpify.convert import (
+    agree_on_stop,
     download_once,
     evaluate_distributed,
+    flag_double_forward,
     guard_rank_zero,
     launch_with_spawn,
     legacy_local_rank,
@@ -43,12 +45,14 @@ PASSES = (
     wrap_model,
     unwrap_model,
     skip_sync_on_accumulation,
+    flag_double_forward,
     seed_random_split,
     shard_data,
     shard_split_loaders,
     shard_hand_batches,
     evaluate_distributed,
     reduce_train_metrics,
+    agree_on_stop,
     download_once,
     guard_rank_zero,
     wait_for_checkpoints,
@@ -59,20 +63,31 @@ PASSES = (
 )
 
 
-def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions()) -> ConvertResult:
-    """Convert a parsed script; raises AnalysisError when it cannot be done safely."""
+def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(), *, shortcut: bool = True) -> ConvertResult:
+    """Convert a parsed script; raises AnalysisError when it cannot be done safely.
+
+    A script that already sets up a process group, wraps its model in DDP and shards its data is
+    returned as it is (`already_distributed`); with `shortcut` off every pass runs over it anyway
+    and must recognise its own work (engine._verify requires that it plans no edit)."""
     wrapper = MetadataWrapper(module)
-    script = analyze(wrapper)
-    if script.distributed_marker is not None:
+    script = analyze(wrapper, full=not shortcut)
+    if shortcut and fully_distributed(script):
+        # Left alone; what the passes would still add (a lost set_epoch, an unguarded save) is
+        # reported, not done: a hand-written DDP script may mean it.
         line = script.line(script.distributed_marker)
-        return ConvertResult(
-            module.code,
-            [Note(line, "already distributed: nothing to convert")],
-            already_distributed=True,
-        )
+        try:
+            pending = convert_module(module, options, shortcut=False).planned
+        except AnalysisError:
+            pending = []
+        notes = [Note(line, "already distributed: nothing to convert")]
+        notes += [Note(at, f"not converted: {what} ({name})") for name, at, what in pending]
+        return ConvertResult(module.code, notes, already_distributed=True, pending=pending)
     edits = Edits(wrapper.module)
+    edits.line_of = script.line
+    edits.end_line_of = lambda node: script.positions[node].end.line if node in script.positions else script.line(node)
     ctx = Context(script, edits, options, gpus_per_process=spread_model_over_gpus.width(script))
     for convert_pass in PASSES:
+        edits.current_pass = convert_pass.__name__.rsplit(".", 1)[-1]
         convert_pass.run(ctx)
     converted = apply(wrapper.module, edits)
     imports = CodemodContext()
@@ -87,4 +102,5 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
         converted.code,
         sorted(set(edits.changes), key=lambda n: n.line),
         sorted(set(edits.todos), key=lambda n: n.line),
+        planned=edits.planned,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import RANK0, Context
 
@@ -37,8 +38,8 @@ def run(ctx: Context) -> None:
     for stmt in statements:
         block = list(script.parent(stmt).body)
         index = block.index(stmt)
-        if index == 0 or block[index - 1] not in statements:
+        if (index == 0 or block[index - 1] not in statements) and not D.barrier_in(script, D.sibling(script, stmt, -1)):
             edits.insert_before(stmt, BEFORE)
-        if index == len(block) - 1 or block[index + 1] not in statements:
+        if (index == len(block) - 1 or block[index + 1] not in statements) and not D.barrier_in(script, D.sibling(script, stmt, 1)):
             edits.insert_after(stmt, AFTER)
         edits.change(script.line(stmt), "rank 0 downloads the dataset first; the others wait at a barrier")

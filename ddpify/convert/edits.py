@@ -33,16 +33,31 @@ class Edits:
         self.todos: list[Note] = []
         self.imports: list[tuple[str, str | None, str | None]] = []
         self.unused_imports: list[tuple[str, str | None, str | None]] = []
+        # Every edit that changes the code, as (pass, line, what): converting a converted script
+        # must plan none (engine._verify), and names the pass and line when one does.
+        self.current_pass = ""
+        self.line_of: Callable[[cst.CSTNode], int] = lambda node: 0
+        self.end_line_of: Callable[[cst.CSTNode], int] = lambda node: 0
+        self.planned: list[tuple[str, int, str]] = []
+
+    def _log(self, node: cst.CSTNode, what: str, end: bool = False) -> None:
+        line = self.end_line_of(node) if end else self.line_of(node)
+        self.planned.append((self.current_pass, line, what))
 
     # -- requests --------------------------------------------------------
     def rewrite(self, node: cst.CSTNode, fn: Rewrite) -> None:
+        if _unchanged(node, fn):
+            return  # already what the pass wants (e.g. a converted script converted again)
         self.rewrites[node].append(fn)
+        self._log(node, f"rewrites `{_short(node)}`")
 
     def replace(self, node: cst.CSTNode, new: cst.CSTNode) -> None:
         self.rewrite(node, lambda _updated: new)
 
     def insert_before(self, stmt: cst.CSTNode, code: str | Sequence[cst.BaseStatement]) -> None:
-        self.before[stmt].extend(self.statements(code))
+        new = self.statements(code)
+        self.before[stmt].extend(new)
+        self._log(stmt, f"inserts `{_short(new[0])}` before")
 
     def insert_above(self, stmt: cst.CSTNode, code: str) -> None:
         """Insert before `stmt`, taking over the blank lines that separate it from what precedes."""
@@ -60,20 +75,26 @@ class Edits:
             keep = list(stmt.leading_lines[len(blank):])
             self.rewrite(stmt, lambda updated: updated.with_changes(leading_lines=keep + list(updated.leading_lines[len(blank) + len(keep):])))
         self.before[stmt].extend(new)
+        self._log(stmt, f"inserts `{_short(new[0])}` above")
 
     def insert_after(self, stmt: cst.CSTNode, code: str | Sequence[cst.BaseStatement]) -> None:
-        self.after[stmt].extend(self.statements(code))
+        new = self.statements(code)
+        self.after[stmt].extend(new)
+        self._log(stmt, f"inserts `{_short(new[0])}` after", end=True)
 
     def guard(self, stmt: cst.CSTNode, condition: str) -> None:
         """Run `stmt` only when `condition` holds (adjacent guards share one `if`)."""
         self.guards.setdefault(stmt, condition)
+        self._log(stmt, f"guards it with `if {condition}:`")
 
     def enclose(self, first: cst.CSTNode, last: cst.CSTNode, header: str) -> None:
         """Put the statements from `first` to `last` (one block) under `header` (e.g. a `with`)."""
         self.enclosures[first] = (last, header)
+        self._log(first, f"encloses it in `{header}`")
 
     def remove(self, stmt: cst.CSTNode) -> None:
         self.removed.add(stmt)
+        self._log(stmt, f"removes `{_short(stmt)}`")
 
     def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         if (module, obj, asname) not in self.imports:
@@ -86,9 +107,13 @@ class Edits:
         self.changes.append(Note(line, message))
 
     def todo(self, stmt: cst.CSTNode, line: int, message: str) -> None:
-        """Leave `# TODO(ddpify): message` above `stmt` and list it in the summary."""
+        """Leave `# TODO(ddpify): message` above `stmt` and list it in the summary (a TODO
+        already left there by an earlier conversion is listed, not written twice)."""
         self.todos.append(Note(line, message))
-        comment = cst.EmptyLine(comment=cst.Comment(f"# TODO(ddpify): {message}"))
+        text = f"# TODO(ddpify): {message}"
+        if any(getattr(lead.comment, "value", None) == text for lead in getattr(stmt, "leading_lines", ())):
+            return
+        comment = cst.EmptyLine(comment=cst.Comment(text))
         self.rewrite(stmt, lambda updated: updated.with_changes(leading_lines=[*updated.leading_lines, comment]))
 
     # -- building blocks -------------------------------------------------
@@ -103,6 +128,23 @@ class Edits:
 
     def expression(self, code: str) -> cst.BaseExpression:
         return cst.parse_expression(code, config=self.config.config_for_parsing)
+
+
+def _unchanged(node: cst.CSTNode, fn: Rewrite) -> bool:
+    """Would the rewrite leave `node` as it is?"""
+    try:
+        return fn(node).deep_equals(node)
+    except Exception:  # a rewrite made for the updated node: assume it changes something
+        return False
+
+
+def _short(node: cst.CSTNode) -> str:
+    try:
+        code = cst.Module([]).code_for_node(node).strip()
+    except Exception:
+        return type(node).__name__
+    first = next((line for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#")), code)
+    return first if len(first) <= 70 else first[:67] + "..."
 
 
 def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, ref_of
 from ddpify.convert.context import Context
@@ -102,6 +103,10 @@ def _slice(ctx: Context, loader: Loader) -> None:
     script, edits = ctx.script, ctx.edits
     call = loader.call
     sampler = N.keyword(call, "sampler")
+    if sampler is not None and (
+        D.reads_rank(script, sampler.value) or D.calls_to(script, sampler.value, D.DISTRIBUTED_SAMPLER)
+    ):
+        return  # each rank reads its own slice already
     if sampler is not None and isinstance(sampler.value, cst.Call) and script.is_call_to(sampler.value, N.SEQUENTIAL_SAMPLER):
         rank, world = ctx.rank_and_world(loader.stmt)
         dataset = script.module.code_for_node(N.positional(sampler.value)[0].value) if N.positional(sampler.value) else None
@@ -130,16 +135,26 @@ def _slice(ctx: Context, loader: Loader) -> None:
 
 
 def reduce_after(ctx: Context, loop: cst.For) -> bool:
-    """Sum the loop's `x += ...` accumulators over ranks right after it."""
+    """Sum the loop's `x += ...` accumulators over ranks right after it (those not summed yet);
+    True when the script needs the `all_reduce_sum` helper."""
     script, edits = ctx.script, ctx.edits
     sums, appends = accumulators(loop)
     if appends:
         edits.todo(loop, script.line(loop), "this evaluation collects per-sample results: gather them from all ranks (dist.all_gather_object)")
+    sums, reduced = unreduced(ctx, loop, sums)
     if not sums:
-        return False
+        return reduced
     edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name})\n" for name in sums))
     edits.change(script.line(loop), f"evaluation sums over all ranks: {', '.join(sums)}")
     return True
+
+
+def unreduced(ctx: Context, loop: cst.CSTNode, sums: list[str]) -> tuple[list[str], bool]:
+    """The sums no statement after `loop` all-reduces yet, and whether a reduction that is there
+    calls a helper the script lacks (it must be defined again)."""
+    found = {name: D.reduced_after(ctx.script, loop, name) for name in sums}
+    lost = any(D.missing_helper(ctx.script, call) for call in found.values())
+    return [name for name in sums if found[name] is None], lost
 
 
 def accumulators(loop: cst.For) -> tuple[list[str], bool]:
@@ -175,7 +190,7 @@ def meters(ctx: Context, loop: cst.For) -> list[str]:
 
 def define_helper(ctx: Context) -> None:
     """`all_reduce_sum` once, after the imports."""
-    if "all_reduce_sum" in ctx.helpers:
+    if "all_reduce_sum" in ctx.helpers or D.all_reduces(ctx.script, ctx.script.functions.get("all_reduce_sum")):
         return
     ctx.helpers.add("all_reduce_sum")
     module = ctx.script.module

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
+from ddpify.convert.per_process import PerProcess
 
 # Calls whose effect should happen once per run, by qualified name or by method name.
 ONCE = N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS
@@ -31,14 +33,19 @@ def run(ctx: Context) -> None:
     rank0_eval = ctx.options.eval_on_rank0
     eval_helpers = {script.local_function(c) for c in script.eval_calls} if rank0_eval else set()
     writers = _rank0_writers(ctx)
+    own = PerProcess(script)
     targets: dict[cst.CSTNode, str] = {}
     hoisted: set[cst.CSTNode] = set()  # statements whose model-running calls now run before them
     moved: set[cst.Call] = set()  # those calls
     for call in script.calls:
         line = script.statement_line(call)
-        if script.scope_of(call) in eval_helpers:
+        if script.scope_of(call) in eval_helpers or D.guarded_by_rank(script, call):
             continue  # runs on rank 0 only already
+        if own.in_pipeline(call):
+            continue  # a Dataset method, collate_fn or worker_init_fn: runs per sample on every rank
         if _opens_for_writing(ctx, call):
+            if own.path(call.args[0].value):
+                continue  # this process's own file (its rank or pid in the name, a temporary directory)
             stmt = script.parent(script.parent(call))  # Call -> WithItem -> With
             if isinstance(stmt, cst.With) and not _runs_model(ctx, stmt):
                 targets[stmt] = ctx.rank0_condition(stmt)
@@ -53,15 +60,30 @@ def run(ctx: Context) -> None:
             or (owner is not None and N.call_name(call) in ONCE_METHODS)
             or (owner is not None and ref_of(owner) in writers)
         ):
+            if _writes_own_file(ctx, own, call):
+                continue  # every process writes its own copy
             targets[line] = ctx.rank0_condition(line)
             if _hoist_model_calls(ctx, line, call, moved):
                 hoisted.add(line)
     for call in script.eval_calls:
-        if rank0_eval:
+        if rank0_eval and not D.guarded_by_rank(script, call):
             line = script.statement_line(call)
             targets[line] = ctx.rank0_condition(line)
         _pass_unwrapped(ctx, call)
     _guard(ctx, targets, hoisted)
+
+
+def _writes_own_file(ctx: Context, own: PerProcess, call: cst.Call) -> bool:
+    """`torch.save(state, os.path.join(tempdir, "best.pt"))`, `print(..., file=rank_log)`,
+    `logger.addHandler(logging.FileHandler(f"worker{os.getpid()}.log"))`: a file of this process's
+    own. (A print or log message that names the rank still goes out once.)"""
+    script = ctx.script
+    if script.is_call_to(call, N.PRINT):
+        target = N.keyword(call, "file")
+        return target is not None and own.path(target.value)
+    if script.is_call_to(call, N.LOGGING_CALLS):
+        return False
+    return any(own.path(arg.value) for arg in call.args)
 
 
 def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: set[cst.CSTNode]) -> None:
@@ -154,6 +176,8 @@ def _rank0_writers(ctx: Context) -> set[str]:
         if ref is None:
             continue
         names.add(ref)
+        if D.guarded_by_rank(script, call):
+            continue  # `SummaryWriter(...) if dist.get_rank() == 0 else None` already
         condition = ctx.rank0_condition(assign)
         edits.rewrite(
             call,

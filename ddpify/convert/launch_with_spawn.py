@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis.script import AnalysisError
 from ddpify.convert.context import Context
 
@@ -49,6 +50,8 @@ def run(ctx: Context) -> None:
     if ctx.options.launcher != "spawn":
         return
     script, edits = ctx.script, ctx.edits
+    if any(script.is_call_to(c, D.SPAWN) for c in script.calls):
+        return  # starts its own processes already
     stmt, call = _entry_call(ctx)
     names = [a.value.value for a in call.args]
     code = script.module.code_for_node(call)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
 
@@ -35,6 +37,8 @@ def run(ctx: Context) -> None:
         device = edits.expression(ctx.device) if visible else None
         name = N.call_name(call)
         if script.is_call_to(call, N.SET_DEVICE):
+            if _selects_own_gpu(ctx, call):
+                continue  # the setup's own `torch.cuda.set_device(device)`
             line = script.statement_line(call)
             if line is not None and len(line.body) == 1 and isinstance(line.body[0], cst.Expr):
                 edits.remove(line)
@@ -52,7 +56,7 @@ def run(ctx: Context) -> None:
             edits.change(script.line(call), f"`torch.device(...)` is now `{ctx.device}`")
         else:
             arg = N.keyword(call, "device")
-            if arg is not None and N.is_cuda_string(arg.value):
+            if arg is not None and N.is_cuda_string(arg.value) and not _per_process_string(ctx, arg.value):
                 edits.replace(arg.value, device or edits.expression('"cuda"'))
                 edits.change(script.line(call), f"`device=` now names `{ctx.device if visible else 'cuda'}`")
 
@@ -119,11 +123,32 @@ def _map_location(ctx: Context, call: cst.Call, where: str) -> None:
     ctx.edits.change(ctx.script.line(call), f"`torch.load(..., map_location={where})`")
 
 
+def _selects_own_gpu(ctx: Context, call: cst.Call) -> bool:
+    """`torch.cuda.set_device(device)` / `(local_rank)`: this process's GPU, as setup selects it."""
+    args = N.positional(call)
+    if not args:
+        return False
+    value = args[0].value
+    return ref_of(value) in (ctx.device, ctx.local_rank) or D.reads_rank(ctx.script, value)
+
+
 def _means_gpu(ctx: Context, node: cst.BaseExpression) -> bool:
     """A "cuda"/"cuda:N" string, `torch.device("cuda"...)`, or a bare GPU index."""
     if N.is_cuda_string(node):
-        return True
+        return not _per_process_string(ctx, node)
+    if D.is_per_process_device(ctx.script, node, ctx.local_rank):
+        return False  # `torch.device("cuda", torch.cuda.current_device())`: chosen per process already
     if isinstance(node, cst.Call) and ctx.script.is_call_to(node, N.TORCH_DEVICE):
         args = N.positional(node)
         return bool(args) and N.is_cuda_string(args[0].value)
     return False
+
+
+def _per_process_string(ctx: Context, node: cst.BaseExpression) -> bool:
+    """`f"cuda:{local_rank}"`: an f-string whose index is this process's (LOCAL_RANK's)."""
+    return isinstance(node, cst.FormattedString) and any(
+        isinstance(p, cst.FormattedStringExpression)
+        and (ref_of(p.expression) == ctx.local_rank or D.reads_rank(ctx.script, p.expression)
+             or any(n.value == ctx.local_rank for n in m.findall(p.expression, m.Name())))
+        for p in node.parts
+    )  # fmt: skip

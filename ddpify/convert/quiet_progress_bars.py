@@ -7,6 +7,7 @@ it still runs on every rank.
 from __future__ import annotations
 
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
@@ -19,6 +20,8 @@ def run(ctx: Context) -> None:
             continue
         others = _negate(ctx.rank0_condition(script.statement_line(call) or call))
         existing = N.keyword(call, "disable")
+        if existing is not None and D.reads_rank(script, existing.value):
+            continue  # shows on one rank already
         if existing is not None:
             code = script.module.code_for_node(existing.value)
             edits.replace(existing.value, edits.expression(f"({code}) or {others}"))

@@ -26,7 +26,7 @@ import libcst.matchers as m
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ScopeNode
 from ddpify.convert.context import Context
-from ddpify.convert.evaluate_distributed import accumulators, define_helper, meters, per_rank_denominator
+from ddpify.convert.evaluate_distributed import accumulators, define_helper, meters, per_rank_denominator, unreduced
 
 COLLECTED = (
     "{names} collect this rank's share of the epoch only: average them over ranks (dist.all_reduce) "
@@ -65,6 +65,11 @@ def _collected(ctx: Context, loop: cst.For) -> list[str]:
 
 
 def _reduce(ctx: Context, loop: cst.For, sums: list[str]) -> None:
+    sums, lost = unreduced(ctx, loop, sums)
+    if lost:
+        define_helper(ctx)
+    if not sums:
+        return  # summed over ranks already
     average = per_rank_denominator(ctx, loop)
     world = ctx.rank_and_world(loop)[1]
     tail = f" / {world}" if average else ""

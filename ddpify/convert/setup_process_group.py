@@ -12,7 +12,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import Script, ScopeNode, ref_of
+from ddpify.analysis import distributed as D
+from ddpify.analysis.script import Script, ScopeNode, mentions, ref_of
 from ddpify.convert.context import Context
 
 LOCAL_RANK = """
@@ -24,7 +25,7 @@ DEVICE = '{device} = torch.device(f"cuda:{{{first_gpu}}}" if torch.cuda.is_avail
 CPU_DEVICE = '{device} = torch.device("cpu")\n'
 
 ACCELERATOR_TYPE = "torch.accelerator.current_accelerator().type"
-FIXUP = """if {device}.type == "cuda":  # chosen at run time: this process's GPU
+FIXUP = """if {device_type} == "cuda":  # chosen at run time: this process's GPU
     {device} = torch.device("cuda", {local_rank})
 """
 DEVICE_OPTION = """if {option}.startswith("cuda"):  # --device names a GPU: this process's own
@@ -46,6 +47,8 @@ def run(ctx: Context) -> None:
     found = None
     for scope in _candidate_scopes(script):
         found = found or _device_statement(script, scope)
+    if _existing_setup(ctx, found):
+        return
     names = {"local_rank": ctx.local_rank}
     if found is not None:
         stmt, ctx.device, is_torch_device = found
@@ -53,9 +56,15 @@ def run(ctx: Context) -> None:
         ctx.device_stmt = stmt
         ctx.device_type = f"{ctx.device}.type" if is_torch_device else f"torch.device({ctx.device}).type"
         _point_at_local_rank(ctx, stmt)
-        edits.insert_above(stmt, LOCAL_RANK.format(**names))
+        if any(_chosen_at_run_time(v) for _, v in _assignments(stmt)):
+            ctx.device_fixup = True  # `else: self.device = config.device`
+        existing = _local_rank_variable(ctx, ctx.setup_scope)
+        if existing is None:
+            edits.insert_above(stmt, _opening(LOCAL_RANK, stmt is script.block_of(ctx.setup_scope).body[0]).format(**names))
+        else:
+            ctx.local_rank = names["local_rank"] = existing
         if ctx.device_fixup:
-            edits.insert_after(stmt, FIXUP.format(device=ctx.device, **names))
+            edits.insert_after(stmt, FIXUP.format(device=ctx.device, device_type=ctx.device_type, **names))
         edits.insert_after(stmt, INIT.format(device=ctx.device, device_type=ctx.device_type))
         body = list(script.block_of(ctx.setup_scope).body)
         ctx.init_index = body.index(stmt) + 1
@@ -65,13 +74,13 @@ def run(ctx: Context) -> None:
         body = list(script.block_of(ctx.setup_scope).body)
         anchor = _anchor(script, body)
         ctx.device_type = f"{ctx.device}.type"
-        on_gpu = uses_gpu(script)
+        on_gpu = script.uses_gpu
         device_line = DEVICE if on_gpu else CPU_DEVICE
         first_gpu = ctx.local_rank if ctx.gpus_per_process == 1 else f"{ctx.gpus_per_process} * {ctx.local_rank}"
         names = {"local_rank": ctx.local_rank, "first_gpu": first_gpu}
         edits.insert_above(
             anchor,
-            LOCAL_RANK.format(**names)
+            _opening(LOCAL_RANK, anchor is body[0]).format(**names)
             + device_line.format(device=ctx.device, **names)
             + INIT.format(device=ctx.device, device_type=ctx.device_type),
         )
@@ -85,6 +94,58 @@ def run(ctx: Context) -> None:
         script.line(body[min(ctx.init_index, len(body) - 1)]),
         "process group from torchrun's environment (NCCL with CUDA after set_device, gloo on CPU)",
     )
+
+
+def _existing_setup(ctx: Context, found) -> bool:
+    """The script sets up its process group already: learn the names and place later passes
+    need (the setup's scope, the device, LOCAL_RANK's variable) and add nothing but what a
+    GPU device line still lacks."""
+    script, edits = ctx.script, ctx.edits
+    inits = [c for c in script.calls if script.is_call_to(c, D.INIT_PROCESS_GROUP)]
+    if not inits:
+        return False
+    init = inits[-1]
+    scope = script.scope_of(init)
+    top = script.top_statement(init, scope)
+    if top is None and isinstance(scope, cst.FunctionDef):  # `ddp_setup()` called where training starts
+        callers = [c for c in script.calls if script.local_function(c) is scope]
+        if len(callers) == 1:
+            scope = script.scope_of(callers[0])
+            top = script.top_statement(callers[0], scope)
+    if top is None:
+        scope = script.model_scope
+        top = script.top_statement(init, scope)
+    ctx.setup_scope = scope
+    body = list(script.block_of(scope).body)
+    ctx.init_index = body.index(top) + 1 if top in body else 0
+    if found is not None:
+        stmt, ctx.device, is_torch_device = found
+        ctx.device_stmt = stmt
+        ctx.device_type = f"{ctx.device}.type" if is_torch_device else f"torch.device({ctx.device}).type"
+    ctx.local_rank = _local_rank_variable(ctx, scope) or ctx.local_rank
+    if found is not None:
+        _point_at_local_rank(ctx, ctx.device_stmt)
+        if any(_chosen_at_run_time(v) for _, v in _assignments(ctx.device_stmt)):
+            ctx.device_fixup = True
+        fixed = any(
+            ref_of(a.targets[0].target) == ctx.device and D.is_per_process_device(script, a.value, ctx.local_rank)
+            for a in script.assigns.get(script.scope_of(ctx.device_stmt), [])
+        )
+        if ctx.device_fixup and not fixed:
+            edits.insert_after(ctx.device_stmt, FIXUP.format(device=ctx.device, device_type=ctx.device_type, local_rank=ctx.local_rank))
+    _device_option(ctx)
+    return True
+
+
+def _local_rank_variable(ctx: Context, scope: ScopeNode) -> str | None:
+    """The name `scope` binds to LOCAL_RANK from the environment (`local_rank = int(os.environ...)`)."""
+    script = ctx.script
+    for assign in script.assigns.get(scope, []):
+        target = ref_of(assign.targets[0].target)
+        if target and m.findall(assign.value, m.SimpleString()) and D.reads_rank(script, assign.value):
+            if any(s.evaluated_value == "LOCAL_RANK" for s in m.findall(assign.value, m.SimpleString())):
+                return target
+    return None
 
 
 def _device_option(ctx: Context) -> None:
@@ -104,6 +165,9 @@ def _device_option(ctx: Context) -> None:
     line = script.statement_line(parsed[0])
     if not isinstance(target, cst.Name) or line is None:
         return
+    following = D.sibling(script, line, 1)
+    if following is not None and D.reads_rank(script, following) and mentions(following, f"{target.value}"):
+        return  # already re-pointed at this process's GPU
     edits.insert_after(line, DEVICE_OPTION.format(option=f"{target.value}.device"))
     edits.change(script.line(line), f"`{target.value}.device` naming a GPU becomes this process's (`cuda:<LOCAL_RANK>`)")
 
@@ -136,7 +200,9 @@ def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStateme
             continue
         targets = {t for t, _ in assigns}
         values = [v for _, v in assigns]
-        if len(targets) == 1 and all(_is_device_value(script, v) for v in values):
+        if len(targets) == 1 and all(_is_device_value(script, v) or _chosen_at_run_time(v) for v in values):
+            if not any(_is_device_value(script, v) for v in values):
+                continue
             is_torch_device = all(_is_torch_device(script, v) for v in values)
             return stmt, targets.pop(), is_torch_device
     return None
@@ -168,6 +234,11 @@ def _is_device_value(script: Script, value: cst.BaseExpression) -> bool:
     if N.is_cuda_string(value):
         return True
     return isinstance(value, cst.IfExp) and any(_is_gpu(script, b) for b in (value.body, value.orelse))
+
+
+def _chosen_at_run_time(value: cst.BaseExpression) -> bool:
+    """`config.device`, `args.device`: a device named by a setting (one branch of an if/else)."""
+    return isinstance(value, cst.Attribute) and "device" in value.attr.value
 
 
 def _is_torch_device(script: Script, value: cst.BaseExpression) -> bool:
@@ -255,11 +326,6 @@ def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
     )
 
 
-def uses_gpu(script: Script) -> bool:
-    """Does the single-GPU script put anything on a GPU at all?"""
-    for call in script.calls:
-        if N.call_name(call) == "cuda" or any(q.startswith("torch.cuda.") for q in script.names(call.func)):
-            return True
-        if any(N.is_cuda_string(a.value) for a in call.args):
-            return True
-    return False
+def _opening(code: str, first: bool) -> str:
+    """No blank line above setup that opens a block."""
+    return code.lstrip("\n") if first else code

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, Loader, ref_of
 from ddpify.convert.context import RANK0, Context
@@ -103,17 +104,42 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
         if arg is None:
             return None
         inner = arg.value
-    sampler_call = _bound_call(ctx, inner, loader)
-    if sampler_call is None or not script.is_call_to(sampler_call, N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER):
+    # Every sampler the loader may get: one per branch (`if args.shuffle: sampler = RandomSampler(ds)
+    # else: sampler = SequentialSampler(ds)`, or `A if cond else B`); each branch is sharded.
+    sampler_calls = _bound_calls(ctx, inner, loader)
+    known = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER | D.DISTRIBUTED_SAMPLER
+    if not sampler_calls or any(c is None or not script.is_call_to(c, known) for c in sampler_calls):
         edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
         return ""
-    source = N.positional(sampler_call) or [N.keyword(sampler_call, "data_source")]
-    dataset = script.module.code_for_node(source[0].value)
-    shuffle = "True" if script.is_call_to(sampler_call, N.RANDOM_SAMPLER) else "False"
-    edits.replace(sampler_call, edits.expression(f"DistributedSampler({dataset}, shuffle={shuffle})"))
+    for sampler_call in sampler_calls:
+        if script.is_call_to(sampler_call, D.DISTRIBUTED_SAMPLER):
+            continue  # sharded already
+        source = N.positional(sampler_call) or [N.keyword(sampler_call, "data_source")]
+        dataset = script.module.code_for_node(source[0].value)
+        shuffle = "True" if script.is_call_to(sampler_call, N.RANDOM_SAMPLER) else "False"
+        edits.replace(sampler_call, edits.expression(f"DistributedSampler({dataset}, shuffle={shuffle})"))
     if ref_of(inner) is not None:
         return ref_of(inner)
     return f"{loader.name}.batch_sampler.sampler" if batch is not None else f"{loader.name}.sampler"
+
+
+def _bound_calls(ctx: Context, value: cst.BaseExpression, loader: Loader) -> list[cst.Call | None]:
+    """The calls `value` may be: itself, both sides of `A if cond else B`, or every value
+    assigned to the name it is (one per branch of an if/else); None for one that is no call."""
+    if isinstance(value, cst.IfExp):
+        return _bound_calls(ctx, value.body, loader) + _bound_calls(ctx, value.orelse, loader)
+    if isinstance(value, cst.Call):
+        return [value]
+    ref = ref_of(value)
+    if ref is None:
+        return [None]
+    script = ctx.script
+    found: list[cst.Call | None] = []
+    for scope in script.scopes_for(ref, loader.scope):
+        for assign in script.assigns.get(scope, []):
+            if ref_of(assign.targets[0].target) == ref:
+                found += _bound_calls(ctx, assign.value, loader) if isinstance(assign.value, (cst.Call, cst.IfExp)) else [None]
+    return found
 
 
 def _bound_call(ctx: Context, value: cst.BaseExpression, loader: Loader) -> cst.Call | None:
@@ -141,6 +167,8 @@ def split_batch(ctx: Context, loader: Loader) -> None:
     if arg is None:
         edits.todo(loader.stmt, script.line(loader.stmt), "divide this loader's batch size by the world size (dist.get_world_size())")
         return
+    if D.reads_world_size(script, arg.value):
+        return  # divided already
     code = script.module.code_for_node(arg.value)
     if not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Integer, cst.Subscript, cst.Call)):
         code = f"({code})"
@@ -206,6 +234,8 @@ def _sampler_in(scope, loader: Loader, sampler: str, loader_expr: str) -> str:
 
 def _next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str) -> None:
     """Step-based training has no epoch number: every new pass advances the sampler's own."""
+    if _sets_epoch(ctx, D.sibling(ctx.script, stmt, -1)):
+        return
     ctx.edits.insert_before(stmt, NEXT_EPOCH.format(sampler=sampler))
     ctx.edits.change(ctx.script.line(stmt), f"a new pass over the data: `{sampler}.set_epoch(...)` reshuffles the shards")
 
@@ -213,6 +243,8 @@ def _next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str) -> None:
 def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
     """`sampler.set_epoch(epoch)` as the first statement of the epoch loop."""
     script, edits = ctx.script, ctx.edits
+    if _sets_epoch_always(ctx, loop):
+        return  # the loop reshuffles already (a call under `if distributed:` may never run: add ours)
     target = loop.target
     if isinstance(target, cst.Name) and target.value == "_":
         edits.replace(target, cst.Name("epoch"))
@@ -228,3 +260,39 @@ def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
         return
     edits.insert_before(body[0], SET_EPOCH.format(sampler=sampler, epoch=epoch))
     edits.change(script.line(loop), f"`{sampler}.set_epoch({epoch})` reshuffles the shards every epoch")
+
+
+def _sets_epoch(ctx: Context, node: cst.CSTNode | None, depth: int = 0) -> bool:
+    """Does `node` call a sampler's `set_epoch(...)`, itself or in a helper it calls
+    (`self._run_epoch(epoch)`)?"""
+    if node is None or depth > 2:
+        return False
+    for call in ctx.script.calls_in(node):
+        if N.call_name(call) == "set_epoch" and N.receiver(call) is not None:
+            return True
+        fn = ctx.script.local_function(call)
+        if fn is not None and fn is not node and _sets_epoch(ctx, fn.body, depth + 1):
+            return True
+    return False
+
+
+def _sets_epoch_always(ctx: Context, loop: cst.For) -> bool:
+    """Does every pass of the epoch loop call a sampler's `set_epoch(...)` (not under an `if`)?"""
+    script = ctx.script
+    return any(
+        (
+            (N.call_name(c) == "set_epoch" and N.receiver(c) is not None)
+            or (script.local_function(c) is not None and _sets_epoch(ctx, script.local_function(c).body, 1))
+        )  # also in a helper the loop calls (`self._run_epoch(epoch)`)
+        and not any(isinstance(a, (cst.If, cst.IfExp)) for a in _between(script, c, loop))
+        for c in script.calls_in(loop.body)
+    )
+
+
+def _between(script, node: cst.CSTNode, outer: cst.CSTNode) -> list[cst.CSTNode]:
+    found = []
+    for anc in script.ancestors(node):
+        if anc is outer:
+            break
+        found.append(anc)
+    return found

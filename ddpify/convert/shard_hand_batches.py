@@ -19,6 +19,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ScopeNode, ref_of
 from ddpify.convert.context import Context
@@ -39,6 +40,11 @@ FULL_BATCH = (
 GLOBAL_BATCH = (
     "--global-batch: this script cuts its own batches, so divide its batch size by "
     "dist.get_world_size() where it is set"
+)
+SHARE_RANDOM_DATA = (
+    "_shared = {listed}\n"
+    "dist.broadcast_object_list(_shared, src=0)  # made at random without a seed: use rank 0's on every rank\n"
+    "{listed} = _shared\n"
 )
 SEED_BEFORE_TRAINING = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches\n"
 
@@ -131,6 +137,8 @@ def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
     bound = _last_binding(ctx, data, scope, loop)
     if bound is None:
         return False
+    if D.reads_rank(script, bound):
+        return True  # `data = data[rank * rows : (rank + 1) * rows]` already
     rank, world = ctx.rank_and_world(bound)
     taken = set().union(*script.bound.values())
     rows = next(n for n in ("rows_per_rank", f"{data}_rows_per_rank", f"_{data}_rows") if n not in taken)
@@ -196,17 +204,22 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
     calls = list(script.calls_in(loop))
     calls += [c for call in list(calls) if (fn := script.local_function(call)) for c in script.calls_in(fn)]
     draws = {name.split(".")[0] for c in calls if _draws(script, c) for name in script.names(c.func) & N.RANDOM_DRAWS}
-    if "torch" in draws:
+    seeded_by_rank = [c for c in script.calls if script.is_call_to(c, N.SEEDS) and D.reads_rank(script, c)]
+    if "torch" in draws and not any(script.is_call_to(c, N.TORCH_SEED) for c in seeded_by_rank):
         start = _runs_once_before(ctx, loop)
         if start is None:
             edits.todo(loop, script.line(loop), "seed each process differently (torch.manual_seed(seed + rank)) so ranks draw different batches")
         else:
             rank = ctx.rank_and_world(start)[0]
+            if shared := _made_at_random_unseeded(ctx, start):
+                names = ", ".join(shared)
+                edits.insert_before(start, SHARE_RANDOM_DATA.format(names=names, listed=f"[{names}]"))
+                edits.change(script.line(start), f"{names}: made at random without a seed, rank 0's copy is used on every rank")
             edits.insert_before(start, SEED_BEFORE_TRAINING.format(rank=rank))
             edits.change(script.line(loop), "batches are drawn at random: torch is seeded with its seed + rank before training")
     for call in script.calls:
         seeds_module = {name.split(".")[0] for name in script.names(call.func) & N.SEEDS} - {"torch"}
-        if not seeds_module & draws or len(call.args) != 1:
+        if not seeds_module & draws or len(call.args) != 1 or call in seeded_by_rank:
             continue
         value = call.args[0].value
         code = script.module.code_for_node(value)
@@ -214,6 +227,26 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
             code = f"({code})"
         edits.replace(value, edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
         edits.change(script.line(call), "the seed is offset by the rank: each process draws its own random batches")
+
+
+def _made_at_random_unseeded(ctx: Context, start: cst.CSTNode) -> list[str]:
+    """Tensors the script draws at random before training, in the scope where training starts,
+    when it never seeds torch: each process drew its own (torch seeds every process differently),
+    so targets made this way (`W_target = torch.randn(4, 1)`) differ between ranks."""
+    script = ctx.script
+    if any(script.is_call_to(c, N.TORCH_SEED) for c in script.calls):
+        return []
+    scope = script.scope_of(start)
+    line = script.line(start)
+    found = []
+    for assign in script.assigns.get(scope, []):
+        name = ref_of(assign.targets[0].target)
+        if (
+            name and name not in found and name not in script.models and script.line(assign) < line
+            and any(_draws(script, c) and "torch" in {q.split(".")[0] for q in script.names(c.func)} for c in script.calls_in(assign.value))
+        ):  # fmt: skip
+            found.append(name)
+    return found
 
 
 def _runs_once_before(ctx: Context, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, SplitLoaders, ref_of
 from ddpify.convert.context import RANK0, Context
@@ -35,6 +36,9 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
     train = split.train_key
     line = script.line(split.stmt)
     own = any(N.keyword(c, k) is not None for c in split.calls.values() for k in ("sampler", "batch_sampler"))
+    if train is not None and train in split.calls and split.epoch_loops and _sharded(ctx, split, split.calls[train]):
+        _per_epoch(ctx, split, train, None)  # sharded already: what each epoch needs, if it lacks it
+        return
     if train is None or train not in split.calls or not split.epoch_loops or own:
         edits.todo(
             split.stmt,
@@ -55,7 +59,7 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
             edits.todo(split.stmt, script.line(call), f"shard the `{split.name}` loaders by rank: their dataset is built inline")
             return
         shuffle_arg = N.keyword(call, "shuffle")
-        shuffle = script.module.code_for_node(shuffle_arg.value) if shuffle_arg is not None else "False"
+        shuffle = _for_split(ctx, shuffle_arg.value, split.key_var, split.keys[key]) if shuffle_arg is not None else "False"
         if key == train:
             samplers[key] = SAMPLER.format(dataset=dataset, shuffle=shuffle, extra=extra)
         else:
@@ -79,9 +83,31 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
         split_batch(ctx, _named_loader(ctx, split.calls[train]) or Loader(split.name, split.calls[train], split.stmt, split.scope))
     edits.need_import("torch.utils.data.distributed", "DistributedSampler")
     edits.change(line, f"`{split.name}[{split.keys[train]}]` reads this process's shard; the other splits a slice per rank")
+    _per_epoch(ctx, split, train, train_sampler)
+
+
+def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
+    """Does the training split read through a DistributedSampler already (`sampler=samplers[x]`
+    over a dict that holds one, or a name bound to one)?"""
+    script = ctx.script
+    arg = N.keyword(call, "sampler")
+    if arg is None:
+        return False
+    if D.calls_to(script, arg.value, D.DISTRIBUTED_SAMPLER):
+        return True
+    used = {n.value for n in m.findall(arg.value, m.Name())}
+    return any(
+        ref_of(a.targets[0].target) in used and D.calls_to(script, a.value, D.DISTRIBUTED_SAMPLER)
+        for a in script.assigns.get(split.scope, [])
+    )
+
+
+def _per_epoch(ctx: Context, split: SplitLoaders, train: str, train_sampler: str | None) -> None:
+    """`set_epoch` every epoch, and the sums of the shared loop added up over ranks after it."""
+    script, edits = ctx.script, ctx.edits
     reduced = False
     for epoch in split.epoch_loops:
-        visible = epoch.scope is split.scope
+        visible = epoch.scope is split.scope and train_sampler is not None
         set_epoch(ctx, epoch.loop, train_sampler if visible else f"{epoch.loader_expr}[{split.keys[train]}].sampler")
         if epoch.inner is None:
             continue
@@ -111,6 +137,14 @@ def _dataset(ctx: Context, call: cst.Call, key_var: str | None, key: str) -> str
         return None
     if key_var is not None and m.findall(value, m.Name(key_var)):
         return None
+    return ctx.script.module.code_for_node(value)
+
+
+def _for_split(ctx: Context, value: cst.BaseExpression, key_var: str | None, key: str) -> str:
+    """A comprehension's per-split value for one split: `shuffle=(x == "train")` reads the split's
+    key where the comprehension variable stood (the sampler is made outside the comprehension)."""
+    if key_var is not None:
+        value = m.replace(value, m.Name(key_var), cst.parse_expression(key))
     return ctx.script.module.code_for_node(value)
 
 

@@ -13,10 +13,12 @@ next backward reduces gradients.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import ref_of
+from ddpify.analysis.script import param_receiving, ref_of
 from ddpify.convert.context import Context
 
 HEADER = "with contextlib.nullcontext() if {sync} else {model}.no_sync():"
@@ -35,11 +37,16 @@ def run(ctx: Context) -> None:
 
 def _accumulation(ctx: Context, loop: cst.For, backward: cst.Call, models: set[str]) -> None:
     script, edits = ctx.script, ctx.edits
+    optimizers = _optimizers(script)
+    if any(_skips_sync(script, a) for a in script.ancestors(backward) if script.inside(a, loop)):
+        return  # under `model.no_sync()` already
     body = list(loop.body.body)
     last = _top(script, backward, body)
-    step_if = next((s for s in body if isinstance(s, cst.If) and _steps(script, s)), None)
+    step_if = next((s for s in body if isinstance(s, cst.If) and _steps(script, s, optimizers)), None)
     if last is None or step_if is None or body.index(step_if) < body.index(last):
         return
+    if any(not isinstance(s, cst.If) and _steps_optimizer(script, s, optimizers) for s in body):
+        return  # the optimizer steps every iteration: no accumulation (an `if` steps something else)
     first = next((s for s in body if _forward(script, s, models)), None)
     if first is None or body.index(first) > body.index(last):
         return
@@ -52,13 +59,86 @@ def _accumulation(ctx: Context, loop: cst.For, backward: cst.Call, models: set[s
     edits.change(script.line(first), f"micro-steps that do not step the optimizer run under `{model}.no_sync()`")
 
 
+def _skips_sync(script, node: cst.CSTNode) -> bool:
+    """A `with` whose context calls a model's `no_sync()`."""
+    return isinstance(node, cst.With) and any(
+        N.call_name(c) == "no_sync" for item in node.items for c in script.calls_in(item)
+    )
+
+
 def _top(script, node: cst.CSTNode, body: list) -> cst.CSTNode | None:
     return next((s for s in body if script.inside(node, s)), None)
 
 
-def _steps(script, stmt: cst.If) -> bool:
-    """An `if` (no else) that steps an optimizer: the accumulation boundary."""
-    return stmt.orelse is None and any(N.call_name(c) == "step" for c in script.calls_in(stmt.body))
+def _steps(script, stmt: cst.If, optimizers: set[str]) -> bool:
+    """An `if` (no else) that steps an optimizer: the accumulation boundary. An `if` that only
+    steps an LR scheduler (`if epoch <= args.warm: warmup_scheduler.step()`) is not one."""
+    return stmt.orelse is None and _steps_optimizer(script, stmt.body, optimizers)
+
+
+def _steps_optimizer(script, node: cst.CSTNode, optimizers: set[str]) -> bool:
+    """Does `node` call `optimizer.step()` (or `scaler.step(optimizer)`) on a torch.optim optimizer?"""
+    for call in script.calls_in(node):
+        owner = N.receiver(call)
+        if N.call_name(call) != "step" or owner is None:
+            continue
+        if _is_optimizer(script, owner, optimizers):
+            return True
+        if any(_is_optimizer(script, a.value, optimizers) for a in N.positional(call)[:1]):
+            return True  # `scaler.step(optimizer)`: a GradScaler steps the optimizer it is given
+    return False
+
+
+def _is_optimizer(script, node: cst.CSTNode, optimizers: set[str]) -> bool:
+    """A name the analysis knows holds an optimizer; a name bound to something else (a scheduler,
+    a GradScaler, an object of the script's own classes) is not one; a name bound nowhere the
+    analysis can see (a parameter it cannot follow) is one when it is spelled like one."""
+    ref = ref_of(node)
+    if ref is None:
+        return False
+    if ref in optimizers:
+        return True
+    if any(ref_of(a.targets[0].target) == ref for assigns in script.assigns.values() for a in assigns):
+        return False
+    last = ref.rsplit(".", 1)[-1].lower()
+    return "optim" in last or bool(re.fullmatch(r"opt(_\w+|\d*)|\w+_opt", last))
+
+
+def _optimizers(script) -> set[str]:
+    """Names bound to a torch.optim optimizer (`optimizer = optim.SGD(...)`, also of a subclass
+    the script defines), then the parameters and `self.` attributes that receive one."""
+    found: set[str] = set()
+    assigns = [a for scope_assigns in script.assigns.values() for a in scope_assigns]
+    for a in assigns:
+        if isinstance(a.value, cst.Call) and _builds_optimizer(script, a.value) and ref_of(a.targets[0].target):
+            found.add(ref_of(a.targets[0].target))
+    for _ in range(3):
+        before = len(found)
+        for a in assigns:  # `self.optimizer = optimizer`
+            if ref_of(a.value) in found and ref_of(a.targets[0].target):
+                found.add(ref_of(a.targets[0].target))
+        for call in script.calls:  # `train(model, optimizer, loader)`
+            fn = script.local_function(call)
+            if fn is None:
+                continue
+            for ref in list(found):
+                param = param_receiving(fn, call, ref)
+                if param is not None:
+                    found.add(param)
+        if len(found) == before:
+            break
+    return found
+
+
+def _builds_optimizer(script, call: cst.Call) -> bool:
+    names = set(script.names(call.func))
+    cls = script.classes.get(call.func.value) if isinstance(call.func, cst.Name) else None
+    if cls is not None:
+        names |= {q for base in cls.bases for q in script.names(base.value)}
+    return any(
+        q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
+        for q in names
+    )
 
 
 def _forward(script, stmt: cst.CSTNode, models: set[str]) -> bool:

@@ -9,6 +9,7 @@ GPUs. `width(script)` is how many GPUs one copy of the model uses.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Script
@@ -18,9 +19,28 @@ PER_PROCESS = 'f"cuda:{{{width} * int(os.environ.get(\'LOCAL_RANK\', 0)) + {inde
 
 
 def width(script: Script) -> int:
-    """The number of GPUs the script's model spans (1 unless it names several indices)."""
+    """The number of GPUs the script's model spans (1 unless it names several indices); in a
+    converted script, the width its per-process devices (`f"cuda:{2 * LOCAL_RANK + 1}"`) use."""
     indices = {index for _, index in _indexed_devices(script)}
-    return max(indices) + 1 if len(indices) > 1 else 1
+    if len(indices) > 1:
+        return max(indices) + 1
+    spread = {w for w in map(_per_process_width, m.findall(script.module, m.FormattedString())) if w}
+    return max(spread) if spread else 1
+
+
+def _per_process_width(node: cst.FormattedString) -> int | None:
+    """W in `f"cuda:{W * int(os.environ.get('LOCAL_RANK', 0)) + i}"` (what this pass writes)."""
+    parts = node.parts
+    if len(parts) != 2 or not m.matches(parts[0], m.FormattedStringText("cuda:")):
+        return None
+    expr = getattr(parts[1], "expression", None)
+    if m.matches(expr, m.BinaryOperation(operator=m.Add(), right=m.Integer())):
+        expr = expr.left
+    if m.matches(expr, m.BinaryOperation(operator=m.Multiply(), left=m.Integer())) and m.findall(
+        expr.right, m.SimpleString(value=m.MatchIfTrue(lambda v: "LOCAL_RANK" in v))
+    ):
+        return int(expr.left.value)
+    return None
 
 
 def run(ctx: Context) -> None:

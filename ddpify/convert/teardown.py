@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import distributed as D
 from ddpify.convert.context import Context
 
 # The barrier lets every rank finish (rank 0 may still be saving) before any of them tears the
@@ -13,6 +14,8 @@ TEARDOWN = "dist.barrier()  # every rank is done\ndist.destroy_process_group()\n
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
+    if any(script.is_call_to(c, D.DESTROY_PROCESS_GROUP) for c in script.calls):
+        return  # the script tears its process group down already
     cls = script.class_of(ctx.setup_scope)
     if cls is not None:
         _after_driver(ctx, cls)
@@ -21,10 +24,21 @@ def run(ctx: Context) -> None:
     last = body[-1]
     if _is_main_guard(last):
         last = last.body.body[-1]  # the script ends with its `__main__` block
+    _teardown_at(ctx, last)
+
+
+def _teardown_at(ctx: Context, last: cst.CSTNode) -> None:
+    """Barrier and destroy after `last` (before it when it returns); a barrier already
+    there is not doubled."""
+    script, edits = ctx.script, ctx.edits
+    code = TEARDOWN
+    before = D.sibling(script, last, -1) if _is_return(last) else last
+    if before is not None and isinstance(before, cst.SimpleStatementLine) and D.barrier_in(script, before):
+        code = TEARDOWN.split("\n", 1)[1]
     if _is_return(last):
-        edits.insert_before(last, TEARDOWN)
+        edits.insert_before(last, code)
     else:
-        edits.insert_after(last, TEARDOWN)
+        edits.insert_after(last, code)
     edits.change(script.line(last), "`dist.destroy_process_group()` at the end")
 
 
@@ -42,11 +56,6 @@ def _after_driver(ctx: Context, cls: cst.ClassDef) -> None:
     for call in script.calls:
         if isinstance(call.func, cst.Name) and call.func.value == cls.name.value:
             block = script.parent(script.statement_line(call) or call)
-            last = block.body[-1]
-            if _is_return(last):
-                edits.insert_before(last, TEARDOWN)
-            else:
-                edits.insert_after(last, TEARDOWN)
-            edits.change(script.line(last), "`dist.destroy_process_group()` at the end")
+            _teardown_at(ctx, block.body[-1])
             return
     edits.todo(cls, script.line(cls), "call `dist.destroy_process_group()` when training ends")

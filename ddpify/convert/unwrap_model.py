@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import ref_of
+from ddpify.analysis.script import param_receiving, ref_of
 from ddpify.convert.context import Context
 
 # nn.Module API that DistributedDataParallel answers for the wrapped module.
@@ -40,6 +40,7 @@ def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     _reload_into_module(ctx)
     _unwrapped_to_objects(ctx)
+    _unwrapped_to_helpers(ctx)
     attributes = _Attributes()
     script.module.visit(attributes)
     for node in attributes.found:
@@ -80,6 +81,31 @@ def _unwrapped_to_objects(ctx: Context) -> None:
             if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
                 edits.replace(arg.value, edits.expression(f"{owner}.module"))
                 edits.change(script.line(call), f"`{cls.name.value}` gets `{owner}.module`: it keeps or saves the model, it does not train it")
+
+
+def _unwrapped_to_helpers(ctx: Context) -> None:
+    """`generate(model, idx, ...)`: a helper of the script that does not train but uses the
+    model's own methods or attributes (`model.get_block_size()`, `model.config`) gets
+    `model.module`; DDP has none of them."""
+    script, edits = ctx.script, ctx.edits
+    for call in script.calls:
+        fn = script.local_function(call)
+        if fn is None or fn in script.training_functions or not isinstance(call.func, cst.Name):
+            continue
+        for owner in script.ddp_names.get(script.scope_of(call), ()):
+            param = param_receiving(fn, call, owner)
+            if param is None or not _uses_own_members(fn, param) or not ctx.after_wrap(call, owner):
+                continue
+            arg = next(a for a in call.args if ref_of(a.value) == owner)
+            edits.replace(arg.value, edits.expression(f"{owner}.module"))
+            edits.change(script.line(call), f"`{fn.name.value}()` gets `{owner}.module`: it uses the model's own methods")
+
+
+def _uses_own_members(fn: cst.FunctionDef, param: str) -> bool:
+    """Does `fn` use `param.x` for an `x` that DDP does not answer for the module?"""
+    attributes = _Attributes()
+    fn.visit(attributes)
+    return any(ref_of(a.value) == param and a.attr.value not in ON_WRAPPER for a in attributes.found)
 
 
 def _reload_into_module(ctx: Context) -> None:

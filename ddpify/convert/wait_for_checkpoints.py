@@ -14,8 +14,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
+from ddpify.convert.per_process import PerProcess
 
 BARRIER = "dist.barrier()  # rank 0 has written this file\n"
 
@@ -25,15 +27,17 @@ def run(ctx: Context) -> None:
     written: dict[str, int] = {}  # path (as code) -> first line written
     reads: list[tuple[str, cst.Call]] = []
     handles = _file_handles(script)
+    own = PerProcess(script)  # every process writes (and reads back) its own file: no waiting
     for call in script.calls:
         args = N.positional(call)
         saves = script.is_call_to(call, N.TORCH_SAVE)
         if saves and len(args) > 1:
-            if not _is_handle(args[1].value, handles):
+            if not _is_handle(args[1].value, handles) and not own.path(args[1].value):
                 written.setdefault(_code(ctx, args[1].value), script.line(call))
         elif script.is_call_to(call, N.OPEN) and args:
             if _mode(call).startswith(("w", "a", "x")):
-                written.setdefault(_code(ctx, args[0].value), script.line(call))
+                if not own.path(args[0].value):
+                    written.setdefault(_code(ctx, args[0].value), script.line(call))
             else:
                 reads.append((_code(ctx, args[0].value), call))
         elif script.is_call_to(call, N.TORCH_LOAD) and args and not _is_handle(args[0].value, handles):
@@ -47,6 +51,9 @@ def run(ctx: Context) -> None:
         if stmt is None or stmt in done:
             continue
         done.add(stmt)
+        previous = D.sibling(script, stmt, -1)
+        if isinstance(previous, cst.SimpleStatementLine) and D.barrier_in(script, previous):
+            continue  # every rank waits there already
         edits.insert_before(stmt, BARRIER)
         edits.change(script.line(call), "every rank reads this file after rank 0 wrote it (barrier)")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.script import AnalysisError, mentions, ref_of
+from ddpify.analysis.script import AnalysisError, kept_by_objects, mentions, ref_of
 from ddpify.convert.context import Context
-from ddpify.convert.setup_process_group import uses_gpu
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
 WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
@@ -27,6 +27,11 @@ def run(ctx: Context) -> None:
 def _wrap(ctx: Context, model: str, scope) -> None:
     script, edits = ctx.script, ctx.edits
     body = list(script.block_of(scope).body)
+    wrapped = _existing_wrap(ctx, model, scope)
+    if wrapped is not None:
+        if wrapped in body:
+            ctx.wrap_after[model] = wrapped
+        return
     _refuse_returned(ctx, model, scope, body)
     last = None
     for stmt in body:
@@ -41,7 +46,10 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     if scope is ctx.setup_scope and body.index(last) < ctx.init_index - 1:
         last = body[ctx.init_index - 1]  # the process group (and the device) must exist first
     ctx.wrap_after[model] = last
-    if ctx.options.sync_batchnorm:
+    synced = any(
+        script.is_call_to(c, D.SYNC_BATCHNORM) and c.args and mentions(c.args[0].value, model) for c in script.calls
+    )
+    if ctx.options.sync_batchnorm and not synced:
         edits.insert_after(last, SYNC_BN.format(model=model))
         edits.change(script.line(last), "BatchNorm layers become SyncBatchNorm (statistics over all processes)")
     elif _has_batchnorm(script):
@@ -49,13 +57,38 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     if ctx.gpus_per_process > 1:
         edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
     else:
-        index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device}.index"
+        index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device_type.removesuffix('.type')}.index"
         wrap = WRAP.format(model=model, index=index, device_type=ctx.device_type)
-        if uses_gpu(script) and not _moved(script, body[: body.index(last) + 1], model):  # `Trainer(model, ...)` moves it later
+        if script.uses_gpu and not _moved(script, body[: body.index(last) + 1], model):  # `Trainer(model, ...)` moves it later
             wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
         edits.insert_after(last, wrap)
     edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
     edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
+
+
+def _existing_wrap(ctx: Context, model: str, scope) -> cst.CSTNode | None:
+    """`model = DDP(model, ...)` already in the script: the statement of `scope` that holds it
+    (or, for a model handed to an object that wraps what it keeps, `self.model = DDP(self.model)`
+    in its constructor, that statement)."""
+    script = ctx.script
+    for attr, init in kept_by_objects(script, model, scope):
+        found = _existing_wrap(ctx, attr, init) if attr != model else None
+        if found is not None:
+            return found
+    for call in script.calls:
+        if not script.is_call_to(call, D.DDP):
+            continue
+        args = N.positional(call) or [a for a in call.args if a.keyword is not None and a.keyword.value == "module"]
+        assign = script.parent(call)
+        if (
+            args
+            and mentions(args[0].value, model)
+            and isinstance(assign, cst.Assign)
+            and assign.value is call
+            and ref_of(assign.targets[0].target) == model
+        ):
+            return script.top_statement(call, scope) or script.statement_line(call) or assign
+    return None
 
 
 def _refuse_returned(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -> None:

@@ -19,10 +19,20 @@ original:
   or the first such mapping nested one level down, e.g. ``{"model": sd, "epoch": 3}``).
 * ``torch.optim.Optimizer.__init__``: every optimizer; their parameters at the end of the run
   are written to ``params-<tag>.pt`` as ``[[tensor, ...] per optimizer]``.
+* a global optimizer step post-hook: after every ``optimizer.step()`` a checksum of that
+  optimizer's parameters (blake2b of their bytes, in ``param_groups`` order) is appended to
+  ``optimizer_steps[<optimizer index>]``. DDP keeps every rank's parameters bitwise identical
+  after each step, so comparing these lists across ranks names the first step at which they
+  part (tests/conftest.py ``assert_replicas_identical``).
+* ``torch.multiprocessing.spawn`` / ``start_processes``: a script that starts its own processes
+  (``mp.spawn(fn, ...)``) has every child traced too: child ``i`` writes the files of rank ``i``
+  and the launching process writes its own as rank ``launcher``.
 * ``torch.distributed.init_process_group`` / ``destroy_process_group`` and the
   ``DistributedDataParallel`` constructor: calls, backend, world size and rank; a forward
   pre-hook on every DDP model notes the integer first input (token ids) of each training
-  forward, as ``trained_tokens`` (one flat list per forward).
+  forward, as ``trained_tokens`` (one flat list per forward), and a checksum of the model's
+  parameters before each training forward, as ``ddp_forwards[<DDP model index>]`` (and at the end
+  of the run, ``ddp_final``): the replica check for scripts that update parameters by hand.
 * ``sys.stdout``: what this process printed during the run (still written through).
 
 Output, in ``$DDPIFY_TRACE_DIR`` (default: the working directory), with ``<tag>`` = ``<RANK>``
@@ -42,6 +52,8 @@ port with ``TORCHELASTIC_USE_AGENT_STORE=False`` (rank 0 hosts the run's store, 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import runpy
@@ -55,15 +67,18 @@ import torch
 import torch.distributed as dist
 import torch.utils.data.dataloader as dataloader_module
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
 _original_save = torch.save
 _trace: dict = {}
 _optimizers: list = []
+_ddp_models: list = []
 
 
 def _new_trace(label: str | None, script: str, args: list[str]) -> None:
     _optimizers.clear()
+    _ddp_models.clear()
     _trace.clear()
     _trace.update(
         label=label,
@@ -74,11 +89,15 @@ def _new_trace(label: str | None, script: str, args: list[str]) -> None:
         init_process_group=[],
         destroy_process_group=0,
         ddp_wrapped=0,
+        ddp_forwards=[],
+        ddp_final=[],
         trained_tokens=[],
         loaders=[],
         passes=[],
         saves=[],
         optimizers=0,
+        optimizer_steps=[],
+        spawned=0,
         dist_initialized_at_exit=None,
         exit_code=None,
         error=None,
@@ -139,6 +158,14 @@ def _iter_init(original):
     return __init__
 
 
+def _as_index(i):
+    """An int, or None for what is not one (an IterableDataset's sampler yields None)."""
+    try:
+        return int(i)
+    except (TypeError, ValueError):
+        return None
+
+
 def _next_index(original):
     def _next_index(self):
         record = getattr(self, "_ddpify_pass", None)
@@ -150,9 +177,9 @@ def _next_index(original):
             raise
         if record is not None:
             if isinstance(index, (list, tuple)):
-                record["indices"].extend(int(i) for i in index)
+                record["indices"].extend(_as_index(i) for i in index)
             else:
-                record["indices"].append(int(index))
+                record["indices"].append(_as_index(index))
         return index
 
     return _next_index
@@ -194,10 +221,36 @@ def _save(original):
 def _optimizer_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
+        self._ddpify_trace_index = len(_optimizers)
         _optimizers.append(self)
         _trace["optimizers"] += 1
+        _trace["optimizer_steps"].append([])
 
     return __init__
+
+
+def _optimizer_params(optimizer) -> list:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def params_checksum(params) -> str:
+    """blake2b of the parameters' bytes: equal on two ranks iff their parameters are bitwise equal."""
+    digest = hashlib.blake2b(digest_size=8)
+    for p in params:
+        t = p.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous().reshape(-1)
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def _after_step(optimizer, args, kwargs):
+    """Global optimizer step post-hook: the checksum of this optimizer's parameters after the step."""
+    index = getattr(optimizer, "_ddpify_trace_index", None)
+    if index is None or index >= len(_optimizers) or _optimizers[index] is not optimizer:
+        return  # an optimizer of an earlier run of the plan
+    _trace["optimizer_steps"][index].append(params_checksum(_optimizer_params(optimizer)))
 
 
 def _init_process_group(original):
@@ -223,9 +276,23 @@ def _ddp_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         _trace["ddp_wrapped"] += 1
+        self._ddpify_trace_index = len(_ddp_models)
+        _ddp_models.append(self)
+        _trace["ddp_forwards"].append([])
         self.register_forward_pre_hook(_record_tokens)
+        self.register_forward_pre_hook(_record_forward_params)
 
     return __init__
+
+
+def _record_forward_params(module, inputs):
+    """Checksum of a DDP model's parameters before each training forward (also for scripts that
+    update parameters by hand, without a torch optimizer): DDP keeps them identical on every rank."""
+    if not (module.training and torch.is_grad_enabled()):
+        return
+    index = getattr(module, "_ddpify_trace_index", None)
+    if index is not None and index < len(_ddp_models) and _ddp_models[index] is module:
+        _trace["ddp_forwards"][index].append(params_checksum(module.parameters()))
 
 
 def _record_tokens(module, inputs):
@@ -238,7 +305,32 @@ def _record_tokens(module, inputs):
     _trace["trained_tokens"].append(first.detach().flatten().tolist())
 
 
+# --- mp.spawn: trace the processes a script starts itself ---------------------------------------
+
+
+def _start_processes(original):
+    def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
+        _trace["spawned"] += nprocs
+        child = functools.partial(_spawned_entry, fn, _trace["label"], _trace["script"], _trace["argv"])
+        return original(child, args, nprocs, *rest, **kwargs)
+
+    return start_processes
+
+
+def _spawned_entry(fn, label, script, argv, index, *args):
+    """What a child of mp.spawn runs (pickled by reference to this module): fn, traced as rank `index`."""
+    install_hooks()
+    _traced(label, script, argv, lambda: fn(index, *args), rank=index, reraise=True)
+
+
+_installed = False
+
+
 def install_hooks() -> None:
+    global _installed
+    if _installed:  # a forked child inherits its parent's hooks
+        return
+    _installed = True
     _wrap(DataLoader, "__init__", _loader_init)
     _wrap(dataloader_module._BaseDataLoaderIter, "__init__", _iter_init)
     _wrap(dataloader_module._BaseDataLoaderIter, "_next_index", _next_index)
@@ -247,6 +339,12 @@ def install_hooks() -> None:
     _wrap(dist, "init_process_group", _init_process_group)
     _wrap(dist, "destroy_process_group", _destroy_process_group)
     _wrap(DistributedDataParallel, "__init__", _ddp_init)
+    register_optimizer_step_post_hook(_after_step)
+    import torch.multiprocessing as mp
+
+    spawn_module = sys.modules["torch.multiprocessing.spawn"]  # the name `spawn` is the function there
+    _wrap(spawn_module, "start_processes", _start_processes)  # mp.spawn calls it from this module
+    mp.start_processes = spawn_module.start_processes
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -254,26 +352,42 @@ def install_hooks() -> None:
 
 def run_one(script: str, args: list[str], label: str | None = None, env: dict | None = None, cwd: str | None = None) -> int:
     """Run one script in this process and write its trace; return its exit status."""
+
+    def body():
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would have it
+        runpy.run_path(script, run_name="__main__")
+
+    return _traced(label, script, args, body, env=env, cwd=cwd)
+
+
+def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=False) -> int:
+    """Run body() with a fresh trace, write the trace and parameters; return its exit status.
+
+    rank: the tag's rank (a child of mp.spawn), else RANK from the environment. reraise: raise
+    the body's exception after writing the trace (mp.spawn reports it to the parent).
+    """
     _new_trace(label, script, args)
+    if rank is not None:
+        _trace["env_rank"] = rank
     saved_argv, saved_env, saved_cwd, saved_stdout = sys.argv, dict(os.environ), os.getcwd(), sys.stdout
     sys.stdout = tee = _Tee(sys.stdout)
     os.environ.update(env or {})
     if cwd:
         os.makedirs(cwd, exist_ok=True)
         os.chdir(cwd)
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would have it
-    code = 0
+    code, failure = 0, None
     try:
-        runpy.run_path(script, run_name="__main__")
+        body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
             _trace["error"] = f"SystemExit({exc.code!r})"
-    except BaseException:  # noqa: BLE001 - reported in the trace and on stderr, status 1
+            failure = exc
+    except BaseException as exc:  # noqa: BLE001 - reported in the trace and on stderr, status 1
         traceback.print_exc()
         _trace["error"] = traceback.format_exc()
-        code = 1
+        code, failure = 1, exc
     finally:
         sys.stdout = saved_stdout
         _trace["stdout"] = "".join(tee.parts)
@@ -287,12 +401,17 @@ def run_one(script: str, args: list[str], label: str | None = None, env: dict | 
     _trace["exit_code"] = code
     _trace["dist_initialized_at_exit"] = dist.is_initialized()
     out_dir = os.environ.get("DDPIFY_TRACE_DIR", os.getcwd())
-    tag = f"{label}-{_trace['env_rank']}" if label else str(_trace["env_rank"])
-    params = [[p.detach().cpu().clone() for g in opt.param_groups for p in g["params"]] for opt in _optimizers]
+    rank = "launcher" if _trace["spawned"] else _trace["env_rank"]  # its children write the ranks' files
+    tag = f"{label}-{rank}" if label else str(rank)
+    params = [[p.detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers]
+    _trace["ddp_final"] = [params_checksum(model.parameters()) for model in _ddp_models]
     _original_save(params, os.path.join(out_dir, f"params-{tag}.pt"))
     with open(os.path.join(out_dir, f"trace-{tag}.json"), "w") as fh:
         json.dump(_trace, fh)
     _optimizers.clear()
+    _ddp_models.clear()
+    if reraise and failure is not None:
+        raise failure
     return code
 
 
@@ -329,4 +448,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Run as the module `trace_run`, not `__main__`: the children of mp.spawn unpickle
+    # _spawned_entry by reference, and their `__main__` is the training script.
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    import trace_run
+
+    sys.exit(trace_run.main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""Time `check` and `convert` as multiples of libcst's bare parse, and the CLI's start-up.
+
+    python benchmarks/bench_speed.py [--repeat 5] [--startup-runs 7]
+
+File sets: the bundled training scripts (fixtures/corpus/*.py, fixtures/patterns/*.in.py,
+examples/*.py) and, when present, the shared corpus of public scripts
+(/work/shared/corpus/files/*.py, read only). For each set: libcst's `parse_module`, `check`
+(every default rule, one process, `ddpify.check.runner.check_source`) and `convert`
+(`ddpify.engine.convert_source` with the case's options, verification included), best of
+`--repeat` runs over the whole set. Start-up: `ddpify --help` against `python -c "import
+libcst"`, best of `--startup-runs` fresh interpreters.
+
+Targets (issue 9): check <= 3x the parse, start-up <= 2x `import libcst`, convert <= 8x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path("/work/shared/corpus/files")
+
+
+def bundled() -> list[Path]:
+    files = sorted((ROOT / "fixtures" / "corpus").glob("*.py"))
+    files += sorted((ROOT / "fixtures" / "patterns").glob("*.in.py"))
+    files += sorted((ROOT / "examples").glob("*.py"))
+    return files
+
+
+def shared() -> list[Path]:
+    return sorted(SHARED.glob("*.py")) if SHARED.is_dir() else []
+
+
+def best_of(repeat: int, fn) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def options_for(path: Path):
+    """The case's convert options (`<case>.args`, as the golden tests read them)."""
+    from ddpify.results import ConvertOptions
+
+    args = path.with_name(path.name.replace(".in.py", ".args"))
+    if not path.name.endswith(".in.py") or not args.exists():
+        return ConvertOptions()
+    words = args.read_text().split()
+    return ConvertOptions(
+        sync_batchnorm="--sync-batchnorm" in words,
+        global_batch="--global-batch" in words,
+        eval_on_rank0="--eval-on-rank0" in words,
+        launcher="spawn" if "spawn" in words else "torchrun",
+    )
+
+
+def measure(name: str, files: list[Path], repeat: int) -> dict[str, float]:
+    import libcst as cst
+
+    from ddpify.check.rule import select_rules
+    from ddpify.check.runner import check_source
+    from ddpify.engine import convert_source
+
+    sources = [(str(p), p.read_text(encoding="utf-8"), options_for(p)) for p in files]
+    lines = sum(s.count("\n") + 1 for _, s, _ in sources)
+    codes = sorted(select_rules(None))
+    failures: list[str] = []
+
+    def parse():
+        for _, s, _ in sources:
+            cst.parse_module(s)
+
+    def check():
+        for p, s, _ in sources:
+            check_source(s, p, codes)
+
+    def convert():
+        failures.clear()
+        for p, s, o in sources:
+            try:
+                convert_source(s, p, o)
+            except Exception as exc:  # a script convert refuses (ConvertError) still costs its analysis
+                failures.append(f"{Path(p).name}: {type(exc).__name__}")
+
+    check()  # warm up imports and caches once
+    t_parse = best_of(repeat, parse)
+    t_check = best_of(repeat, check)
+    t_convert = best_of(repeat, convert)
+    kloc = lines / 1000
+    print(f"{name}: {len(sources)} files, {lines} lines (best of {repeat})")
+    print(f"  libcst parse : {t_parse / kloc * 1000:8.1f} ms per 1000 lines  {1.0:5.1f}x")
+    print(f"  check        : {t_check / kloc * 1000:8.1f} ms per 1000 lines  {t_check / t_parse:5.1f}x parse (target 3x)")
+    note = f"  [{len(failures)} refused: {', '.join(failures[:4])}{', ...' if len(failures) > 4 else ''}]" if failures else ""
+    print(f"  convert      : {t_convert / kloc * 1000:8.1f} ms per 1000 lines  {t_convert / t_parse:5.1f}x parse (target 8x){note}")
+    return {"parse": t_parse, "check": t_check, "convert": t_convert}
+
+
+def startup(runs: int) -> None:
+    exe = shutil.which("ddpify")
+    cli = [exe, "--help"] if exe else [sys.executable, "-m", "ddpify", "--help"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def run(cmd: list[str]) -> float:
+        best = float("inf")
+        for _ in range(runs):
+            start = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    t_libcst = run([sys.executable, "-c", "import libcst"])
+    t_cli = run(cli)
+    print(f"start-up (best of {runs})")
+    print(f"  python -c 'import libcst' : {t_libcst * 1000:7.0f} ms  1.0x")
+    print(f"  ddpify --help             : {t_cli * 1000:7.0f} ms  {t_cli / t_libcst:.1f}x (target 2x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--startup-runs", type=int, default=7)
+    args = parser.parse_args()
+    startup(args.startup_runs)
+    measure("bundled scripts", bundled(), args.repeat)
+    if shared():
+        measure(f"shared corpus ({SHARED})", shared(), args.repeat)
+
+
+if __name__ == "__main__":
+    main()

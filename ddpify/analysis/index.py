@@ -1,0 +1,657 @@
+"""One index of a file, built in one traversal, shared by `convert` and `check`.
+
+The traversal walks the syntax tree's own fields (no node is rebuilt, unlike a libcst
+visitor, and whitespace is skipped) in libcst's visiting order, and records what both
+analyses ask about: every call with its enclosing function, loops and scope; functions,
+loops, bindings, imports and parents. Analyses that need their own facts plug a visitor
+into the same traversal (``extra``: an object with ``visit_<Node>``/``leave_<Node>``
+methods, called like a ``cst.CSTVisitor``'s).
+
+Qualified names follow libcst's ``QualifiedNameProvider`` (same strings for imports and
+builtins: ``dist.all_reduce`` -> ``torch.distributed.all_reduce``, ``print`` ->
+``builtins.print``, a local ``model.parameters`` -> ``main.<locals>.model.parameters``)
+but come from the bindings the traversal records, resolved on demand and cached: libcst's
+scope analysis alone costs three times the parse. ``tests/test_check_index.py`` compares the
+two on every bundled script. Positions (line, column) are libcst's ``PositionProvider``'s,
+resolved once per file, only when something asks for one.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+import weakref
+from typing import Iterable, Optional, Union
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+
+Loop = Union[cst.For, cst.While]
+Func = cst.FunctionDef
+Scope = Union[cst.Module, cst.FunctionDef, cst.ClassDef, cst.Lambda]
+
+_BUILTINS = frozenset(dir(builtins))
+# Fields that hold only tokens and whitespace: never walked.
+_SKIP = frozenset(
+    {"asynchronous", "colon", "comma", "dot", "equal", "first_colon", "second_colon", "footer", "header",
+     "lbrace", "lbracket", "rbrace", "rbracket", "leading_lines", "lines_after_decorators", "lpar", "rpar",
+     "newline", "operator", "semicolon", "trailing_whitespace", "empty_lines", "last_line", "first_line",
+     "comment", "indent", "posonly_ind", "separator", "relative", "star"}
+)  # fmt: skip
+_FIELD_RE = re.compile(r"visit_\w+\(\s*self,\s*\"(\w+)\"")
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    """The fields of a node class that may hold nodes, in libcst's visiting order."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        import inspect
+
+        try:
+            order = _FIELD_RE.findall(inspect.getsource(cls._visit_and_replace_children))
+        except (OSError, TypeError):  # pragma: no cover - no source: dataclass order
+            import dataclasses
+
+            order = [f.name for f in dataclasses.fields(cls)]
+        found = _FIELDS[cls] = tuple(f for f in order if f not in _SKIP and not f.startswith("whitespace"))
+    return found
+
+
+def dotted_name(node: cst.CSTNode) -> Optional[str]:
+    """``self.model`` for an Attribute chain of Names, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def last_name(node: cst.CSTNode) -> Optional[str]:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Call):
+        return last_name(node.func)
+    return None
+
+
+def full_name(node: cst.CSTNode) -> Optional[str]:
+    """libcst's ``get_full_name_for_node`` for the nodes a qualified name is asked of:
+    ``a.b`` for ``a.b``, ``a().b`` and ``a[0].b``."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = full_name(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    if isinstance(node, cst.Call):
+        return full_name(node.func)
+    if isinstance(node, cst.Subscript):
+        return full_name(node.value)
+    return None
+
+
+class CallInfo:
+    """One call site, with what the analyses ask about it."""
+
+    __slots__ = ("node", "name", "dotted", "receiver", "func", "loops", "scope", "_withs", "_index", "_qnames", "_no_grad")
+
+    def __init__(self, node: cst.Call, func, loops, scope, withs, index: "FileIndex") -> None:
+        f = node.func
+        self.node = node
+        self.name = last_name(f) or ""  # last component: "save" for torch.save, "state_dict" for m.state_dict
+        self.dotted = dotted_name(f)  # "torch.save", "self.model.state_dict", None for computed callees
+        self.receiver = f.value if isinstance(f, cst.Attribute) else None  # the object of a method call
+        self.func: Optional[Func] = func  # enclosing function
+        self.loops: tuple[Loop, ...] = loops  # enclosing loops inside that function, innermost last
+        self.scope: Scope = scope  # the scope whose names the callee reads
+        self._withs = withs
+        self._index = index
+        self._qnames: Optional[frozenset[str]] = None
+        self._no_grad: Optional[bool] = None
+
+    @property
+    def qnames(self) -> frozenset[str]:
+        if self._qnames is None:
+            self._qnames = self._index.qnames_in(self.node.func, self.scope)
+        return self._qnames
+
+    @property
+    def in_no_grad(self) -> bool:
+        if self._no_grad is None:
+            self._no_grad = any(self._index.is_no_grad(w) for w in self._withs)
+        return self._no_grad
+
+    def is_(self, *names: str) -> bool:
+        q = self.qnames
+        return any(n in q for n in names)
+
+    def qname_startswith(self, prefix: str) -> bool:
+        return any(q.startswith(prefix) for q in self.qnames)
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging
+        return f"CallInfo({self.dotted or self.name!r})"
+
+
+class Binding:
+    """A name (or ``self.attr`` chain) bound to a value, in a function (None: module level)."""
+
+    __slots__ = ("dotted", "func", "value", "_line", "_node", "_index")
+
+    def __init__(self, dotted: str, func: Optional[Func], line: Optional[int], value: cst.BaseExpression,
+                 node: Optional[cst.CSTNode] = None, index: Optional["FileIndex"] = None) -> None:  # fmt: skip
+        self.dotted = dotted
+        self.func = func
+        self.value = value
+        self._line = line
+        self._node = node
+        self._index = index
+
+    @property
+    def line(self) -> int:
+        if self._line is None:
+            self._line = self._index.line(self._node)
+        return self._line
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging
+        return f"Binding({self.dotted!r})"
+
+
+_IMPORT, _LOCAL = 0, 1
+# parents under which a Name is not a read of a variable
+_NOT_ACCESS = (cst.ImportAlias, cst.AsName, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
+_SCOPE_TYPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+class FileIndex:
+    """Everything one traversal learns about a module; derived facts are computed on demand."""
+
+    def __init__(self, module: cst.Module, extra: Iterable[object] = (), wrapper=None) -> None:
+        self.module = module
+        self._wrapper = wrapper
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.calls: list[CallInfo] = []
+        self.call_info: dict[cst.Call, CallInfo] = {}
+        self.functions: dict[str, list[Func]] = {}  # every function and method, by name
+        self.all_functions: list[Func] = []
+        self.classes: list[cst.ClassDef] = []
+        self.loops: list[Loop] = []
+        self.loop_func: dict[Loop, Optional[Func]] = {}
+        self.assignments: list[Binding] = []
+        self.subscripts: list[cst.Subscript] = []
+        self.imported_modules: list[str] = []  # every module and name imported, dotted
+        self.reads_rank_env = False  # a "LOCAL_RANK"/"WORLD_SIZE" string
+        # scope -> name -> bindings ((_IMPORT, real name) or (_LOCAL, None))
+        self._bindings: dict[cst.CSTNode, dict[str, list[tuple[int, Optional[str]]]]] = {module: {}}
+        self._globals: dict[cst.CSTNode, set[str]] = {}
+        self._scope_parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        self._qualname: dict[cst.CSTNode, str] = {module: ""}
+        self._qn_cache: dict[tuple[int, str], frozenset[str]] = {}
+        self._no_grad: dict[cst.With, bool] = {}
+        self._positions = None
+        self._extra = tuple(extra)
+        self._handlers: dict[type, tuple] = {}
+        # traversal state
+        self._funcs: list[Func] = []
+        self._loop_stack: list[list[Loop]] = [[]]
+        self._scopes: list[cst.CSTNode] = [module]
+        self._withs: list[cst.With] = []
+        self._walk(module)
+        del self._funcs, self._loop_stack, self._scopes, self._withs, self._handlers
+
+    # the traversal --------------------------------------------------------------------------------
+    def _handlers_for(self, cls: type) -> tuple:
+        name = cls.__name__
+        visit, leave = [], []
+        own = getattr(self, "_enter_" + name, None)
+        if own is not None:
+            visit.append(own)
+        for v in self._extra:
+            for prefix, found in (("visit_", visit), ("leave_", leave)):
+                fn = getattr(v, prefix + name, None)
+                if fn is not None and getattr(type(v), prefix + name) is not getattr(cst.CSTVisitor, prefix + name, None):
+                    found.append(fn)  # the visitor's own method, not libcst's no-op default
+        own = getattr(self, "_leave_" + name, None)
+        if own is not None:
+            leave.append(own)
+        found = self._handlers[cls] = (tuple(visit), tuple(leave), _fields(cls))
+        return found
+
+    def _walk(self, node: cst.CSTNode) -> None:
+        handlers = self._handlers
+        parents = self.parents
+        scopes = self._scopes
+        CSTNode = cst.CSTNode
+        scope_types = _SCOPE_TYPES
+
+        def walk(node: cst.CSTNode) -> None:
+            cls = node.__class__
+            h = handlers.get(cls)
+            if h is None:
+                h = self._handlers_for(cls)
+            visit, leave, fields = h
+            for fn in visit:
+                fn(node)
+            is_scope = cls in scope_types
+            for name in fields:
+                value = getattr(node, name)
+                if isinstance(value, CSTNode):
+                    parents[value] = node
+                    if is_scope and name == "body":
+                        scopes.append(node)
+                        walk(value)
+                        scopes.pop()
+                    else:
+                        walk(value)
+                elif value.__class__ is tuple or value.__class__ is list:
+                    for child in value:
+                        if isinstance(child, CSTNode):
+                            parents[child] = node
+                            walk(child)
+            for fn in leave:
+                fn(node)
+
+        walk(node)
+
+    def _bind(self, name: str, kind: int = _LOCAL, real: Optional[str] = None) -> None:
+        scope = self._scopes[-1]
+        if name in self._globals.get(scope, ()):
+            scope = self.module
+        self._bindings.setdefault(scope, {}).setdefault(name, []).append((kind, real))
+
+    def _bind_target(self, target: cst.CSTNode) -> None:
+        if isinstance(target, cst.Name):
+            self._bind(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for el in target.elements:
+                self._bind_target(el.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind_target(target.value)
+
+    def _enter_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.setdefault(node.name.value, []).append(node)
+        self.all_functions.append(node)
+        self._bind(node.name.value)
+        self._new_scope(node, node.name.value)
+        params = node.params
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self._bindings[node].setdefault(p.name.value, []).append((_LOCAL, None))
+        for p in (params.star_arg, params.star_kwarg):
+            if isinstance(p, cst.Param):
+                self._bindings[node].setdefault(p.name.value, []).append((_LOCAL, None))
+        self._funcs.append(node)
+        self._loop_stack.append([])
+
+    def _leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._funcs.pop()
+        self._loop_stack.pop()
+
+    def _new_scope(self, node: cst.CSTNode, name: str) -> None:
+        outer = self._scopes[-1]
+        self._scope_parent[node] = outer
+        prefix = self._qualname[outer]
+        if isinstance(outer, cst.FunctionDef):
+            prefix += ".<locals>."
+        elif isinstance(outer, (cst.ClassDef, cst.Lambda)):
+            prefix += "."
+        self._qualname[node] = prefix + name
+        self._bindings[node] = {}
+
+    def _enter_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
+        self._bind(node.name.value)
+        self._new_scope(node, node.name.value)
+
+    def _enter_Lambda(self, node: cst.Lambda) -> None:
+        self._new_scope(node, "<lambda>")
+        params = node.params
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self._bindings[node].setdefault(p.name.value, []).append((_LOCAL, None))
+
+    def _enter_Global(self, node: cst.Global) -> None:
+        names = self._globals.setdefault(self._scopes[-1], set())
+        names.update(item.name.value for item in node.names)
+
+    def _enter_For(self, node: cst.For) -> None:
+        self.loops.append(node)
+        self.loop_func[node] = self._funcs[-1] if self._funcs else None
+        self._loop_stack[-1].append(node)
+        self._bind_target(node.target)
+
+    def _leave_For(self, node: cst.For) -> None:
+        self._loop_stack[-1].pop()
+
+    def _enter_While(self, node: cst.While) -> None:
+        self.loops.append(node)
+        self.loop_func[node] = self._funcs[-1] if self._funcs else None
+        self._loop_stack[-1].append(node)
+
+    _leave_While = _leave_For
+
+    def _enter_With(self, node: cst.With) -> None:
+        if any(isinstance(item.item, cst.Call) for item in node.items):
+            self._withs.append(node)
+            self._no_grad[node] = None
+        for item in node.items:
+            if item.asname is not None:
+                self._bind_target(item.asname.name)
+
+    def _leave_With(self, node: cst.With) -> None:
+        if self._withs and self._withs[-1] is node:
+            self._withs.pop()
+
+    def _enter_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None:
+            self._bind_target(node.name.name)
+
+    def _enter_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind_target(node.target)
+
+    def _enter_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = dotted_name(alias.name) or ""
+            self.imported_modules.append(full)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self._bind(alias.asname.name.value, _IMPORT, full)
+            else:
+                first = full.split(".")[0]
+                self._bind(first, _IMPORT, first)
+
+    def _enter_ImportFrom(self, node: cst.ImportFrom) -> None:
+        base = "." * len(node.relative) + (dotted_name(node.module) or "" if node.module is not None else "")
+        if node.module is not None and not node.relative:
+            self.imported_modules.append(base)
+        if isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            name = dotted_name(alias.name) or ""
+            real = f"{base}.{name}" if not base.endswith(".") else f"{base}{name}"
+            if node.module is not None and not node.relative:
+                self.imported_modules.append(real)
+            local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
+            self._bind(local, _IMPORT, real)
+
+    def _enter_Call(self, node: cst.Call) -> None:
+        info = CallInfo(
+            node,
+            self._funcs[-1] if self._funcs else None,
+            tuple(self._loop_stack[-1]),
+            self._scopes[-1],
+            tuple(self._withs),
+            self,
+        )
+        self.calls.append(info)
+        self.call_info[node] = info
+
+    def _assignment(self, target: cst.CSTNode, value: cst.BaseExpression) -> None:
+        name = dotted_name(target)
+        if name is not None:
+            self.assignments.append(Binding(name, self._funcs[-1] if self._funcs else None, None, value, target, self))
+
+    def _enter_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            self._assignment(t.target, node.value)
+            self._bind_target(t.target)
+
+    def _enter_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._assignment(node.target, node.value)
+        self._bind_target(node.target)
+
+    def _enter_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind_target(node.target)
+
+    def _enter_Subscript(self, node: cst.Subscript) -> None:
+        self.subscripts.append(node)
+
+    def _enter_SimpleString(self, node: cst.SimpleString) -> None:
+        if "LOCAL_RANK" in node.value or "WORLD_SIZE" in node.value:
+            self.reads_rank_env = True
+
+    # metadata -------------------------------------------------------------------------------------
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.parents.get(node)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+        p = self.parents.get(node)
+        while p is not None:
+            yield p
+            p = self.parents.get(p)
+
+    @property
+    def positions(self):
+        """libcst's PositionProvider for the module: resolved on first use, once."""
+        if self._positions is None:
+            from libcst.metadata import MetadataWrapper, PositionProvider
+
+            wrapper = self._wrapper
+            if wrapper is None or wrapper.module is not self.module:
+                wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+            self._positions = wrapper.resolve(PositionProvider)
+        return self._positions
+
+    def position(self, node: cst.CSTNode):
+        return self.positions[node]
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.positions[node].start.line
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The scope whose names ``node`` reads (a function's, class's or lambda's body; else the module)."""
+        child = node
+        for p in self.ancestors(node):
+            if p.__class__ in _SCOPE_TYPES and child is p.body:
+                return p
+            child = p
+        return self.module
+
+    # qualified names ------------------------------------------------------------------------------
+    def qnames(self, node: cst.CSTNode) -> frozenset[str]:
+        """The qualified names ``node`` may refer to (libcst's QualifiedNameProvider's strings)."""
+        info = self.call_info.get(self.parents.get(node)) if node.__class__ is not cst.Call else None
+        if info is not None and info.node.func is node:
+            return info.qnames
+        return self.qnames_in(node, None)
+
+    def qnames_in(self, node: cst.CSTNode, scope: Optional[cst.CSTNode]) -> frozenset[str]:
+        parent = self.parents.get(node)
+        if isinstance(node, cst.Name):
+            if parent is None or isinstance(parent, _NOT_ACCESS) or getattr(parent, "keyword", None) is node:
+                return frozenset()
+            if isinstance(parent, cst.Attribute) and (parent.attr is node or self._in_import(parent)):
+                return frozenset()
+            if isinstance(parent, cst.Param):
+                scope = self.scope_of(self.parents.get(self.parents.get(parent)))  # the function's own
+                scope = next((a for a in self.ancestors(parent) if isinstance(a, (cst.FunctionDef, cst.Lambda))), scope)
+            dotted = node.value
+        elif isinstance(node, cst.Attribute):
+            dotted = full_name(node)
+            if dotted is None or isinstance(parent, _NOT_ACCESS) or self._in_import(node):
+                return frozenset()
+        else:
+            return frozenset()
+        if scope is None:
+            scope = self.scope_of(node)
+        key = (id(scope), dotted)
+        found = self._qn_cache.get(key)
+        if found is None:
+            found = self._qn_cache[key] = self._resolve(dotted, scope)
+        return found
+
+    def _in_import(self, node: cst.CSTNode) -> bool:
+        for p in self.ancestors(node):
+            if isinstance(p, (cst.Import, cst.ImportFrom)):
+                return True
+            if not isinstance(p, (cst.Attribute, cst.ImportAlias)):
+                return False
+        return False
+
+    def _resolve(self, dotted: str, scope: cst.CSTNode) -> frozenset[str]:
+        base, _, rest = dotted.partition(".")
+        rest = "." + rest if rest else ""
+        start = scope
+        while True:
+            if base in self._globals.get(scope, ()):
+                scope = self.module
+            found = self._bindings.get(scope, {}).get(base)
+            if found:
+                out = set()
+                for kind, real in found:
+                    if kind == _IMPORT:
+                        out.add(real + rest)
+                    else:
+                        prefix = self._qualname[scope]
+                        if isinstance(scope, cst.FunctionDef):
+                            prefix += ".<locals>."
+                        elif prefix:
+                            prefix += "."
+                        out.add(prefix + dotted)
+                return frozenset(out)
+            if scope is self.module:
+                break
+            scope = self._scope_parent[scope]
+            while isinstance(scope, cst.ClassDef) and scope is not start:  # methods do not see class names
+                scope = self._scope_parent[scope]
+        if base in _BUILTINS:
+            return frozenset({"builtins." + dotted})
+        return frozenset()
+
+    def is_no_grad(self, node: cst.With) -> bool:
+        found = self._no_grad.get(node)
+        if found is None:
+            found = any(
+                isinstance(item.item, cst.Call)
+                and {"torch.no_grad", "torch.inference_mode"} & self.qnames(item.item.func)
+                for item in node.items
+            )
+            self._no_grad[node] = found
+        return found
+
+    # the call graph ---------------------------------------------------------------------------------
+    def calls_to(self, *qnames: str) -> list[CallInfo]:
+        wanted = set(qnames)
+        return [c for c in self.calls if c.qnames & wanted]
+
+    def local_callees(self, ci: CallInfo) -> list[Func]:
+        """The functions of this file a call may reach (``f(...)`` or ``self.f(...)``)."""
+        f = ci.node.func
+        if isinstance(f, cst.Name) or (
+            isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value in ("self", "cls")
+        ):
+            return self.functions.get(ci.name, [])
+        return []
+
+    def call_sites(self, func: Func) -> list[CallInfo]:
+        sites = self._call_sites
+        if sites is None:
+            sites = self._call_sites = {}
+            for c in self.calls:
+                for fn in self.local_callees(c):
+                    sites.setdefault(fn, []).append(c)
+        return sites.get(func, [])
+
+    _call_sites: Optional[dict] = None
+
+    # bindings ---------------------------------------------------------------------------------------
+    def bindings_of(self, qnames: frozenset[str]) -> list[Binding]:
+        """Names bound to a call of one of ``qnames``."""
+        out = []
+        for b in self.assignments:
+            v = b.value
+            if isinstance(v, cst.Call) and self.call_info[v].qnames & qnames:
+                out.append(b)
+        return out
+
+    def enclosing_func(self, node: cst.CSTNode) -> Optional[Func]:
+        for a in self.ancestors(node):
+            if isinstance(a, cst.FunctionDef):
+                return a
+        return None
+
+    @staticmethod
+    def param_names(fn: Func) -> set[str]:
+        params = fn.params
+        return {p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]}
+
+    @staticmethod
+    def param_for(fn: Func, index: int, arg: cst.Arg) -> Optional[str]:
+        params = list(fn.params.posonly_params) + list(fn.params.params)
+        if arg.keyword is not None:
+            names = {p.name.value for p in params} | {p.name.value for p in fn.params.kwonly_params}
+            return arg.keyword.value if arg.keyword.value in names else None
+        if params and params[0].name.value in ("self", "cls"):
+            params = params[1:]
+        return params[index].name.value if index < len(params) else None
+
+    def is_bound(self, expr: cst.CSTNode, bindings: list[Binding]) -> bool:
+        """Does ``expr`` (a name or ``self.attr``) hold a value of ``bindings`` where it is read?"""
+        name = dotted_name(expr)
+        if name is None:
+            return False
+        func = None
+        line = None
+        for b in bindings:
+            if b.dotted != name:
+                continue
+            if func is None and line is None:
+                func = self.enclosing_func(expr)
+                line = self.line(expr)
+            if b.func is func:
+                if line > b.line or (b.func is not None and b.line == self.line(b.func)):
+                    return True
+            elif b.func is None:
+                if func is not None and name in self.param_names(func):
+                    continue  # a parameter shadows the global: bound only through its call sites
+                return True
+            elif name.startswith("self."):
+                # a method only called before the wrapping (e.g. loading a snapshot in __init__)
+                sites = self.call_sites(func) if func is not None else []
+                if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):
+                    return True
+        return False
+
+    def propagate(self, bindings: list[Binding], rounds: int = 3) -> list[Binding]:
+        """``bindings`` plus the parameters of local functions that receive one of them."""
+        bindings = list(bindings)
+        for _ in range(rounds):
+            added = False
+            for ci in self.calls:
+                callees = self.local_callees(ci)
+                if not callees:
+                    continue
+                for i, arg in enumerate(ci.node.args):
+                    if arg.star or not self.is_bound(arg.value, bindings):
+                        continue
+                    for fn in callees:
+                        param = self.param_for(fn, i, arg)
+                        if param and not any(b.dotted == param and b.func is fn for b in bindings):
+                            bindings.append(Binding(param, fn, None, arg.value, fn, self))
+                            added = True
+            if not added:
+                break
+        return bindings
+
+    # derived facts, cached ------------------------------------------------------------------------------
+    def cached(self, key: str, compute):
+        """A fact derived from the index, computed once (``compute(index)``)."""
+        store = self.__dict__.setdefault("_derived", {})
+        if key not in store:
+            store[key] = compute(self)
+        return store[key]
+
+
+_INDEXES: "weakref.WeakKeyDictionary[cst.Module, FileIndex]" = weakref.WeakKeyDictionary()
+
+
+def index_of(module: cst.Module) -> FileIndex:
+    """The module's index, built once and shared by every analysis of the same module."""
+    found = _INDEXES.get(module)
+    if found is None:
+        found = _INDEXES[module] = FileIndex(module)
+    return found

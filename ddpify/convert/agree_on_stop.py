@@ -1,0 +1,90 @@
+"""Every rank stops the step loop at the same step: a per-step stop test reads the mean over ranks.
+
+    for step in count(1):
+        loss = criterion(model(x), y)          # x, y: this rank's own batch
+        ...
+        loss_value = loss.item()
+        loss_value = all_reduce_sum(loss_value) / dist.get_world_size()   # inserted
+        if loss_value < 1e-3:
+            break
+
+Each rank computes its loss on its own batch, so a `break` (or `return`) decided on it is taken
+at different steps by different ranks: the one that stops leaves the others waiting in DDP's
+next all-reduce forever. The mean over ranks is the loss of the global batch, the number a
+single process with the whole batch would have tested. One collective per step, only where the
+script's own control flow needs it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis import names as N
+from ddpify.convert.context import Context
+from ddpify.convert.evaluate_distributed import define_helper
+
+MEAN = "{name} = all_reduce_sum({name}) / {world}\n"
+
+
+def run(ctx: Context) -> None:
+    script = ctx.script
+    for backward in [c for c in script.calls if N.call_name(c) == "backward" and N.receiver(c) is not None]:
+        scope = script.scope_of(backward)
+        loop = _step_loop(script, backward, scope)
+        if loop is None:
+            continue
+        for stop in _stop_tests(loop):
+            names = _per_step_values(script, loop, stop)
+            if not names or _already_reduced(script, loop, stop, names):
+                continue
+            world = ctx.rank_and_world(stop)[1]
+            ctx.edits.insert_before(stop, "".join(MEAN.format(name=n, world=world) for n in names))
+            ctx.edits.change(
+                script.line(stop),
+                f"the stop test reads the mean of {', '.join(f'`{n}`' for n in names)} over ranks: every rank stops at the same step",
+            )
+            define_helper(ctx)
+
+
+def _step_loop(script, backward: cst.Call, scope) -> cst.For | cst.While | None:
+    """The innermost loop around the backward call, inside its function."""
+    for anc in script.ancestors(backward):
+        if anc is scope:
+            return None
+        if isinstance(anc, (cst.For, cst.While)):
+            return anc
+    return None
+
+
+def _stop_tests(loop: cst.For | cst.While) -> list[cst.If]:
+    """`if ...: break` / `return` statements directly in the loop's body (not in a nested loop)."""
+    found = []
+    for stmt in loop.body.body:
+        if isinstance(stmt, cst.If) and m.findall(stmt.body, m.Break() | m.Return()):
+            found.append(stmt)
+    return found
+
+
+def _per_step_values(script, loop, stop: cst.If) -> list[str]:
+    """Names the test reads that the loop body binds, before the test, from a `.item()` value."""
+    tested = {n.value for n in m.findall(stop.test, m.Name())}
+    found: list[str] = []
+    for stmt in loop.body.body:
+        if stmt is stop:
+            break
+        for assign in m.findall(stmt, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+            name = assign.targets[0].target.value
+            if name in tested and name not in found and m.findall(assign.value, m.Call(func=m.Attribute(attr=m.Name("item")))):
+                found.append(name)
+    return found
+
+
+def _already_reduced(script, loop, stop: cst.If, names: list[str]) -> bool:
+    """The loop already averages the value before the test (a converted script)."""
+    body = list(loop.body.body)
+    before = body[: body.index(stop)]
+    return any(
+        N.call_name(c) in ("all_reduce_sum", "all_reduce") for stmt in before for c in script.calls_in(stmt)
+        if any(m.findall(stmt, m.Name(n)) for n in names)
+    )

@@ -1,0 +1,73 @@
+"""A DDP model called twice before one backward gets a TODO at the second call.
+
+    lossD = bce(netD(real), ones) + bce(netD(fake.detach()), zeros)   # two forwards of netD
+    lossD.backward()
+
+DDP prepares one gradient reduction per forward: a second forward before the backward fails
+at run time ("Expected to mark a variable ready only once") unless the model is wrapped with
+`static_graph=True` or the inputs go through one forward. ddpify cannot merge the forwards
+safely, so it says where (the finding of `ddpify check`'s DDP119, left by the conversion
+itself). Forwards under `torch.no_grad()` do not count.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import distributed as D
+from ddpify.analysis import names as N
+from ddpify.analysis.script import ref_of
+from ddpify.check.rules.forward_twice_before_backward import ForwardTwiceBeforeBackward as Rule
+from ddpify.convert.context import Context
+
+NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+TODO = f"{Rule.CODE} {Rule.MESSAGE}"
+
+
+def run(ctx: Context) -> None:
+    script = ctx.script
+    if any(_static_graph(c) for c in script.calls if script.is_call_to(c, D.DDP)):
+        return
+    steps: dict[tuple, dict] = {}
+    for call in script.calls:
+        scope = script.scope_of(call)
+        step = steps.setdefault((scope, _innermost_loop(script, call, scope)), {"forwards": {}, "backward": None})
+        if N.call_name(call) == "backward" and N.receiver(call) is not None:
+            line = script.line(call)
+            step["backward"] = line if step["backward"] is None else min(step["backward"], line)
+            continue
+        model = ref_of(call.func)
+        if model in script.ddp_names.get(scope, ()) and ctx.after_wrap(call, model) and not _without_grad(script, call):
+            step["forwards"].setdefault(model, []).append(call)
+    for step in steps.values():
+        if step["backward"] is None:
+            continue
+        for calls in step["forwards"].values():
+            before = [c for c in calls if script.line(c) < step["backward"]]
+            flagged = set()
+            for call in before[1:]:
+                stmt = script.statement_line(call) or call
+                if stmt not in flagged:
+                    flagged.add(stmt)
+                    ctx.edits.todo(stmt, script.line(call), TODO)
+
+
+def _innermost_loop(script, node: cst.CSTNode, scope) -> cst.CSTNode | None:
+    for anc in script.ancestors(node):
+        if anc is scope:
+            return None
+        if isinstance(anc, (cst.For, cst.While)):
+            return anc
+    return None
+
+
+def _without_grad(script, node: cst.CSTNode) -> bool:
+    return any(
+        isinstance(anc, cst.With) and any(isinstance(i.item, cst.Call) and script.is_call_to(i.item, NO_GRAD) for i in anc.items)
+        for anc in script.ancestors(node)
+    )
+
+
+def _static_graph(call: cst.Call) -> bool:
+    arg = N.keyword(call, "static_graph")
+    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "True"

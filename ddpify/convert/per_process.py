@@ -1,0 +1,140 @@
+"""Side effects that belong to every process, not to rank 0 (read by guard_rank_zero and
+wait_for_checkpoints; not a pass).
+
+* a file whose name is built from this process's id or rank (`f"worker{os.getpid()}.log"`,
+  `f"log_{rank}.txt"` with `rank = int(os.environ["RANK"])`) or that lies in a temporary
+  directory (`with TemporaryDirectory() as tempdir`, `tempfile.mkdtemp()`): each process has its
+  own, so each one writes it (and reads its own back: no barrier);
+* code that runs in the data pipeline (`Dataset.__getitem__` / `__len__` / `__iter__`, a
+  `collate_fn`, a `worker_init_fn`): it runs in every rank's loader (or its workers), per sample;
+  guarding it by rank would hide the other ranks' data and can fail in a worker process.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ddpify.analysis import distributed as D
+from ddpify.analysis import names as N
+from ddpify.analysis.script import Script, ref_of
+
+TEMP_DIRS = frozenset(
+    {"tempfile.TemporaryDirectory", "tempfile.mkdtemp", "tempfile.NamedTemporaryFile", "tempfile.mkstemp"}
+)
+GETPID = frozenset({"os.getpid"})
+DATASETS = frozenset(
+    {"torch.utils.data.Dataset", "torch.utils.data.dataset.Dataset"} | N.ITERABLE_DATASET
+)
+PIPELINE_METHODS = frozenset({"__getitem__", "__getitems__", "__len__", "__iter__"})
+PIPELINE_KEYWORDS = ("collate_fn", "worker_init_fn")
+# A name spelled like this process's rank or id (a parameter or attribute ddpify cannot follow).
+_RANK_NAME = re.compile(r"(^|_)(rank|pid|worker_id)$", re.IGNORECASE)
+
+
+class PerProcess:
+    """The facts above, computed once per script."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.temp_dirs = self._temp_dirs()
+        self.pipeline = self._pipeline_functions()
+        self.handles: set[str] = set()
+        self.handles = self._handles()
+
+    def in_pipeline(self, node: cst.CSTNode) -> bool:
+        """Does `node` run in the data pipeline (a Dataset method, a collate_fn, a worker_init_fn)?"""
+        return any(self.script.inside(node, fn) for fn in self.pipeline)
+
+    def path(self, node: cst.CSTNode, depth: int = 0) -> bool:
+        """Is `node` (a path, or a value a path is built from) this process's own?"""
+        script = self.script
+        if D.reads_rank(script, node) or any(script.is_call_to(c, GETPID | TEMP_DIRS) for c in _calls(script, node)):
+            return True
+        scope = script.scope_of(node) if script.parent(node) is not None else script.module
+        for ref in _refs(node):
+            if ref in self.temp_dirs or ref in self.handles:
+                return True
+            bound = [a.value for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == ref]
+            if bound:
+                if depth < 3 and any(self.path(value, depth + 1) for value in bound):
+                    return True
+            elif _RANK_NAME.search(ref.rsplit(".", 1)[-1]):
+                return True  # `args.rank`, a `rank` parameter
+        return False
+
+    def _temp_dirs(self) -> set[str]:
+        """Names bound to a temporary directory or file: `with TemporaryDirectory() as d`, `d = mkdtemp()`."""
+        script = self.script
+        found = set()
+        for call in script.calls:
+            if not script.is_call_to(call, TEMP_DIRS):
+                continue
+            holder = script.parent(call)
+            if isinstance(holder, cst.WithItem) and holder.asname is not None:
+                ref = ref_of(holder.asname.name)
+            elif isinstance(holder, cst.Assign) and holder.value is call:
+                ref = ref_of(holder.targets[0].target)
+            else:
+                ref = None
+            if ref:
+                found.add(ref)
+        return found
+
+    def _handles(self) -> set[str]:
+        """`f` of `with open(<this process's path>, "w") as f`."""
+        script = self.script
+        found = set()
+        for call in script.calls:
+            holder = script.parent(call)
+            args = N.positional(call)
+            if script.is_call_to(call, N.OPEN) and isinstance(holder, cst.WithItem) and holder.asname and args:
+                ref = ref_of(holder.asname.name)
+                if ref and self.path(args[0].value):
+                    found.add(ref)
+        return found
+
+    def _pipeline_functions(self) -> list[cst.CSTNode]:
+        script = self.script
+        found: list[cst.CSTNode] = []
+        for cls in script.classes.values():
+            bases = {q for base in cls.bases for q in script.names(base.value)}
+            if bases & DATASETS or cls.name.value.endswith("Dataset"):
+                found += [fn for name, fn in script.methods(cls).items() if name in PIPELINE_METHODS]
+        for fn in script.all_functions:
+            if fn.name.value in PIPELINE_KEYWORDS:
+                found.append(fn)
+        for call in script.calls:
+            for keyword in PIPELINE_KEYWORDS:
+                arg = N.keyword(call, keyword)
+                if arg is None:
+                    continue
+                value = arg.value
+                if isinstance(value, cst.Lambda):
+                    found.append(value)
+                elif isinstance(value, cst.Name) and value.value in script.functions:
+                    found.append(script.functions[value.value])
+        return found
+
+
+def _calls(script: Script, node: cst.CSTNode) -> list[cst.Call]:
+    return [node] + script.calls_in(node) if isinstance(node, cst.Call) else script.calls_in(node)
+
+
+def _refs(node: cst.CSTNode) -> list[str]:
+    """The names and `self.` attributes `node` reads (`args.rank` as `args.rank` too)."""
+    found: list[str] = []
+
+    class _Refs(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.append(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            if isinstance(n.value, cst.Name):
+                found.append(f"{n.value.value}.{n.attr.value}")
+                return False
+            return True
+
+    node.visit(_Refs())
+    return found

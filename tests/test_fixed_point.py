@@ -1,0 +1,113 @@
+"""Converting a converted script changes nothing because every pass recognises its own work,
+not because the script mentions DDP: take each golden output, undo ONE piece of what convert
+did (a hunk of the input -> output diff: the DistributedSampler line, the `sampler=` argument,
+set_epoch, the DDP wrap, the process-group setup, a rank-0 guard, `.module`, the all-reduce of
+metrics, the barrier and destroy_process_group, ...), convert the damaged script again, and
+require that convert puts the piece back (the golden again, or the piece's lines again) or
+reports it at that place (an edit it plans there, a TODO, or, for a script it leaves alone as
+already distributed, a "not converted" note).
+
+Pure conversion (no torch, no verification): each damaged script is converted once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from ddpify.convert import convert_module
+from ddpify.engine import ConvertOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_patterns import options_for  # noqa: E402
+
+
+def goldens() -> list[tuple[str, Path, Path, ConvertOptions]]:
+    found = []
+    for src in sorted((ROOT / "fixtures" / "convert").glob("*.in.py")):
+        found.append((f"convert/{src.name[:-6]}", src, src.with_name(src.name[:-6] + ".out.py"), ConvertOptions()))
+    for src in sorted((ROOT / "fixtures" / "patterns").glob("*.in.py")):
+        name = src.name[:-6]
+        found.append((f"patterns/{name}", src, src.with_name(name + ".out.py"), options_for(name)))
+    for src in sorted((ROOT / "examples").glob("*.py")):
+        if not src.stem.endswith("_ddp"):
+            found.append((f"examples/{src.stem}", src, src.with_name(src.stem + "_ddp.py"), ConvertOptions()))
+    return [g for g in found if g[2].exists()]
+
+
+def _code_lines(lines: list[str]) -> list[str]:
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+def hunks(source: str, golden: str) -> list[tuple[int, int, int, int]]:
+    """The places where convert changed code: (i1, i2, j1, j2) of input and output lines."""
+    a, b = source.splitlines(keepends=True), golden.splitlines(keepends=True)
+    found = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal" or _code_lines(b[j1:j2]) == _code_lines(a[i1:i2]):
+            continue  # blank lines, comments
+        if all(line.startswith(("import ", "from ")) for line in _code_lines(b[j1:j2])):
+            continue  # imports only: passes recognise their work by qualified name, which needs the import
+        found.append((i1, i2, j1, j2))
+    return found
+
+
+def damaged_versions(source: str, golden: str):
+    """Each golden with one hunk undone (back to the input's lines), where that still compiles."""
+    a, b = source.splitlines(keepends=True), golden.splitlines(keepends=True)
+    for i1, i2, j1, j2 in hunks(source, golden):
+        damaged = "".join(b[:j1] + a[i1:i2] + b[j2:])
+        try:
+            compile(damaged, "<damaged>", "exec", dont_inherit=True)
+        except SyntaxError:
+            continue
+        region = (j1 + 1, j1 + max(i2 - i1, 1))  # the damaged lines, 1-based, in the damaged script
+        yield damaged, b[j1:j2], region
+
+
+def noticed(result, golden: str, piece: list[str], region: tuple[int, int]) -> bool:
+    if result.code == golden:
+        return True
+    lines = {line.strip() for line in result.code.splitlines()}
+    if not result.already_distributed and all(line in lines for line in _code_lines(piece)):
+        return True  # the piece is back (perhaps with other code around it)
+    start, end = region[0] - 2, region[1] + 2
+    marks = [line for _, line, _ in result.planned + result.pending] + [t.line for t in result.todos]
+    return any(start <= line <= end for line in marks)
+
+
+@pytest.mark.parametrize("case", goldens(), ids=lambda g: g[0])
+def test_every_piece_is_restored_or_reported(case):
+    name, src, golden_path, options = case
+    source, golden = src.read_text(), golden_path.read_text()
+    missed, tried = [], 0
+    for damaged, piece, region in damaged_versions(source, golden):
+        tried += 1
+        try:
+            result = convert_module(cst.parse_module(damaged), options)
+        except Exception as exc:  # an AnalysisError names the problem: that is a report too
+            if getattr(exc, "line", None) is not None:
+                continue
+            raise
+        if not noticed(result, golden, piece, region):
+            missed.append(f"lines {region[0]}-{region[1]} of the golden undone, not noticed:\n" + "".join(piece))
+    assert tried, f"{name}: no piece could be undone"
+    assert not missed, f"{name}: {len(missed)} of {tried} undone pieces went unnoticed:\n" + "\n".join(missed)
+
+
+def test_the_test_would_catch_the_old_shortcut():
+    """Undoing set_epoch keeps init_process_group, DDP and the sampler in the script: a check
+    that stopped at those markers (the old `already distributed` shortcut) would say nothing."""
+    src = ROOT / "examples" / "mnist.py"
+    source, golden = src.read_text(), src.with_name("mnist_ddp.py").read_text()
+    damaged = golden.replace("    train_sampler.set_epoch(epoch)\n", "", 1)
+    assert damaged != golden
+    result = convert_module(cst.parse_module(damaged))
+    assert result.already_distributed and result.code == damaged
+    assert any("set_epoch" in what for _, _, what in result.pending), result.pending
