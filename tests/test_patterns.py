@@ -214,6 +214,34 @@ CASES: dict[str, Case] = {
         per_epoch=[r"per-process epoch \d: loss"], once=[r"per-process run done", r"per-process dataset of 256 samples"],
         checkpoints={"per_process_model.pt": 1},
     ),
+    "factory_objects": Case(  # load_train_objs() returns dataset, model, optimizer; Trainer(gpu_id: int)
+        args=["3", "2", "--batch_size", str(B)], train_size=320, epochs=3,
+        per_epoch=[r"\[GPUcpu\] Epoch \d \| Batchsize: 16"], once=[r"factory run done"],
+        checkpoints={"factory_ckpt.pt": 2}, in_code=["model = DDP(model.to(device), device_ids=[local_rank]"],
+        equivalence=(["3", "2", "--batch_size", str(B), "--no-shuffle"],
+                     ["3", "2", "--batch_size", str(NPROC * B), "--no-shuffle"]),
+    ),
+    "chained_generators": Case(  # Adam(itertools.chain(G_AB.parameters(), G_BA.parameters())): both wrapped
+        args=["--batch-size", str(B), "--epochs", "2"], train_size=256, epochs=2,
+        per_epoch=[r"cycle epoch \d: loss_G="], once=[r"chained generators done"],
+        checkpoints={"G_AB.pth": 1, "G_BA.pth": 1}, ddp_wrapped=3,
+        equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
+                     ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
+    ),
+    "hand_updates": Case(  # no optimizer, random batches, a per-step stop test: see its own test
+        args=["--max-steps", "300", "--batch-size", str(B)], train_size=None,
+        once=[r"Loss: [\d.]+ after \d+ batches"], checkpoints={"poly_fc.pt": 1},
+        in_code=["loss = all_reduce_sum(loss) / dist.get_world_size()", "dist.broadcast_object_list(_shared, src=0)"],
+    ),
+    "endless_loader": Case(  # RandomSampler(replacement=True) behind batch_loader.next(); generate(model.module)
+        args=["--max-steps", "30", "--batch-size", str(B)], train_size=None,
+        once=[r"endless loader done", r"sample: \[\["], checkpoints={"bigram_endless.pt": 1},
+        in_code=["generate(model.module, "],
+    ),
+    "trainer_late_device": Case(  # the device is chosen in the Trainer's constructor, which also prints
+        args=["--max-iters", "30", "--batch-size", str(B)], train_size=None,
+        once=[r"running on device", r"late device run done"], checkpoints={"late_device.pt": 1},
+    ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
         in_code=["SyncBatchNorm.convert_sync_batchnorm("],
@@ -786,3 +814,26 @@ def test_data_parallel_wrapped_after_to_device(runs):
 def test_no_dataparallel_left():
     assert "DataParallel(" not in golden("data_parallel").read_text()
     assert "DataParallel(" not in golden("trainer_class").read_text()
+
+
+def test_hand_updates_stop_together_on_the_mean_loss(runs):
+    """Hand-written SGD without torch.optim over per-rank random batches: both ranks stop at the
+    same step (the stop test reads the loss averaged over ranks; no hang) and end with the same
+    weights (DDP averaged the gradients the hand update applies; checked by ran())."""
+    traces = ran(runs.dist, "hand_updates")
+    assert traces[1]["stdout"] == ""
+    stopped = re.findall(r"Loss: ([\d.]+) after (\d+) batches", traces[0]["stdout"])
+    assert len(stopped) == 1 and int(stopped[0][1]) < 300, traces[0]["stdout"]
+    assert all(t["ddp_final"] for t in traces)  # ran(): the DDP model's final checksum agrees across ranks
+
+
+def test_endless_loader_passes_are_sharded(runs):
+    """Each pass of the endless loader gives the ranks disjoint halves of the 96 samples, in a new
+    order each pass (the replacement sampler became a DistributedSampler advanced per pass)."""
+    traces = ran(runs.dist, "endless_loader")
+    per_rank = [train_passes(t, 96) for t in traces]
+    assert min(len(p) for p in per_rank) >= 5, [len(p) for p in per_rank]
+    for first, second in zip(*per_rank):
+        assert not set(first) & set(second) and len(first) == len(second) == 48
+        assert set(first) | set(second) == set(range(96))
+    assert per_rank[0][0] != per_rank[0][1], "the same order in two passes"

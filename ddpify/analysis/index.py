@@ -85,8 +85,7 @@ def full_name(node: cst.CSTNode) -> Optional[str]:
     if isinstance(node, cst.Name):
         return node.value
     if isinstance(node, cst.Attribute):
-        base = full_name(node.value)
-        return f"{base}.{node.attr.value}" if base else None
+        return f"{full_name(node.value)}.{node.attr.value}"  # "None.format" for "".format, as libcst
     if isinstance(node, cst.Call):
         return full_name(node.func)
     if isinstance(node, cst.Subscript):
@@ -162,8 +161,9 @@ class Binding:
 
 _IMPORT, _LOCAL = 0, 1
 # parents under which a Name is not a read of a variable
-_NOT_ACCESS = (cst.ImportAlias, cst.AsName, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
-_SCOPE_TYPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_NOT_ACCESS = (cst.ImportAlias, cst.ImportFrom, cst.FunctionDef, cst.ClassDef, cst.NameItem)
+_SCOPE_TYPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)  # their body is their own scope
+_COMP_TYPES = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)  # all of them is
 
 
 class FileIndex:
@@ -226,6 +226,7 @@ class FileIndex:
         scopes = self._scopes
         CSTNode = cst.CSTNode
         scope_types = _SCOPE_TYPES
+        comp_types = _COMP_TYPES
 
         def walk(node: cst.CSTNode) -> None:
             cls = node.__class__
@@ -236,6 +237,8 @@ class FileIndex:
             for fn in visit:
                 fn(node)
             is_scope = cls in scope_types
+            if cls in comp_types:
+                scopes.append(node)
             for name in fields:
                 value = getattr(node, name)
                 if isinstance(value, CSTNode):
@@ -251,6 +254,8 @@ class FileIndex:
                         if isinstance(child, CSTNode):
                             parents[child] = node
                             walk(child)
+            if cls in comp_types:
+                scopes.pop()
             for fn in leave:
                 fn(node)
 
@@ -293,11 +298,12 @@ class FileIndex:
         outer = self._scopes[-1]
         self._scope_parent[node] = outer
         prefix = self._qualname[outer]
-        if isinstance(outer, cst.FunctionDef):
+        if isinstance(outer, (cst.FunctionDef, cst.Lambda)):
             prefix += ".<locals>."
-        elif isinstance(outer, (cst.ClassDef, cst.Lambda)):
+        elif prefix:
             prefix += "."
-        self._qualname[node] = prefix + name
+        # a lambda's names read `f.<locals>.<locals>.x`, as libcst has them
+        self._qualname[node] = prefix[:-1] if isinstance(node, cst.Lambda) else prefix + name
         self._bindings[node] = {}
 
     def _enter_ClassDef(self, node: cst.ClassDef) -> None:
@@ -310,6 +316,14 @@ class FileIndex:
         params = node.params
         for p in (*params.posonly_params, *params.params, *params.kwonly_params):
             self._bindings[node].setdefault(p.name.value, []).append((_LOCAL, None))
+
+    def _comprehension(self, node: cst.CSTNode) -> None:
+        self._new_scope(node, "<comprehension>")
+
+    _enter_ListComp = _enter_SetComp = _enter_GeneratorExp = _enter_DictComp = _comprehension
+
+    def _enter_CompFor(self, node: cst.CompFor) -> None:
+        self._bind_target(node.target)
 
     def _enter_Global(self, node: cst.Global) -> None:
         names = self._globals.setdefault(self._scopes[-1], set())
@@ -446,7 +460,7 @@ class FileIndex:
         """The scope whose names ``node`` reads (a function's, class's or lambda's body; else the module)."""
         child = node
         for p in self.ancestors(node):
-            if p.__class__ in _SCOPE_TYPES and child is p.body:
+            if p.__class__ in _SCOPE_TYPES and child is p.body or p.__class__ in _COMP_TYPES:
                 return p
             child = p
         return self.module
@@ -463,8 +477,12 @@ class FileIndex:
         parent = self.parents.get(node)
         if isinstance(node, cst.Name):
             if parent is None or isinstance(parent, _NOT_ACCESS) or getattr(parent, "keyword", None) is node:
+                if isinstance(parent, (cst.FunctionDef, cst.ClassDef)) and parent.name is node:
+                    return frozenset({self._qualname[parent]})
                 return frozenset()
             if isinstance(parent, cst.Attribute) and (parent.attr is node or self._in_import(parent)):
+                return frozenset()
+            if isinstance(parent, cst.AsName) and isinstance(self.parents.get(parent), cst.ImportAlias):
                 return frozenset()
             if isinstance(parent, cst.Param):
                 scope = self.scope_of(self.parents.get(self.parents.get(parent)))  # the function's own
@@ -507,7 +525,7 @@ class FileIndex:
                         out.add(real + rest)
                     else:
                         prefix = self._qualname[scope]
-                        if isinstance(scope, cst.FunctionDef):
+                        if isinstance(scope, (cst.FunctionDef, cst.Lambda)):
                             prefix += ".<locals>."
                         elif prefix:
                             prefix += "."
@@ -519,7 +537,7 @@ class FileIndex:
             while isinstance(scope, cst.ClassDef) and scope is not start:  # methods do not see class names
                 scope = self._scope_parent[scope]
         if base in _BUILTINS:
-            return frozenset({"builtins." + dotted})
+            return frozenset({"builtins." + base})
         return frozenset()
 
     def is_no_grad(self, node: cst.With) -> bool:

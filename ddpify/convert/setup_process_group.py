@@ -149,7 +149,7 @@ def _local_rank_variable(ctx: Context, scope: ScopeNode) -> str | None:
 
 
 def _device_option(ctx: Context) -> None:
-    """`--device cuda:0` (a default or a value that names a GPU) means this process's GPU:
+    """`--device cuda:0` (a default or a value given at run time that names a GPU) means this process's GPU:
     right after `args = parser.parse_args()`, a GPU device becomes `cuda:<LOCAL_RANK>`."""
     script, edits = ctx.script, ctx.edits
     options = [
@@ -173,11 +173,14 @@ def _device_option(ctx: Context) -> None:
 
 
 def _names_gpu(arg: cst.Arg | None) -> bool:
+    """A default that names a GPU, or a device name that a user may swap for one (`--device cuda`)."""
     if arg is None:
         return False
     value = arg.value
     if isinstance(value, cst.IfExp):
         return N.is_cuda_string(value.body) or N.is_cuda_string(value.orelse)
+    if isinstance(value, cst.SimpleString) and value.evaluated_value in ("cpu", "mps"):
+        return True
     return N.is_cuda_string(value)
 
 
