@@ -242,6 +242,18 @@ CASES: dict[str, Case] = {
         args=["--max-iters", "30", "--batch-size", str(B)], train_size=None,
         once=[r"running on device", r"late device run done"], checkpoints={"late_device.pt": 1},
     ),
+    "two_finetunes": Case(  # one train_model() trains two models in turn: both wrapped, set_epoch once
+        args=["--batch-size", str(B)], train_size=128, epochs=4,
+        per_epoch=[r"(?m)^epoch \d loss"], once=[r"two fine-tunings done"], checkpoints={"conv.pt": 1}, ddp_wrapped=2,
+        equivalence=(["--batch-size", str(B), "--no-shuffle"], ["--batch-size", str(NPROC * B), "--no-shuffle"]),
+    ),
+    "main_returns_model": Case(  # main() trains and returns the model: the caller gets model.module
+        args=["--batch-size", str(B), "--epochs", "2"], train_size=192, epochs=2,
+        per_epoch=[r"returned-model epoch \d done"], once=[r"saved the returned model: 5 parameters"],
+        checkpoints={"returned.pt": 1}, in_code=["return model.module"],
+        equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
+                     ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
+    ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
         in_code=["SyncBatchNorm.convert_sync_batchnorm("],

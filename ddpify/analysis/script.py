@@ -508,7 +508,9 @@ def _parameters_owners(script: Script, node: cst.CSTNode, scope: ScopeNode, foll
     found: list[str] = []
     for inner in script.calls_in(node):
         owner = N.receiver(inner)
-        if N.call_name(inner) in ("parameters", "named_parameters") and owner is not None and ref_of(owner):
+        while isinstance(owner, (cst.Attribute, cst.Subscript)) and ref_of(owner) is None:
+            owner = owner.value  # `model_conv.fc.parameters()`, `net[2].parameters()`: a part trains, the model is wrapped
+        if N.call_name(inner) in ("parameters", "named_parameters") and owner is not None and ref_of(owner) not in (None, "self"):
             if ref_of(owner) not in found:
                 found.append(ref_of(owner))
     if found or not follow:

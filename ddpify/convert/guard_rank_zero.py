@@ -17,7 +17,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
-from ddpify.convert.per_process import PerProcess
+from ddpify.convert.per_process import PerProcess, shared_temp_dirs
 
 # Calls whose effect should happen once per run, by qualified name or by method name.
 ONCE = N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS
@@ -33,7 +33,7 @@ def run(ctx: Context) -> None:
     rank0_eval = ctx.options.eval_on_rank0
     eval_helpers = {script.local_function(c) for c in script.eval_calls} if rank0_eval else set()
     writers = _rank0_writers(ctx)
-    own = PerProcess(script)
+    own = PerProcess(script, shared_temp_dirs(ctx))
     targets: dict[cst.CSTNode, str] = {}
     hoisted: set[cst.CSTNode] = set()  # statements whose model-running calls now run before them
     moved: set[cst.Call] = set()  # those calls

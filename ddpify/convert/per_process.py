@@ -3,8 +3,11 @@ wait_for_checkpoints; not a pass).
 
 * a file whose name is built from this process's id or rank (`f"worker{os.getpid()}.log"`,
   `f"log_{rank}.txt"` with `rank = int(os.environ["RANK"])`) or that lies in a temporary
-  directory (`with TemporaryDirectory() as tempdir`, `tempfile.mkdtemp()`): each process has its
-  own, so each one writes it (and reads its own back: no barrier);
+  directory made before the process group exists (or a temporary file): each process has its
+  own, so each one writes it (and reads its own back: no barrier). A temporary directory made
+  later (`with TemporaryDirectory() as tempdir`, `tempfile.mkdtemp()`) becomes rank 0's on
+  every rank instead (shared_temp_dirs): rank 0 saves the best weights there and every rank
+  reloads the same ones;
 * code that runs in the data pipeline (`Dataset.__getitem__` / `__len__` / `__iter__`, a
   `collate_fn`, a `worker_init_fn`): it runs in every rank's loader (or its workers), per sample;
   guarding it by rank would hide the other ranks' data and can fail in a worker process.
@@ -13,16 +16,20 @@ wait_for_checkpoints; not a pass).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Script, ref_of
+from ddpify.convert.context import RANK0, Context
 
 TEMP_DIRS = frozenset(
     {"tempfile.TemporaryDirectory", "tempfile.mkdtemp", "tempfile.NamedTemporaryFile", "tempfile.mkstemp"}
 )
+TEMPORARY_DIRECTORY = frozenset({"tempfile.TemporaryDirectory"})
+MKDTEMP = frozenset({"tempfile.mkdtemp"})
 GETPID = frozenset({"os.getpid"})
 DATASETS = frozenset(
     {"torch.utils.data.Dataset", "torch.utils.data.dataset.Dataset"} | N.ITERABLE_DATASET
@@ -34,11 +41,12 @@ _RANK_NAME = re.compile(r"(^|_)(rank|pid|worker_id)$", re.IGNORECASE)
 
 
 class PerProcess:
-    """The facts above, computed once per script."""
+    """The facts above, computed once per script. `shared`: temporary directories every rank
+    uses rank 0's of (shared_temp_dirs): files there are rank 0's, not each process's."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, shared: Collection[str] = ()) -> None:
         self.script = script
-        self.temp_dirs = self._temp_dirs()
+        self.temp_dirs = self._temp_dirs() - set(shared)
         self.pipeline = self._pipeline_functions()
         self.handles: set[str] = set()
         self.handles = self._handles()
@@ -116,6 +124,31 @@ class PerProcess:
                 elif isinstance(value, cst.Name) and value.value in script.functions:
                     found.append(script.functions[value.value])
         return found
+
+
+def shared_temp_dirs(ctx: Context) -> dict[str, cst.CSTNode]:
+    """Temporary directories made once the process group exists, `with TemporaryDirectory() as d:`
+    (-> the `with`) or `d = tempfile.mkdtemp()` (-> its line): a different folder on every rank,
+    so every rank takes rank 0's (dist.broadcast_object_list); rank 0 writes there, all read."""
+    script = ctx.script
+    found: dict[str, cst.CSTNode] = {}
+    for call in script.calls:
+        holder = script.parent(call)
+        if script.is_call_to(call, TEMPORARY_DIRECTORY) and isinstance(holder, cst.WithItem):
+            stmt = script.parent(holder)
+            name = holder.asname.name if holder.asname is not None else None
+            if not (isinstance(stmt, cst.With) and isinstance(name, cst.Name) and isinstance(stmt.body, cst.IndentedBlock)):
+                continue
+        elif script.is_call_to(call, MKDTEMP) and isinstance(holder, cst.Assign) and holder.value is call:
+            stmt = script.parent(holder)
+            name = holder.targets[0].target
+            if not (isinstance(stmt, cst.SimpleStatementLine) and isinstance(name, cst.Name)):
+                continue
+        else:
+            continue
+        if ctx.rank0_condition(stmt) == RANK0:
+            found[name.value] = stmt
+    return found
 
 
 def _calls(script: Script, node: cst.CSTNode) -> list[cst.Call]:

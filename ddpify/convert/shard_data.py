@@ -56,6 +56,9 @@ def run(ctx: Context) -> None:
         if ctx.options.global_batch:
             split_batch(ctx, loader)
         for epoch in script.epoch_loops[loader.name]:
+            if epoch.loop in started:
+                continue  # one helper trains twice (`train_model(model_ft, ...)`, then `train_model(model_conv, ...)`)
+            started.add(epoch.loop)
             set_epoch(ctx, epoch.loop, _sampler_in(epoch.scope, loader, sampler, epoch.loader_expr))
         for start in script.pass_starts[loader.name]:
             if start.stmt in started:

@@ -17,9 +17,16 @@ import libcst.matchers as m
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
-from ddpify.convert.per_process import PerProcess
+from ddpify.convert.per_process import PerProcess, shared_temp_dirs
 
 BARRIER = "dist.barrier()  # rank 0 has written this file\n"
+SHARE = (
+    "{d}_of_rank0 = [{d}]\n"
+    "dist.broadcast_object_list({d}_of_rank0)  # one folder for every rank: rank 0's (it writes, every rank reads)\n"
+    "{d} = {d}_of_rank0[0]\n"
+)
+READ_BARRIER = "dist.barrier()  # every rank has read rank 0's temporary folder before it goes\n"
+BROADCAST_OBJECTS = frozenset({"torch.distributed.broadcast_object_list"})
 
 
 def run(ctx: Context) -> None:
@@ -27,7 +34,8 @@ def run(ctx: Context) -> None:
     written: dict[str, int] = {}  # path (as code) -> first line written
     reads: list[tuple[str, cst.Call]] = []
     handles = _file_handles(script)
-    own = PerProcess(script)  # every process writes (and reads back) its own file: no waiting
+    shared = shared_temp_dirs(ctx)
+    own = PerProcess(script, shared)  # every process writes (and reads back) its own file: no waiting
     for call in script.calls:
         args = N.positional(call)
         saves = script.is_call_to(call, N.TORCH_SAVE)
@@ -56,6 +64,37 @@ def run(ctx: Context) -> None:
             continue  # every rank waits there already
         edits.insert_before(stmt, BARRIER)
         edits.change(script.line(call), "every rank reads this file after rank 0 wrote it (barrier)")
+    for name, stmt in shared.items():
+        _share_temp_dir(ctx, name, stmt, [call for _, call in reads])
+
+
+def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode, reads: list[cst.Call]) -> None:
+    """Every rank takes rank 0's temporary folder; a `with TemporaryDirectory()` that reads files
+    back waits at its end until every rank has read them (rank 0 removes the folder on leaving)."""
+    script, edits = ctx.script, ctx.edits
+    if isinstance(stmt, cst.With):
+        body = stmt.body.body
+        if not any(_broadcasts(script, s) for s in body[:3]):
+            edits.insert_before(body[0], SHARE.format(d=name))
+            edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
+        if not any(script.inside(call, stmt) for call in reads):
+            return
+        last = body[-1]
+        if m.matches(last, m.SimpleStatementLine(body=[m.Return()])):
+            previous = D.sibling(script, last, -1)
+            if not (isinstance(previous, cst.SimpleStatementLine) and D.barrier_in(script, previous)):
+                edits.insert_before(last, READ_BARRIER)
+        elif not (isinstance(last, cst.SimpleStatementLine) and D.barrier_in(script, last)):
+            edits.insert_after(last, READ_BARRIER)
+        return
+    following = D.sibling(script, stmt, 1)
+    if following is None or not _broadcasts(script, following):
+        edits.insert_after(stmt, SHARE.format(d=name))
+        edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
+
+
+def _broadcasts(script, stmt: cst.CSTNode) -> bool:
+    return any(script.is_call_to(c, BROADCAST_OBJECTS) for c in script.calls_in(stmt))
 
 
 def _file_handles(script) -> set[str]:

@@ -37,8 +37,8 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     for stmt in body:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             continue  # a definition runs nothing
-        if _runs(script, stmt, model):
-            break
+        if last is not None and _runs(script, stmt, model):
+            break  # (before the model is built, what runs trains something else)
         if mentions(stmt, model):
             last = stmt  # built, moved, loaded, frozen, given a new head...: not run yet
     if last is None:
@@ -92,18 +92,31 @@ def _existing_wrap(ctx: Context, model: str, scope) -> cst.CSTNode | None:
 
 
 def _refuse_returned(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -> None:
-    """`def load_train_objs(): ...; return train_set, model, optimizer`: the model trains in a
-    caller ddpify does not follow, so no wrap or setup placed here would be right."""
+    """`return model` from the function that builds the model: when the function trains it
+    (`main()` trains, then returns the model to a caller that saves it), the caller gets
+    `model.module`, the plain model; a factory that only builds it is followed by the analysis
+    to where it lands, so one that is not (called twice, unpacked oddly) is refused here."""
     if not isinstance(scope, cst.FunctionDef):
         return
+    trains = scope in ctx.script.training_functions or any(_runs(ctx.script, stmt, model) for stmt in body)
     for stmt in body:
-        if m.matches(stmt, m.SimpleStatementLine(body=[m.Return()])) and stmt.body[0].value is not None and mentions(stmt.body[0].value, model):
+        if not (m.matches(stmt, m.SimpleStatementLine(body=[m.Return()])) and stmt.body[0].value is not None):
+            continue
+        value = stmt.body[0].value
+        if not mentions(value, model):
+            continue
+        if not trains:
             raise AnalysisError(
                 ctx.script.line(stmt),
                 f"`{model}` is built in `{scope.name.value}()` and returned to its caller: ddpify cannot follow "
                 f"a model out of the function that builds it; build it (or call `{scope.name.value}()`) in the "
                 "function that trains it, or wrap it there by hand with DistributedDataParallel",
             )
+        items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        for item in items:
+            if ref_of(item) == model:
+                ctx.edits.replace(item, ctx.edits.expression(f"{model}.module"))
+                ctx.edits.change(ctx.script.line(stmt), f"returns `{model}.module`: the caller gets the plain model")
 
 
 def _moved(script, stmts: list[cst.CSTNode], model: str) -> bool:
