@@ -254,6 +254,12 @@ CASES: dict[str, Case] = {
         equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
                      ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
     ),
+    "late_device": Case(  # `device = ...` only after training: setup and the wrap still come before it
+        args=["--batch-size", str(B), "--epochs", "2"], train_size=256, epochs=2,
+        per_epoch=[r"Epoch \d\n---"], once=[r"Done!", r"prediction for ones"], checkpoints={"late_model.pth": 1},
+        equivalence=(["--batch-size", str(B), "--epochs", "2", "--no-shuffle"],
+                     ["--batch-size", str(NPROC * B), "--epochs", "2", "--no-shuffle"]),
+    ),
     "sync_batchnorm": Case(
         runs=CPU_ONLY.format("SyncBatchNorm needs CUDA tensors (gloo/CPU cannot run it)"),
         in_code=["SyncBatchNorm.convert_sync_batchnorm("],

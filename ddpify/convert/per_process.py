@@ -46,7 +46,8 @@ class PerProcess:
 
     def __init__(self, script: Script, shared: Collection[str] = ()) -> None:
         self.script = script
-        self.temp_dirs = self._temp_dirs() - set(shared)
+        self.shared = set(shared)
+        self.temp_dirs = self._temp_dirs() - self.shared
         self.pipeline = self._pipeline_functions()
         self.handles: set[str] = set()
         self.handles = self._handles()
@@ -62,6 +63,8 @@ class PerProcess:
             return True
         scope = script.scope_of(node) if script.parent(node) is not None else script.module
         for ref in _refs(node):
+            if ref in self.shared:
+                continue  # rank 0's folder on every rank
             if ref in self.temp_dirs or ref in self.handles:
                 return True
             bound = [a.value for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == ref]
@@ -128,8 +131,9 @@ class PerProcess:
 
 def shared_temp_dirs(ctx: Context) -> dict[str, cst.CSTNode]:
     """Temporary directories made once the process group exists, `with TemporaryDirectory() as d:`
-    (-> the `with`) or `d = tempfile.mkdtemp()` (-> its line): a different folder on every rank,
-    so every rank takes rank 0's (dist.broadcast_object_list); rank 0 writes there, all read."""
+    (-> the `with`), or `d = tempfile.mkdtemp()` (-> its line; also just before the setup): a
+    different folder on every rank, so every rank takes rank 0's (dist.broadcast_object_list);
+    rank 0 writes there, every rank reads."""
     script = ctx.script
     found: dict[str, cst.CSTNode] = {}
     for call in script.calls:
@@ -146,9 +150,18 @@ def shared_temp_dirs(ctx: Context) -> dict[str, cst.CSTNode]:
                 continue
         else:
             continue
-        if ctx.rank0_condition(stmt) == RANK0:
+        if ctx.rank0_condition(stmt) == RANK0 or (isinstance(stmt, cst.SimpleStatementLine) and before_setup(ctx, stmt)):
             found[name.value] = stmt
     return found
+
+
+def before_setup(ctx: Context, stmt: cst.CSTNode) -> bool:
+    """Is `stmt` a statement of the setup scope's block that runs before the process group exists?"""
+    script, scope = ctx.script, ctx.setup_scope
+    if scope is None or script.scope_of(stmt) is not scope:
+        return False
+    body = list(script.block_of(scope).body)
+    return stmt in body and body.index(stmt) < ctx.init_index < len(body)
 
 
 def _calls(script: Script, node: cst.CSTNode) -> list[cst.Call]:

@@ -47,6 +47,9 @@ def run(ctx: Context) -> None:
     found = None
     for scope in _candidate_scopes(script):
         found = found or _device_statement(script, scope)
+    late = None
+    if found is not None and _after_training_starts(script, found[0]):
+        late, found = found[0], None  # `device = ...` defined for inference at the end: set up before training instead
     if _existing_setup(ctx, found):
         return
     names = {"local_rank": ctx.local_rank}
@@ -87,6 +90,8 @@ def run(ctx: Context) -> None:
         ctx.init_index = body.index(anchor)
         if not on_gpu:
             edits.change(script.line(anchor), "the script never uses a GPU: every process trains on the CPU (gloo)")
+    if late is not None and ctx.local_rank_visible(script.scope_of(late)):
+        _point_at_local_rank(ctx, late)  # inference after training: this process's GPU too
     _device_option(ctx)
     edits.need_import("os")
     edits.need_import("torch.distributed", asname="dist")
@@ -237,6 +242,22 @@ def _is_device_value(script: Script, value: cst.BaseExpression) -> bool:
     if N.is_cuda_string(value):
         return True
     return isinstance(value, cst.IfExp) and any(_is_gpu(script, b) for b in (value.body, value.orelse))
+
+
+def _after_training_starts(script: Script, stmt: cst.CSTNode) -> bool:
+    """Does a statement before `stmt`, in its block, train (backward, a training helper, a loop
+    that trains)?"""
+    block = script.parent(stmt)
+    body = list(getattr(block, "body", ()))
+    for earlier in body[: body.index(stmt)] if stmt in body else ():
+        if isinstance(earlier, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        for call in script.calls_in(earlier):
+            if N.call_name(call) == "backward" and N.receiver(call) is not None:
+                return True
+            if script.local_function(call) in script.training_functions:
+                return True
+    return False
 
 
 def _chosen_at_run_time(value: cst.BaseExpression) -> bool:

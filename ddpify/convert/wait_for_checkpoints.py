@@ -17,7 +17,8 @@ import libcst.matchers as m
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
-from ddpify.convert.per_process import PerProcess, shared_temp_dirs
+from ddpify.analysis.script import ref_of
+from ddpify.convert.per_process import PerProcess, before_setup, shared_temp_dirs
 
 BARRIER = "dist.barrier()  # rank 0 has written this file\n"
 SHARE = (
@@ -72,9 +73,13 @@ def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode, reads: list[cst.
     """Every rank takes rank 0's temporary folder; a `with TemporaryDirectory()` that reads files
     back waits at its end until every rank has read them (rank 0 removes the folder on leaving)."""
     script, edits = ctx.script, ctx.edits
+    shared_already = any(
+        script.is_call_to(c, BROADCAST_OBJECTS) and any(ref_of(a.value) == f"{name}_of_rank0" for a in c.args)
+        for c in script.calls_in(script.scope_of(stmt))
+    )
     if isinstance(stmt, cst.With):
         body = stmt.body.body
-        if not any(_broadcasts(script, s) for s in body[:3]):
+        if not shared_already:
             edits.insert_before(body[0], SHARE.format(d=name))
             edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
         if not any(script.inside(call, stmt) for call in reads):
@@ -87,14 +92,13 @@ def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode, reads: list[cst.
         elif not (isinstance(last, cst.SimpleStatementLine) and D.barrier_in(script, last)):
             edits.insert_after(last, READ_BARRIER)
         return
-    following = D.sibling(script, stmt, 1)
-    if following is None or not _broadcasts(script, following):
+    if shared_already:
+        return
+    if before_setup(ctx, stmt):  # made before the process group: shared right after it is set up
+        edits.insert_before(list(script.block_of(ctx.setup_scope).body)[ctx.init_index], SHARE.format(d=name))
+    else:
         edits.insert_after(stmt, SHARE.format(d=name))
-        edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
-
-
-def _broadcasts(script, stmt: cst.CSTNode) -> bool:
-    return any(script.is_call_to(c, BROADCAST_OBJECTS) for c in script.calls_in(stmt))
+    edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
 
 
 def _file_handles(script) -> set[str]:
