@@ -576,3 +576,97 @@ def test_a_loader_returned_by_a_factory_gets_its_sampler_there():
     assert "    train_data_sampler = DistributedSampler(dataset, shuffle=True" in code
     assert "    return DataLoader(dataset, batch_size=batch_size, sampler=train_data_sampler)" in code
     assert "    train_data.sampler.set_epoch(epoch)\n" in code and result.todos == []
+
+
+def test_a_sampler_chosen_inline_is_sharded_in_both_branches():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+        shuffle = True
+        data = torch.randn(64, 3)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(data, batch_size=8, sampler=RandomSampler(data) if shuffle else SequentialSampler(data))
+        for epoch in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+        """
+    )
+    code = result.code
+    assert "sampler=DistributedSampler(data, shuffle=True) if shuffle else DistributedSampler(data, shuffle=False)" in code
+    assert "    loader.sampler.set_epoch(epoch)\n" in code and result.todos == []
+
+
+def test_an_if_that_steps_only_a_scheduler_is_no_accumulation_boundary():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=10)
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        for epoch in range(3):
+            for i, x in enumerate(loader):
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                if epoch < 1:
+                    warmup.step()
+        """
+    )
+    assert "no_sync" not in result.code
+
+
+def test_an_if_that_steps_the_optimizer_through_a_scaler_is_one():
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler()
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        for epoch in range(3):
+            for i, x in enumerate(loader):
+                scaler.scale(model(x).sum()).backward()
+                if (i + 1) % 4 == 0:
+                    scaler.step(opt)
+                    scaler.update()
+        """
+    )
+    assert "with contextlib.nullcontext() if (i + 1) % 4 == 0 else model.no_sync():" in result.code
+
+
+def test_per_process_log_files_stay_on_every_rank_and_a_mkdtemp_folder_is_rank0s():
+    result = convert(
+        """
+        import logging
+        import os
+        import tempfile
+        import torch
+        from torch.utils.data import DataLoader
+
+        def main():
+            logger = logging.getLogger("train")
+            logger.addHandler(logging.FileHandler(f"worker{os.getpid()}.log"))
+            ckpt_dir = tempfile.mkdtemp()
+            model = torch.nn.Linear(3, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+            for epoch in range(2):
+                for x in loader:
+                    model(x).sum().backward()
+                    optimizer.step()
+                torch.save(model.state_dict(), os.path.join(ckpt_dir, "best.pt"))
+            model.load_state_dict(torch.load(os.path.join(ckpt_dir, "best.pt")))
+        """
+    )
+    code = result.code
+    assert '    logger.addHandler(logging.FileHandler(f"worker{os.getpid()}.log"))\n' in code  # not guarded
+    setup = code.index("dist.init_process_group(")
+    assert setup < code.index("dist.broadcast_object_list(ckpt_dir_of_rank0)") < code.index("for epoch in range(2)")
+    assert "        if dist.get_rank() == 0:\n            torch.save(model.module.state_dict(), os.path.join(ckpt_dir" in code
+    assert code.index("dist.barrier()  # rank 0 has written this file") < code.index("torch.load(os.path.join(ckpt_dir")

@@ -62,7 +62,6 @@ class Spec:
     full_cover: bool = True  # each pass covers the whole dataset (False: a drop_last batch sampler)
     runs: list[list[str]] = field(default_factory=lambda: [[]])  # argv of each run, same cwd, in order
     files: dict[str, int] = field(default_factory=dict)  # path in the run's cwd -> expected line count
-    harness: bool = True  # False: run the script itself under torchrun (trace_run.py cannot trace it)
 
 
 def once(regex: str) -> dict[str, int]:
@@ -148,13 +147,9 @@ def launch(name: str, script: Path, spec: Spec, work: Path) -> tuple[subprocess.
         for i, args in enumerate(spec.runs)
     ]
     (work / "plan.json").write_text(json.dumps(plan, indent=1))
+    # always through the harness: every run's traces are checked, its replicas included
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}"]
-    if spec.harness:
-        cmd, cwd = [*torchrun, str(TRACE_RUN), "--plan", str(work / "plan.json")], work
-    else:
-        assert len(spec.runs) == 1, "without the harness a spec has one run"
-        cmd, cwd = [*torchrun, str(script), *spec.runs[0]], work / "cwd"
-        cwd.mkdir(parents=True, exist_ok=True)
+    cmd, cwd = [*torchrun, str(TRACE_RUN), "--plan", str(work / "plan.json")], work
     env = {
         k: v
         for k, v in os.environ.items()
@@ -235,7 +230,7 @@ def run_stage(name: str, script: Path, outcome: Outcome, work: Path) -> None:
         errors = [f"run{i} rank {r}: {t['error'].strip().splitlines()[-1]}" for (i, r), t in traces.items() if t["error"]]
         outcome.fail("run", f"exit {proc.returncode}: {'; '.join(errors) or proc.stderr.strip()[-500:]}")
         return
-    for i in range(len(spec.runs) if spec.harness else 0):
+    for i in range(len(spec.runs)):
         for rank in range(NPROC):
             t = traces.get((i, rank))
             if t is None:
@@ -267,7 +262,7 @@ def run_stage(name: str, script: Path, outcome: Outcome, work: Path) -> None:
         if rank == 0 and any(s["module_prefix"] for s in t["saves"]):
             outcome.fail("saves", f"run{i}: a state_dict saved with 'module.' keys: {[s['path'] for s in t['saves']]}")
 
-    if spec.train_size is not None and spec.harness:
+    if spec.train_size is not None:
         check_shards(spec, traces, outcome)
 
     for rel, lines in spec.files.items():

@@ -496,6 +496,8 @@ class FileIndex:
             return frozenset()
         if scope is None:
             scope = self.scope_of(node)
+        if isinstance(parent, cst.AssignTarget) and parent.target is node and node.__class__ is cst.Name:  # its own name
+            return frozenset({self._local(dotted, scope)})
         key = (id(scope), dotted)
         found = self._qn_cache.get(key)
         if found is None:
@@ -524,12 +526,7 @@ class FileIndex:
                     if kind == _IMPORT:
                         out.add(real + rest)
                     else:
-                        prefix = self._qualname[scope]
-                        if isinstance(scope, (cst.FunctionDef, cst.Lambda)):
-                            prefix += ".<locals>."
-                        elif prefix:
-                            prefix += "."
-                        out.add(prefix + dotted)
+                        out.add(self._local(dotted, scope))
                 return frozenset(out)
             if scope is self.module:
                 break
@@ -539,6 +536,16 @@ class FileIndex:
         if base in _BUILTINS:
             return frozenset({"builtins." + base})
         return frozenset()
+
+    def _local(self, dotted: str, scope: cst.CSTNode) -> str:
+        if dotted.partition(".")[0] in self._globals.get(scope, ()):
+            scope = self.module
+        prefix = self._qualname[scope]
+        if isinstance(scope, (cst.FunctionDef, cst.Lambda)):
+            prefix += ".<locals>."
+        elif prefix:
+            prefix += "."
+        return prefix + dotted
 
     def is_no_grad(self, node: cst.With) -> bool:
         found = self._no_grad.get(node)

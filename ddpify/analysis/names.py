@@ -115,3 +115,14 @@ def keyword(call: cst.Call, name: str) -> cst.Arg | None:
 def positional(call: cst.Call) -> list[cst.Arg]:
     """The positional (not starred, not keyword) arguments of a call."""
     return [a for a in call.args if a.keyword is None and a.star == ""]
+
+# nn.Module API that DistributedDataParallel answers for the wrapped module.
+DDP_ATTRIBUTES = frozenset(
+    {
+        "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
+        "named_children", "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "float",
+        "double", "half", "bfloat16", "apply", "requires_grad_", "training", "forward", "no_sync",
+        "module", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+        "join", "register_comm_hook", "__call__",
+    }
+)  # fmt: skip

@@ -942,8 +942,8 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                     continue
                 if fn in script.training_functions:
                     script.ddp_names.setdefault(fn, set()).add(param)
-                elif isinstance(script.parent(call), cst.Expr) and model == script.model_name:
-                    script.eval_calls.append(call)
+                elif isinstance(script.parent(call), cst.Expr) and model == script.model_name and not D.all_reduces(script, fn):
+                    script.eval_calls.append(call)  # (a helper that all-reduces, e.g. its gradients, does not evaluate)
 
 
 def _find_eval_loops(script: Script) -> None:

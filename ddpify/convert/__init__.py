@@ -9,6 +9,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.script import AnalysisError, analyze, fully_distributed
 from ddpify.convert import (
+    average_gradients,
     agree_on_stop,
     download_once,
     evaluate_distributed,
@@ -44,6 +45,7 @@ PASSES = (
     replace_data_parallel,
     wrap_model,
     unwrap_model,
+    average_gradients,
     skip_sync_on_accumulation,
     flag_double_forward,
     seed_random_split,

@@ -21,6 +21,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, ref_of
 from ddpify.convert.context import Context
+from ddpify.convert.emit import define_function
 from ddpify.convert.edits import append_arg, keyword_arg
 from ddpify.convert.shard_data import loader_dataset, sampler_name
 
@@ -190,28 +191,6 @@ def meters(ctx: Context, loop: cst.For) -> list[str]:
 
 def define_helper(ctx: Context) -> None:
     """`all_reduce_sum` once, after the imports."""
-    if "all_reduce_sum" in ctx.helpers or D.all_reduces(ctx.script, ctx.script.functions.get("all_reduce_sum")):
+    if D.all_reduces(ctx.script, ctx.script.functions.get("all_reduce_sum")):
         return
-    ctx.helpers.add("all_reduce_sum")
-    module = ctx.script.module
-    anchor = next(
-        (s for s in module.body if not _is_import(s) and not _is_docstring(s)),
-        module.body[-1],
-    )
-    ctx.edits.insert_before(anchor, ALL_REDUCE_SUM)
-    blank = 0
-    for line in anchor.leading_lines:
-        if line.comment is not None:
-            break
-        blank += 1
-    if blank < 2:  # two blank lines after a top-level function
-        pad = [cst.EmptyLine()] * (2 - blank)
-        ctx.edits.rewrite(anchor, lambda updated: updated.with_changes(leading_lines=[*pad, *updated.leading_lines]))
-
-
-def _is_import(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.SimpleString)
+    define_function(ctx, "all_reduce_sum", ALL_REDUCE_SUM)

@@ -128,6 +128,14 @@ def _existing_setup(ctx: Context, found) -> bool:
         ctx.device_stmt = stmt
         ctx.device_type = f"{ctx.device}.type" if is_torch_device else f"torch.device({ctx.device}).type"
     ctx.local_rank = _local_rank_variable(ctx, scope) or ctx.local_rank
+    if (
+        found is not None
+        and _local_rank_variable(ctx, scope) is None
+        and ctx.local_rank not in script.bound.get(scope, set())
+        and m.findall(script.block_of(scope), m.Name(ctx.local_rank))
+    ):  # the setup reads LOCAL_RANK's variable, which is gone
+        first = ctx.device_stmt is script.block_of(script.scope_of(ctx.device_stmt)).body[0]
+        edits.insert_above(ctx.device_stmt, _opening(LOCAL_RANK, first).format(local_rank=ctx.local_rank))
     if found is not None:
         _point_at_local_rank(ctx, ctx.device_stmt)
         if any(_chosen_at_run_time(v) for _, v in _assignments(ctx.device_stmt)):

@@ -16,16 +16,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import param_receiving, ref_of
 from ddpify.convert.context import Context
 
-# nn.Module API that DistributedDataParallel answers for the wrapped module.
-ON_WRAPPER = frozenset(
-    {
-        "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
-        "named_children", "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "float",
-        "double", "half", "bfloat16", "apply", "requires_grad_", "training", "forward", "no_sync",
-        "module", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-        "join", "register_comm_hook", "__call__",
-    }
-)  # fmt: skip
+ON_WRAPPER = N.DDP_ATTRIBUTES
 
 
 class _Attributes(cst.CSTVisitor):

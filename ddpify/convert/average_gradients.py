@@ -1,0 +1,74 @@
+"""A training step that runs the model only through its own methods still syncs its gradients.
+
+    mu, logvar = model.module.encode(x)      # the model's own methods (DDP has none of them)
+    recon = model.module.decode(z)
+    loss.backward()
+    average_gradients(model)                  # inserted: what DDP's backward would have done
+
+DDP averages gradients only for a backward that follows its own forward (`model(x)`); a step
+that calls `model.encode(...)` / `model.decode(...)` never enters it, so every rank would step
+with its own gradients and the replicas drift apart silently. Such steps average the gradients
+by hand right after backward, in one all-reduce over a flat buffer.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import ref_of
+from ddpify.convert.context import Context
+from ddpify.convert.emit import define_function
+
+AVERAGE_GRADIENTS = '''
+
+def average_gradients(model):
+    """Average the gradients over all processes, as DDP's backward does after its own forward."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads or dist.get_world_size() == 1:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, synced in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(synced.view_as(g))
+'''
+CALL = "average_gradients({model})  # the step runs the model through its own methods, not DDP's forward\n"
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    done: set[cst.CSTNode] = set()
+    for backward in [c for c in script.calls if N.call_name(c) == "backward" and N.receiver(c) is not None]:
+        scope = script.scope_of(backward)
+        step = next((a for a in script.ancestors(backward) if isinstance(a, (cst.For, cst.While))), scope)
+        stmt = script.statement_line(backward)
+        if stmt is None or stmt in done:
+            continue
+        for model in sorted(script.ddp_names.get(scope, ())):
+            if not _runs_own_methods_only(script, step, model) or _averages_already(script, step, model):
+                continue
+            done.add(stmt)
+            edits.insert_after(stmt, CALL.format(model=model))
+            edits.change(
+                script.line(stmt),
+                f"`{model}` runs through its own methods here, which DDP cannot sync: its gradients are averaged by hand",
+            )
+            define_function(ctx, "average_gradients", AVERAGE_GRADIENTS)
+
+
+def _runs_own_methods_only(script, step: cst.CSTNode, model: str) -> bool:
+    """The step calls `model.method(...)` for a method DDP does not answer, and never `model(...)`."""
+    own = called = False
+    for call in script.calls_in(step):
+        if ref_of(call.func) == model:
+            called = True
+        elif isinstance(call.func, cst.Attribute) and ref_of(call.func.value) == model:
+            own = own or call.func.attr.value not in N.DDP_ATTRIBUTES
+    return own and not called
+
+
+def _averages_already(script, step: cst.CSTNode, model: str) -> bool:
+    return any(
+        isinstance(call.func, cst.Name) and call.func.value == "average_gradients" for call in script.calls_in(step)
+    )

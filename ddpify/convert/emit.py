@@ -1,0 +1,37 @@
+"""Code that several passes write into a converted script: module-level helper functions."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.convert.context import Context
+
+
+def define_function(ctx: Context, name: str, code: str) -> None:
+    """Define the helper `name` once, after the imports (unless the script defines it already)."""
+    if name in ctx.helpers or name in ctx.script.functions:
+        return
+    ctx.helpers.add(name)
+    module = ctx.script.module
+    anchor = next((s for s in module.body if not _is_import(s) and not _is_docstring(s)), module.body[-1])
+    ctx.edits.insert_before(anchor, code)
+    blank = 0
+    for line in anchor.leading_lines:
+        if line.comment is not None:
+            break
+        blank += 1
+    if blank < 2 and not ctx.helpers - {name}:  # two blank lines after a top-level function (once)
+        pad = [cst.EmptyLine()] * (2 - blank)
+        ctx.edits.rewrite(anchor, lambda updated: updated.with_changes(leading_lines=[*pad, *updated.leading_lines]))
+
+
+def _is_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, cst.SimpleString)
+    )
