@@ -670,3 +670,34 @@ def test_per_process_log_files_stay_on_every_rank_and_a_mkdtemp_folder_is_rank0s
     assert setup < code.index("dist.broadcast_object_list(ckpt_dir_of_rank0)") < code.index("for epoch in range(2)")
     assert "        if dist.get_rank() == 0:\n            torch.save(model.module.state_dict(), os.path.join(ckpt_dir" in code
     assert code.index("dist.barrier()  # rank 0 has written this file") < code.index("torch.load(os.path.join(ckpt_dir")
+
+
+def test_a_temporary_directory_is_rank0s_until_every_rank_is_done_with_it():
+    result = convert(
+        """
+        import tempfile
+        import torch
+        from torch.utils.data import DataLoader
+
+        def train(model, optimizer, loader):
+            with tempfile.TemporaryDirectory() as tmp:
+                for epoch in range(2):
+                    for x in loader:
+                        model(x).sum().backward()
+                        optimizer.step()
+                    torch.save(model.state_dict(), f"{tmp}/best.pt")
+                model.load_state_dict(torch.load(f"{tmp}/best.pt"))
+                return model
+
+        def main():
+            model = torch.nn.Linear(3, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            train(model, optimizer, DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True))
+        """
+    )
+    code = result.code
+    share = "        tmp_of_rank0 = [tmp]\n        dist.broadcast_object_list(tmp_of_rank0)"
+    assert code.index("with tempfile.TemporaryDirectory() as tmp:\n" + share) > 0
+    assert "            if dist.get_rank() == 0:\n                torch.save(model.module.state_dict()" in code
+    done = "        dist.barrier()  # every rank is done with rank 0's temporary folder before it goes\n        return model\n"
+    assert done in code and code.count("broadcast_object_list") == 1

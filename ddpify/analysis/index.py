@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import builtins
 import re
-import weakref
+from collections import OrderedDict
 from typing import Iterable, Optional, Union
 
 import libcst as cst
@@ -169,9 +169,8 @@ _COMP_TYPES = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)  # all
 class FileIndex:
     """Everything one traversal learns about a module; derived facts are computed on demand."""
 
-    def __init__(self, module: cst.Module, extra: Iterable[object] = (), wrapper=None) -> None:
+    def __init__(self, module: cst.Module, extra: Iterable[object] = ()) -> None:
         self.module = module
-        self._wrapper = wrapper
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.calls: list[CallInfo] = []
         self.call_info: dict[cst.Call, CallInfo] = {}
@@ -437,21 +436,18 @@ class FileIndex:
 
     @property
     def positions(self):
-        """libcst's PositionProvider for the module: resolved on first use, once."""
+        """Every node's ``CodeRange`` (libcst's PositionProvider's): computed on first use, once."""
         if self._positions is None:
-            from libcst.metadata import MetadataWrapper, PositionProvider
+            from ddpify.analysis.positions import Positions
 
-            wrapper = self._wrapper
-            if wrapper is None or wrapper.module is not self.module:
-                wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-            self._positions = wrapper.resolve(PositionProvider)
+            self._positions = Positions(self.module)
         return self._positions
 
     def position(self, node: cst.CSTNode):
         return self.positions[node]
 
     def line(self, node: cst.CSTNode) -> int:
-        return self.positions[node].start.line
+        return self.positions.line(node)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -552,7 +548,7 @@ class FileIndex:
         if found is None:
             found = any(
                 isinstance(item.item, cst.Call)
-                and {"torch.no_grad", "torch.inference_mode"} & self.qnames(item.item.func)
+                and N.NO_GRAD & self.qnames(item.item.func)
                 for item in node.items
             )
             self._no_grad[node] = found
@@ -671,12 +667,17 @@ class FileIndex:
         return store[key]
 
 
-_INDEXES: "weakref.WeakKeyDictionary[cst.Module, FileIndex]" = weakref.WeakKeyDictionary()
+_RECENT: "OrderedDict[int, tuple[cst.Module, FileIndex]]" = OrderedDict()  # nodes take no weak references
 
 
 def index_of(module: cst.Module) -> FileIndex:
     """The module's index, built once and shared by every analysis of the same module."""
-    found = _INDEXES.get(module)
-    if found is None:
-        found = _INDEXES[module] = FileIndex(module)
-    return found
+    found = _RECENT.get(id(module))
+    if found is not None and found[0] is module:
+        _RECENT.move_to_end(id(module))
+        return found[1]
+    index = FileIndex(module)
+    _RECENT[id(module)] = (module, index)
+    while len(_RECENT) > 4:
+        _RECENT.popitem(last=False)
+    return index

@@ -71,6 +71,33 @@ DISTRIBUTED_MARKERS = frozenset(
     }
 )
 
+# The linter's API names (`ddpify check`), next to the converter's.
+DDP_CLASSES = frozenset(
+    {
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.parallel.distributed.DistributedDataParallel",
+        "torch.nn.DistributedDataParallel",
+    }
+)
+DISTRIBUTED_SAMPLER = frozenset(
+    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+)
+# Collectives: every rank must call them, in the same order.
+COLLECTIVES = frozenset(
+    "torch.distributed." + n
+    for n in (
+        "barrier", "monitored_barrier", "all_reduce", "all_gather", "all_gather_into_tensor",
+        "all_gather_object", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
+        "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
+        "scatter_object_list", "new_group", "destroy_process_group",
+    )
+)  # fmt: skip
+NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
+INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
+# Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
+FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horovod", "colossalai")
+
 QualifiedNames = Mapping[cst.CSTNode, "set[QualifiedName]"]
 
 

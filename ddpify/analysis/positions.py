@@ -49,6 +49,8 @@ class _State(CodegenState):
             self.add_token(token)
 
     def add_token(self, value: str) -> None:
+        if not self.tokens:  # Module reads it: whether anything was written
+            self.tokens.append(value)
         if "\n" in value or "\r" in value:
             lines = value.replace("\r\n", "\n").replace("\r", "\n").split("\n")
             self.line += len(lines) - 1

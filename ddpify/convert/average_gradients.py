@@ -46,7 +46,11 @@ def run(ctx: Context) -> None:
         if stmt is None or stmt in done:
             continue
         for model in sorted(script.ddp_names.get(scope, ())):
-            if not _runs_own_methods_only(script, step, model) or _averages_already(script, step, model):
+            if not _runs_own_methods_only(script, step, model):
+                continue
+            if _averages_already(script, step, model):
+                if "average_gradients" not in script.functions:  # the call is there, its helper lost
+                    define_function(ctx, "average_gradients", AVERAGE_GRADIENTS)
                 continue
             done.add(stmt)
             edits.insert_after(stmt, CALL.format(model=model))
@@ -63,9 +67,14 @@ def _runs_own_methods_only(script, step: cst.CSTNode, model: str) -> bool:
     for call in script.calls_in(step):
         if ref_of(call.func) == model:
             called = True
-        elif isinstance(call.func, cst.Attribute) and ref_of(call.func.value) == model:
+        elif isinstance(call.func, cst.Attribute) and (ref_of(call.func.value) == model or _unwrapped(call.func.value, model)):
             own = own or call.func.attr.value not in N.DDP_ATTRIBUTES
     return own and not called
+
+
+def _unwrapped(node: cst.CSTNode, model: str) -> bool:
+    """`model.module` (a converted step calls the model's own methods through it)."""
+    return isinstance(node, cst.Attribute) and node.attr.value == "module" and ref_of(node.value) == model
 
 
 def _averages_already(script, step: cst.CSTNode, model: str) -> bool:

@@ -150,6 +150,8 @@ def shared_temp_dirs(ctx: Context) -> dict[str, cst.CSTNode]:
                 continue
         else:
             continue
+        if D.guarded_by_rank(script, stmt):
+            continue  # rank 0's alone already: a broadcast there would wait forever
         if ctx.rank0_condition(stmt) == RANK0 or (isinstance(stmt, cst.SimpleStatementLine) and before_setup(ctx, stmt)):
             found[name.value] = stmt
     return found

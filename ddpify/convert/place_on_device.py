@@ -1,6 +1,6 @@
 """Make every "the GPU" in the script mean this process's device.
 
-`.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `torch.device("cuda")` and
+`.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `.to(0)`, `torch.device("cuda")`, `torch.device(0)` and
 `device="cuda"` become the process's device where the code can name it; elsewhere the
 explicit index is dropped, so `torch.cuda.set_device(local_rank)` picks the GPU.
 `torch.load` gets a `map_location` so no rank loads onto GPU 0.
@@ -140,8 +140,8 @@ def _means_gpu(ctx: Context, node: cst.BaseExpression) -> bool:
         return False  # `torch.device("cuda", torch.cuda.current_device())`: chosen per process already
     if isinstance(node, cst.Call) and ctx.script.is_call_to(node, N.TORCH_DEVICE):
         args = N.positional(node)
-        return bool(args) and N.is_cuda_string(args[0].value)
-    return False
+        return bool(args) and (N.is_cuda_string(args[0].value) or isinstance(args[0].value, cst.Integer))
+    return isinstance(node, cst.Integer)  # `.to(0)`: GPU 0
 
 
 def _per_process_string(ctx: Context, node: cst.BaseExpression) -> bool:

@@ -254,7 +254,8 @@ def _is_device_value(script: Script, value: cst.BaseExpression) -> bool:
 
 def _after_training_starts(script: Script, stmt: cst.CSTNode) -> bool:
     """Does a statement before `stmt`, in its block, train (backward, a training helper, a loop
-    that trains)?"""
+    that trains) or put something on a GPU (`.cuda(...)`, `.to(0)`): the device line came too late
+    to hold the setup."""
     block = script.parent(stmt)
     body = list(getattr(block, "body", ()))
     for earlier in body[: body.index(stmt)] if stmt in body else ():
@@ -264,6 +265,10 @@ def _after_training_starts(script: Script, stmt: cst.CSTNode) -> bool:
             if N.call_name(call) == "backward" and N.receiver(call) is not None:
                 return True
             if script.local_function(call) in script.training_functions:
+                return True
+            if N.call_name(call) == "cuda" and isinstance(call.func, cst.Attribute):
+                return True
+            if N.call_name(call) == "to" and N.positional(call) and isinstance(N.positional(call)[0].value, cst.Integer):
                 return True
     return False
 
@@ -303,6 +308,10 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
             continue
         if isinstance(value, cst.Call) and script.is_call_to(value, N.TORCH_DEVICE):
             args = N.positional(value)
+            if args and isinstance(args[0].value, cst.Integer):
+                # torch.device(0): GPU 0, i.e. this process's GPU.
+                edits.replace(value, edits.expression(f"torch.device({per_rank if branches else or_cpu})"))
+                continue
             if args and not isinstance(args[0].value, (cst.SimpleString, cst.IfExp)) and len(args) == 1:
                 # torch.device(args.device): a GPU chosen at run time becomes this rank's GPU.
                 ctx.device_fixup = True

@@ -111,6 +111,11 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
     # else: sampler = SequentialSampler(ds)`, or `A if cond else B`); each branch is sharded.
     sampler_calls = _bound_calls(ctx, inner, loader)
     known = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER | D.DISTRIBUTED_SAMPLER
+    lost = ref_of(inner)
+    if not sampler_calls and lost is not None and not script.names(inner) and not any(lost in b for b in script.bound.values()):
+        # `sampler=train_sampler` with no `train_sampler` left (a partly converted script)
+        edits.todo(loader.stmt, script.line(call), f"`{lost}` is not defined: make it `DistributedSampler(<dataset>, shuffle=...)` above this loader")
+        return lost
     if not sampler_calls or any(c is None or not script.is_call_to(c, known) for c in sampler_calls):
         edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
         return ""

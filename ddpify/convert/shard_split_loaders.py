@@ -96,6 +96,10 @@ def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
     if D.calls_to(script, arg.value, D.DISTRIBUTED_SAMPLER):
         return True
     used = {n.value for n in m.findall(arg.value, m.Name())}
+    if used and all(not script.names(n) and not any(n.value in b for b in script.bound.values()) for n in m.findall(arg.value, m.Name()) if n.value != split.key_var):
+        # `sampler=samplers[x]` with no `samplers` left (a partly converted script): say so
+        ctx.edits.todo(split.stmt, script.line(split.stmt), f"`{script.module.code_for_node(arg.value)}` is not defined: give the training split a DistributedSampler and the others a slice per rank")
+        return True
     return any(
         ref_of(a.targets[0].target) in used and D.calls_to(script, a.value, D.DISTRIBUTED_SAMPLER)
         for a in script.assigns.get(split.scope, [])

@@ -26,7 +26,7 @@ SHARE = (
     "dist.broadcast_object_list({d}_of_rank0)  # one folder for every rank: rank 0's (it writes, every rank reads)\n"
     "{d} = {d}_of_rank0[0]\n"
 )
-READ_BARRIER = "dist.barrier()  # every rank has read rank 0's temporary folder before it goes\n"
+READ_BARRIER = "dist.barrier()  # every rank is done with rank 0's temporary folder before it goes\n"
 BROADCAST_OBJECTS = frozenset({"torch.distributed.broadcast_object_list"})
 
 
@@ -66,12 +66,12 @@ def run(ctx: Context) -> None:
         edits.insert_before(stmt, BARRIER)
         edits.change(script.line(call), "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():
-        _share_temp_dir(ctx, name, stmt, [call for _, call in reads])
+        _share_temp_dir(ctx, name, stmt)
 
 
-def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode, reads: list[cst.Call]) -> None:
-    """Every rank takes rank 0's temporary folder; a `with TemporaryDirectory()` that reads files
-    back waits at its end until every rank has read them (rank 0 removes the folder on leaving)."""
+def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode) -> None:
+    """Every rank takes rank 0's temporary folder; a `with TemporaryDirectory()` waits at its end
+    until every rank is done with the folder (rank 0 removes it on leaving)."""
     script, edits = ctx.script, ctx.edits
     shared_already = any(
         script.is_call_to(c, BROADCAST_OBJECTS) and any(ref_of(a.value) == f"{name}_of_rank0" for a in c.args)
@@ -82,8 +82,6 @@ def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode, reads: list[cst.
         if not shared_already:
             edits.insert_before(body[0], SHARE.format(d=name))
             edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
-        if not any(script.inside(call, stmt) for call in reads):
-            return
         last = body[-1]
         if m.matches(last, m.SimpleStatementLine(body=[m.Return()])):
             previous = D.sibling(script, last, -1)

@@ -13,7 +13,8 @@ original:
   sampler class, batch size and drop_last are noted.
 * ``_BaseDataLoaderIter.__init__`` / ``_next_index``: every ``iter(loader)`` starts a *pass*;
   each index (or batch of indices) the loader's sampler hands out in this process is appended
-  to it. The hook sits in the main process, so it sees the indices with worker processes too.
+  to it (None for what is not an int: an IterableDataset's sampler yields None). The hook sits
+  in the main process, so it sees the indices with worker processes too.
   A pass is ``complete`` once its sampler is exhausted.
 * ``torch.save``: the path, and the keys / shapes of the state_dict saved (a mapping of tensors,
   or the first such mapping nested one level down, e.g. ``{"model": sd, "epoch": 3}``).

@@ -38,10 +38,24 @@ class PrintOnEveryRank(Rule):
     VALID = [
         "import torch.distributed as dist\nfor epoch in range(3):\n    if rank == 0:\n        print(epoch)\n",
         "import torch.distributed as dist\nfor epoch in range(3):\n    print(f'[GPU{gpu_id}] epoch {epoch}')\n",
+        "import torch.distributed as dist\nfor epoch in range(3):\n    with open(f'log_{rank}.txt', 'a') as log:\n        print(epoch, file=log)\n",
     ]
     INVALID = [Invalid("import torch.distributed as dist\nfor epoch in range(3):\n    print(epoch)\n")]
 
     def check(self, ctx):
         for ci in ctx.calls_to("builtins.print"):
+            if _to_own_file(ci.node):
+                continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's)
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
+
+
+def _to_own_file(call) -> bool:
+    """`print(..., file=handle)` to something other than sys.stdout / sys.stderr."""
+    import libcst as cst
+
+    arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "file"), None)
+    if arg is None:
+        return False
+    value = arg.value
+    return not (isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value == "sys")

@@ -1,0 +1,197 @@
+"""Which code runs on rank 0 only: ``if rank == 0``, ``if dist.get_rank() == 0``, ``if local_rank
+in (-1, 0)``, ``if is_main_process():``, ``is_main = rank == 0; if is_main:``, ``if rank != 0:
+return`` guards, and functions only called from such code."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, last_name
+from ddpify.analysis.literals import int_value, string_value
+
+MAIN_PROCESS_RE = re.compile(
+    r"^_?(is_?)?(main|master|primary|chief|leader|rank_?0|rank_?zero|global_?zero|local_?zero)"
+    r"(_?(process|proc|rank|worker|node|host))?$",
+    re.IGNORECASE,
+)
+RANK_NAMES = frozenset({"gpu_id", "gpu", "local_gpu", "device_id", "gpu_idx", "process_index", "proc_id"})
+RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
+GET_RANK = frozenset({"torch.distributed.get_rank", "torch.distributed.get_node_local_rank"})
+_NOT_MULTI_PROCESS = re.compile(r"(is_initialized|is_available|distributed|ddp|is_dist)", re.IGNORECASE)
+
+
+class RankAnalysis:
+    """Rank-0 reasoning over one file's index; answers are cached."""
+
+    def __init__(self, index: FileIndex) -> None:
+        self.index = index
+        self._rank0_cache: dict[cst.CSTNode, bool] = {}
+        self._rank0_func: dict[Func, bool] = {}
+        self._guard_index: dict[cst.CSTNode, int] = {}
+        self._flags: Optional[list[Binding]] = None
+
+    def is_rank_expr(self, e: cst.BaseExpression) -> bool:
+        """``rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])``, ``args.rank % ngpus``..."""
+        if isinstance(e, cst.Call):
+            info = self.index.call_info.get(e)
+            if info is not None and info.qnames & GET_RANK:
+                return True
+            if last_name(e.func) == "int" and e.args:
+                return self.is_rank_expr(e.args[0].value)
+            if last_name(e.func) in ("get", "getenv") and e.args:  # os.environ.get("RANK", 0)
+                key = string_value(e.args[0].value)
+                return key is not None and key in RANK_ENV
+            return "rank" in (last_name(e.func) or "").lower()
+        if isinstance(e, cst.Subscript):  # os.environ["RANK"]
+            if len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):
+                s = string_value(e.slice[0].slice.value)
+                return s is not None and "RANK" in s
+            return False
+        if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Modulo):
+            return self.is_rank_expr(e.left)
+        n = last_name(e) if isinstance(e, (cst.Name, cst.Attribute)) else None
+        return n is not None and ("rank" in n.lower() or n.lower() in RANK_NAMES)
+
+    def _is_single_process(self, e: cst.BaseExpression) -> bool:
+        """Operands of ``or`` that are false whenever several processes run."""
+        if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
+            inner = e.expression
+            target = inner.func if isinstance(inner, cst.Call) else inner
+            return bool(_NOT_MULTI_PROCESS.search(self.index.code(target)))
+        if isinstance(e, cst.Comparison) and len(e.comparisons) == 1:
+            n = last_name(e.left) or ""
+            v = int_value(e.comparisons[0].comparator)
+            op = e.comparisons[0].operator
+            return "world_size" in n.lower() and (
+                (isinstance(op, cst.Equal) and v == 1) or (isinstance(op, cst.LessThanEqual) and v == 1)
+            )
+        return False
+
+    def rank_test(self, e: cst.BaseExpression) -> int:
+        """+1: true only on rank 0; -1: true only off rank 0; 0: don't know."""
+        if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
+            return -self.rank_test(e.expression)
+        if isinstance(e, cst.BooleanOperation):
+            left, right = self.rank_test(e.left), self.rank_test(e.right)
+            if isinstance(e.operator, cst.And):
+                return 1 if 1 in (left, right) else (-1 if -1 in (left, right) else 0)
+            # or
+            ok_l = left == 1 or self._is_single_process(e.left)
+            ok_r = right == 1 or self._is_single_process(e.right)
+            return 1 if (ok_l and ok_r and 1 in (left, right)) else 0
+        if isinstance(e, cst.Comparison) and len(e.comparisons) == 1:
+            comp = e.comparisons[0]
+            op, right, left = comp.operator, comp.comparator, e.left
+            if int_value(left) is not None and isinstance(op, (cst.Equal, cst.NotEqual)):
+                left, right = right, left
+            if not self.is_rank_expr(left):
+                return 0
+            v = int_value(right)
+            if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
+                values = {int_value(el.value) for el in right.elements}
+                if values and values <= {0, -1} and 0 in values:
+                    return 1 if isinstance(op, cst.In) else -1
+                return 0
+            if v is None:
+                return 0
+            if isinstance(op, cst.Equal) and v == 0 or isinstance(op, cst.LessThan) and v == 1:
+                return 1
+            if isinstance(op, cst.NotEqual) and v == 0 or isinstance(op, cst.GreaterThan) and v == 0:
+                return -1
+            if isinstance(op, cst.GreaterThanEqual) and v == 1:
+                return -1
+            return 0
+        if isinstance(e, cst.Call):
+            n = last_name(e.func) or ""
+            return 1 if MAIN_PROCESS_RE.match(n) else 0
+        if isinstance(e, (cst.Name, cst.Attribute)):
+            n = last_name(e) or ""
+            if MAIN_PROCESS_RE.match(n):
+                return 1
+            name = dotted_name(e)
+            for b in self.rank_flags:
+                if b.dotted == name:
+                    return self.rank_test(b.value)
+        return 0
+
+    @property
+    def rank_flags(self) -> list[Binding]:
+        """``is_main = rank == 0``-style flags."""
+        if self._flags is None:
+            self._flags = [
+                b
+                for b in self.index.assignments
+                if isinstance(b.value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation))
+            ]
+        return self._flags
+
+    def guard_start(self, block: cst.CSTNode) -> int:
+        """Index of the first statement after an ``if rank != 0: return`` guard in a block."""
+        if block in self._guard_index:
+            return self._guard_index[block]
+        idx = 1 << 30
+        for i, stmt in enumerate(getattr(block, "body", ())):
+            if isinstance(stmt, cst.If) and stmt.orelse is None and self.rank_test(stmt.test) == -1:
+                body = stmt.body.body
+                last = body[-1] if body else None
+                if isinstance(last, cst.SimpleStatementLine):
+                    last = last.body[-1] if last.body else None
+                if isinstance(last, (cst.Return, cst.Continue, cst.Raise)) or (
+                    isinstance(last, cst.Expr)
+                    and isinstance(last.value, cst.Call)
+                    and (last_name(last.value.func) in ("exit", "_exit"))
+                ):
+                    idx = i
+                    break
+        self._guard_index[block] = idx
+        return idx
+
+    def in_rank0(self, node: cst.CSTNode) -> bool:
+        """Does this code run on rank 0 only (a rank-0 branch, guard, or function only called there)?"""
+        if node in self._rank0_cache:
+            return self._rank0_cache[node]
+        result = False
+        child = node
+        for p in self.index.ancestors(node):
+            if isinstance(p, (cst.If, cst.IfExp)):
+                sign = self.rank_test(p.test)
+                if (child is p.body and sign == 1) or (child is p.orelse and sign == -1):
+                    result = True
+                    break
+            elif isinstance(p, (cst.IndentedBlock, cst.Module)) and not isinstance(child, cst.BaseSuite):
+                try:
+                    index = list(p.body).index(child)
+                except ValueError:
+                    index = -1
+                if index > self.guard_start(p):
+                    result = True
+                    break
+            elif isinstance(p, cst.FunctionDef):
+                result = self.rank0_function(p)
+                break
+            elif isinstance(p, cst.Lambda):
+                break
+            child = p
+        self._rank0_cache[node] = result
+        return result
+
+    def rank0_function(self, func: Func) -> bool:
+        """A function only called from rank-0-only code."""
+        if func in self._rank0_func:
+            return self._rank0_func[func]
+        self._rank0_func[func] = False  # cycles: assume not
+        sites = self.index.call_sites(func)
+        result = bool(sites) and all(self.in_rank0(s.node) for s in sites)
+        self._rank0_func[func] = result
+        # cached answers computed under the provisional False may be stale
+        if result:
+            self._rank0_cache.clear()
+        return result
+
+
+def rank_analysis(index: FileIndex) -> RankAnalysis:
+    """The file's rank-0 reasoning, made once per index."""
+    return index.cached("rank", RankAnalysis)
