@@ -11,7 +11,9 @@ from typing import Optional
 import typer
 
 from ddpify.check.cli import register as register_check
-from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_file
+
+# The engine (libcst, the analysis, the passes) is imported by the command that needs it, so
+# `ddpify --help` starts in about the time of `import typer`.
 
 class Launcher(str, Enum):
     torchrun = "torchrun"
@@ -60,6 +62,8 @@ def convert(
         _fail("use only one of -o/--output, --in-place and --diff", 2)
     if output is not None and src.exists() and output.exists() and output.resolve() == src.resolve():
         _fail(f"{src}: refusing to overwrite the input; pass --in-place to do that", 2)
+    from ddpify.engine import ConvertError, ConvertOptions, convert_file
+
     try:
         result, encoding = convert_file(src, ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0, launcher=launcher.value))
     except ConvertError as exc:

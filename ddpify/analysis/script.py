@@ -13,15 +13,11 @@ from functools import cached_property
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import (
-    MetadataWrapper,
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedNameProvider,
-)
+from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import FileIndex
 
 ScopeNode = cst.CSTNode  # a cst.Module or a cst.FunctionDef
 
@@ -121,6 +117,7 @@ class Script:
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
     data_parallel_imports: list[tuple[str, str, str | None]] = field(default_factory=list)  # from-imports of it
     iterable_datasets: set[str] = field(default_factory=set)  # the script's IterableDataset classes
+    index: FileIndex | None = None  # the file's one index: calls, qualified names, parents, positions
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
 
     # -- tree navigation -------------------------------------------------
@@ -197,7 +194,7 @@ class Script:
         return found
 
     def names(self, node: cst.CSTNode) -> set[str]:
-        return N.names_of(self.qnames, node)
+        return set(self.index.qnames(node))
 
     def is_call_to(self, call: cst.Call, qualified: frozenset[str]) -> bool:
         return bool(self.names(call.func) & qualified)
@@ -303,16 +300,19 @@ _MARKER_TAILS = {name.rsplit(".", 1)[-1] for name in N.DISTRIBUTED_MARKERS | N.D
 
 
 class _CallCollector(cst.CSTVisitor):
-    """One walk that indexes calls, loops, assignments and bound names by scope."""
+    """What the conversion indexes by scope (loops, assignments, bound names) and the references
+    to distributed APIs, gathered in the file index's one traversal (`FileIndex(extra=...)`);
+    what needs qualified names is decided in `finish`, once every binding is known."""
 
     def __init__(self, script: Script) -> None:
         self.script = script
         self.scopes: list[ScopeNode] = [script.module]
         self.aliases: set[str] = set()
+        self.classes: list[cst.ClassDef] = []
+        self.references: list[cst.CSTNode] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if any(self.script.names(base.value) & N.ITERABLE_DATASET for base in node.bases):
-            self.script.iterable_datasets.add(node.name.value)
+        self.classes.append(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.script.all_functions.append(node)
@@ -332,9 +332,6 @@ class _CallCollector(cst.CSTVisitor):
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         if isinstance(node.target, cst.Name):
             self.script.bound.setdefault(self.scopes[-1], set()).add(node.target.value)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.script.calls.append(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._reference(node)
@@ -357,10 +354,19 @@ class _CallCollector(cst.CSTVisitor):
             self.aliases.add(node.asname.name.value)
 
     def _reference(self, node: cst.CSTNode) -> None:
-        # Resolving qualified names is costly: only for names spelled like a marker or its alias.
+        # Only names spelled like a marker or its alias are resolved (in `finish`).
         spelled = node.value if isinstance(node, cst.Name) else node.attr.value
-        if spelled not in _MARKER_TAILS and spelled not in self.aliases:
-            return
+        if spelled in _MARKER_TAILS or spelled in self.aliases:
+            self.references.append(node)
+
+    def finish(self) -> None:
+        for node in self.classes:
+            if any(self.script.names(base.value) & N.ITERABLE_DATASET for base in node.bases):
+                self.script.iterable_datasets.add(node.name.value)
+        for node in self.references:
+            self._resolved(node)
+
+    def _resolved(self, node: cst.CSTNode) -> None:
         names = self.script.names(node)
         if self.script.distributed_marker is None and names & N.DISTRIBUTED_MARKERS:
             self.script.distributed_marker = node
@@ -384,15 +390,14 @@ def fully_distributed(script: Script) -> bool:
 def analyze(wrapper: MetadataWrapper, full: bool = False) -> Script:
     """Resolve metadata once and find the model, loaders, loops and helpers of a script
     (all of it, or with `full` off, only what says it is fully distributed already)."""
-    script = Script(
-        module=wrapper.module,
-        qnames=wrapper.resolve(QualifiedNameProvider),
-        parents=wrapper.resolve(ParentNodeProvider),
-        positions=wrapper.resolve(PositionProvider),
-    )
-    module = wrapper.module
+    module = wrapper.module if isinstance(wrapper, MetadataWrapper) else wrapper
+    script = Script(module=module, qnames={}, parents={}, positions={})
+    collector = _CallCollector(script)
+    index = script.index = FileIndex(module, extra=[collector])  # the one traversal
+    script.parents, script.positions = index.parents, index.positions
+    script.calls = [c.node for c in index.calls]
     script.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
-    module.visit(_CallCollector(script))
+    collector.finish()
     if not full and fully_distributed(script):
         return script
     for _ in range(3):  # a function that calls a training helper (`self._run_batch(...)`) trains too

@@ -9,10 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ddpify.check import output
-from ddpify.check.config import Config, ConfigError, discover, load_file
-from ddpify.check.rule import all_rules, rules_by_code, select_rules, valid_selector
-from ddpify.check.runner import check_paths, iter_python_files
+# The linter itself (libcst, the rules) is imported by the commands, not at start-up.
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -48,6 +45,11 @@ def check(
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Colour text output (default: on a terminal)."),
 ) -> None:
     """Find DDP pitfalls: wrong results, hangs, wasted GPUs, duplicated logs."""
+    from ddpify.check import output
+    from ddpify.check.config import Config, ConfigError, discover, load_file
+    from ddpify.check.rule import select_rules, valid_selector
+    from ddpify.check.runner import check_paths, iter_python_files
+
     if format not in output.FORMATS:
         raise _fail(f"unknown format {format!r}; choose one of {', '.join(output.FORMATS)}")
     paths = paths or [Path(".")]
@@ -108,6 +110,8 @@ def check(
 
 def rules() -> None:
     """List every rule: code, name, whether on by default and fixable."""
+    from ddpify.check.rule import all_rules
+
     for r in all_rules():
         default = "default" if r.DEFAULT else "opt-in "
         fixable = "fix" if r.FIXABLE else "   "
@@ -116,6 +120,8 @@ def rules() -> None:
 
 def rule(code: str = typer.Argument(..., help="A rule code, e.g. DDP121.")) -> None:
     """Print one rule's documentation page."""
+    from ddpify.check.rule import rules_by_code
+
     r = rules_by_code().get(code.strip().upper())
     if r is None:
         raise _fail(f"unknown rule {code!r} (see `ddpify rules`)")
