@@ -701,3 +701,26 @@ def test_a_temporary_directory_is_rank0s_until_every_rank_is_done_with_it():
     assert "            if dist.get_rank() == 0:\n                torch.save(model.module.state_dict()" in code
     done = "        dist.barrier()  # every rank is done with rank 0's temporary folder before it goes\n        return model\n"
     assert done in code and code.count("broadcast_object_list") == 1
+
+
+def test_a_checkpoint_that_stores_the_rank_is_still_one_file():
+    result = convert(
+        """
+        import os
+        import torch
+        from torch.utils.data import DataLoader
+        rank = int(os.environ.get("RANK", 0))
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(torch.randn(64, 3), batch_size=8, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+            torch.save({"model": model.state_dict(), "rank": rank}, "ckpt.pt")
+            torch.save(model.state_dict(), f"ckpt_rank{rank}.pt")
+        """
+    )
+    code = result.code
+    assert '    if dist.get_rank() == 0:\n        torch.save({"model": model.module.state_dict(), "rank": rank}, "ckpt.pt")' in code
+    assert '    torch.save(model.module.state_dict(), f"ckpt_rank{rank}.pt")\n' in code  # every rank its own

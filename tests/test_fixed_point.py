@@ -113,7 +113,10 @@ def test_every_piece_is_restored_or_reported(case):
     for damaged, pieces in damaged_versions(source, golden, every=os.environ.get("DDPIFY_EVERY_PIECE") == "1"):
         tried += len(pieces)
         try:
-            result = convert_module(cst.parse_module(damaged), options)
+            # Every pass runs (the shortcut off): what it would add to a script it otherwise leaves
+            # alone as already distributed is what convert reports there (the "not converted"
+            # notes; see the last test), so one conversion tells both.
+            result = convert_module(cst.parse_module(damaged), options, shortcut=False)
         except AnalysisError:
             continue  # refused with a line and a reason: reported
         for piece, region in pieces:
@@ -132,3 +135,54 @@ def test_the_test_would_catch_the_old_shortcut():
     result = convert_module(cst.parse_module(damaged))
     assert result.already_distributed and result.code == damaged
     assert any("set_epoch" in what for _, _, what in result.pending), result.pending
+
+
+PARTIAL = {
+    # what is taken out of the converted example -> what convert must put back
+    "no DDP wrap": (
+        '    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n',
+        '    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n',
+    ),
+    "no sampler": (
+        "    train_sampler = DistributedSampler(dataset1, shuffle=train_kwargs.get(\"shuffle\", False))\n"
+        "    train_loader = torch.utils.data.DataLoader(dataset1, sampler=train_sampler, **{**train_kwargs, \"shuffle\": False})\n",
+        "DistributedSampler(dataset1",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(PARTIAL))
+def test_partly_converted_script_gets_what_it_lacks(what):
+    """A script with a process group but no DDP wrap, or a wrap but no sampler, is not "already
+    distributed": it gets the missing part (and the result verifies as a fixed point)."""
+    from ddpify.engine import convert_source
+
+    golden = (ROOT / "examples" / "mnist_ddp.py").read_text()
+    removed, needle = PARTIAL[what]
+    if what == "no sampler":
+        damaged = golden.replace(removed, "    train_loader = torch.utils.data.DataLoader(dataset1, **train_kwargs)\n")
+    else:
+        damaged = golden.replace(removed, "")
+    assert damaged != golden
+    result = convert_source(damaged, "partial.py")
+    assert not result.already_distributed
+    assert needle in result.code
+    assert "already distributed" not in " ".join(n.message for n in result.changes)
+
+
+def test_verification_names_a_pass_that_redoes_its_work(monkeypatch):
+    """A pass that does not recognise its own work makes convert stop with an internal error
+    that names the pass and the line, instead of writing a script that drifts on every run."""
+    from ddpify.convert import teardown
+    from ddpify.engine import ConvertError, convert_source
+
+    def always(ctx):  # teardown that never sees the teardown it wrote
+        body = list(ctx.script.block_of(ctx.setup_scope).body)
+        ctx.edits.insert_after(body[-1], "dist.destroy_process_group()\n")
+
+    monkeypatch.setattr(teardown, "run", always)
+    src = ROOT / "fixtures" / "convert" / "flat_script.in.py"
+    with pytest.raises(ConvertError) as info:
+        convert_source(src.read_text(), str(src))
+    assert "internal error" in info.value.message and "teardown" in info.value.message
+    assert info.value.line > 1

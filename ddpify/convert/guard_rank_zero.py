@@ -25,6 +25,8 @@ ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "addHandler", "writero
 # Objects that write (TensorBoard, W&B runs) are made on rank 0 only; their calls are guarded.
 WRITERS = N.SUMMARY_WRITERS | frozenset({"wandb.init"})
 WRITE_MODES = ("w", "a", "x")
+FILE_SECOND = frozenset({"json.dump", "pickle.dump"})  # (obj, file): the file comes second
+FILE_KEYWORDS = ("f", "fp", "file", "fname", "path", "filename")
 
 
 def run(ctx: Context) -> None:
@@ -83,7 +85,12 @@ def _writes_own_file(ctx: Context, own: PerProcess, call: cst.Call) -> bool:
         return target is not None and own.path(target.value)
     if script.is_call_to(call, N.LOGGING_CALLS):
         return False
-    return any(own.path(arg.value) for arg in call.args)
+    # The file, not what goes in it: `torch.save({"rank": args.rank, ...}, "ckpt.pt")` is one file.
+    args = N.positional(call)
+    second = script.is_call_to(call, N.TORCH_SAVE | FILE_SECOND)
+    target = (args[1] if len(args) > 1 else None) if second else (args[0] if args else None)
+    target = target or next((N.keyword(call, k) for k in FILE_KEYWORDS if N.keyword(call, k)), None)
+    return target is not None and own.path(target.value)
 
 
 def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: set[cst.CSTNode]) -> None:

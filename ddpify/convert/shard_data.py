@@ -126,9 +126,6 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
         dataset = script.module.code_for_node(source[0].value)
         shuffle = "True" if script.is_call_to(sampler_call, N.RANDOM_SAMPLER) else "False"
         edits.replace(sampler_call, edits.expression(f"DistributedSampler({dataset}, shuffle={shuffle})"))
-        kind = "RandomSampler" if shuffle == "True" else "SequentialSampler"
-        for module in ("torch.utils.data", "torch.utils.data.sampler"):
-            edits.drop_import_if_unused(module, kind)
     if ref_of(inner) is not None:
         return ref_of(inner)
     return f"{loader.name}.batch_sampler.sampler" if batch is not None else f"{loader.name}.sampler"
