@@ -89,6 +89,7 @@ def test_second_conversion_is_a_noop(converted):
     again = convert_source(result.code, f"{src.name} (converted)")
     assert again.already_distributed
     assert again.code == result.code
+    assert again.pending == [], f"passes would still change the output: {again.pending}"
 
 
 def test_nothing_left_to_do(converted):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import builtins
 import re
 from collections import OrderedDict
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import libcst as cst
 
@@ -57,6 +57,27 @@ def _fields(cls: type) -> tuple[str, ...]:
             order = [f.name for f in dataclasses.fields(cls)]
         found = _FIELDS[cls] = tuple(f for f in order if f not in _SKIP and not f.startswith("whitespace"))
     return found
+
+
+def iter_nodes(node: cst.CSTNode, prune=None) -> Iterator[cst.CSTNode]:
+    """``node`` and every node under it, in libcst's visiting order, without rebuilding any
+    (a libcst visitor rebuilds the tree it walks); tokens and whitespace are left out. Below a
+    node for which ``prune(node)`` is true, nothing is visited."""
+    stack = [node]
+    CSTNode = cst.CSTNode
+    while stack:
+        n = stack.pop()
+        yield n
+        if prune is not None and n is not node and prune(n):
+            continue
+        children = []
+        for name in _FIELDS.get(n.__class__) or _fields(n.__class__):
+            value = getattr(n, name)
+            if isinstance(value, CSTNode):
+                children.append(value)
+            elif value.__class__ is tuple or value.__class__ is list:
+                children.extend(c for c in value if isinstance(c, CSTNode))
+        stack.extend(reversed(children))
 
 
 def dotted_name(node: cst.CSTNode) -> Optional[str]:

@@ -58,7 +58,8 @@ RANDOM_SPLIT = frozenset({"torch.utils.data.random_split", "torch.utils.data.dat
 SEEDS = TORCH_SEED | {"numpy.random.seed", "random.seed"}
 TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"})
 
-# Any of these in a script means it is already distributed: convert leaves it alone.
+# What a distributed script uses; one with a process group, a DDP wrap and a DistributedSampler
+# (or no DataLoader) is left alone (analysis.script.fully_distributed).
 DISTRIBUTED_MARKERS = frozenset(
     {
         "torch.distributed.init_process_group",

@@ -80,6 +80,7 @@ class Positions:
         state = _State(module)
         module._codegen(state)
         self._raw = state.computed
+        self.spans: dict[cst.CSTNode, tuple[tuple[int, int], tuple[int, int]]] = state.computed  # raw
         self._ranges: dict[cst.CSTNode, CodeRange] = {}
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:

@@ -1,7 +1,8 @@
 """One analysis of a training script, shared by every conversion pass.
 
-Metadata (qualified names, parents, positions) is resolved once here; passes only
-read the facts below and never walk the tree for names themselves.
+Built on the file's one index (`ddpify.analysis.index`: one traversal for calls, qualified
+names, parents and bindings, positions once), which `ddpify check` reads too; passes only read
+the facts below and never walk the tree for names themselves.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.index import FileIndex
+from ddpify.analysis.index import FileIndex, iter_nodes
 
 ScopeNode = cst.CSTNode  # a cst.Module or a cst.FunctionDef
 
@@ -182,16 +183,12 @@ class Script:
 
     def calls_in(self, outer: cst.CSTNode) -> list[cst.Call]:
         """Calls inside `outer`, by source range (cheap: no walk up the tree per call)."""
-        span = self.positions.get(outer)
+        spans = self.positions.spans  # (start, end) as (line, column) tuples
+        span = spans.get(outer)
         if span is None:
             return [c for c in self.calls if self.inside(c, outer)]
-        start, end = (span.start.line, span.start.column), (span.end.line, span.end.column)
-        found = []
-        for call in self.calls:
-            pos = self.positions[call]
-            if start <= (pos.start.line, pos.start.column) and (pos.end.line, pos.end.column) <= end:
-                found.append(call)
-        return found
+        start, end = span
+        return [call for call in self.calls if start <= spans[call][0] and spans[call][1] <= end]
 
     def names(self, node: cst.CSTNode) -> set[str]:
         return set(self.index.qnames(node))
@@ -203,7 +200,7 @@ class Script:
         """The script's own function (or `self.method`) a call invokes, if any."""
         if isinstance(call.func, cst.Name):
             return self.functions.get(call.func.value)
-        if m.matches(call.func, m.Attribute(value=m.Name("self"))):
+        if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and call.func.value.value == "self":
             cls = self.class_of(call)
             if cls is not None:
                 return self.methods(cls).get(call.func.attr.value)
@@ -291,7 +288,7 @@ def ref_of(node: cst.CSTNode) -> str | None:
     """`name` or `self.attr` as a string: the references ddpify follows."""
     if isinstance(node, cst.Name):
         return node.value
-    if m.matches(node, m.Attribute(value=m.Name("self"), attr=m.Name())):
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
         return f"self.{node.attr.value}"
     return None
 
@@ -530,14 +527,7 @@ def _parameters_owners(script: Script, node: cst.CSTNode, scope: ScopeNode, foll
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
-    found: list[cst.Name] = []
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            found.append(n)
-
-    node.visit(_Names())
-    return found
+    return [n for n in iter_nodes(node) if isinstance(n, cst.Name)]
 
 
 def _assignments_in(script: Script, scope: ScopeNode) -> list[cst.Assign]:
@@ -712,33 +702,17 @@ def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
 
 
 def returns(fn: cst.FunctionDef) -> list[cst.Return]:
-    found: list[cst.Return] = []
-
-    class _Returns(cst.CSTVisitor):
-        def visit_Return(self, node: cst.Return) -> None:
-            if node.value is not None:
-                found.append(node)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is fn
-
-    fn.visit(_Returns())
-    return found
+    """The `return <value>` statements of `fn` itself (not of functions defined inside it)."""
+    return [
+        n
+        for n in iter_nodes(fn, prune=lambda n: isinstance(n, cst.FunctionDef))
+        if isinstance(n, cst.Return) and n.value is not None
+    ]
 
 
 def mentions(node: cst.CSTNode, ref: str) -> bool:
     """Does `node` use the variable or `self.` attribute `ref`?"""
-    found = False
-
-    class _Find(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            if isinstance(n, (cst.Name, cst.Attribute)) and ref_of(n) == ref:
-                found = True
-            return not found
-
-    node.visit(_Find())
-    return found
+    return any(isinstance(n, (cst.Name, cst.Attribute)) and ref_of(n) == ref for n in iter_nodes(node))
 
 
 def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list[EpochLoop] | None:

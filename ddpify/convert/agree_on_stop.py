@@ -20,6 +20,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
 from ddpify.convert.evaluate_distributed import define_helper
@@ -36,7 +37,13 @@ def run(ctx: Context) -> None:
             continue
         for stop in _stop_tests(loop):
             names = _per_step_values(script, loop, stop)
-            if not names or _already_reduced(script, loop, stop, names):
+            if not names:
+                continue
+            if _already_reduced(script, loop, stop, names):
+                body = list(loop.body.body)
+                calls = [c for stmt in body[: body.index(stop)] for c in script.calls_in(stmt)]
+                if any(D.missing_helper(script, c) and N.call_name(c) == "all_reduce_sum" for c in calls):
+                    define_helper(ctx)  # the averaging is there, its helper lost
                 continue
             world = ctx.rank_and_world(stop)[1]
             ctx.edits.insert_before(stop, "".join(MEAN.format(name=n, world=world) for n in names))

@@ -91,7 +91,8 @@ def run(ctx: Context) -> None:
         if not on_gpu:
             edits.change(script.line(anchor), "the script never uses a GPU: every process trains on the CPU (gloo)")
     if late is not None and ctx.local_rank_visible(script.scope_of(late)):
-        _point_at_local_rank(ctx, late)  # inference after training: this process's GPU too
+        if not any(isinstance(v, cst.Call) for _, v in _assignments(late)):  # place_on_device does torch.device(...)
+            _point_at_local_rank(ctx, late)  # inference after training: this process's GPU too
     _device_option(ctx)
     edits.need_import("os")
     edits.need_import("torch.distributed", asname="dist")
