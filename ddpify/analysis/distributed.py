@@ -15,14 +15,8 @@ INIT_PROCESS_GROUP = frozenset({"torch.distributed.init_process_group", "torch.d
 DESTROY_PROCESS_GROUP = frozenset(
     {"torch.distributed.destroy_process_group", "torch.distributed.distributed_c10d.destroy_process_group"}
 )
-DDP = frozenset(
-    {
-        "torch.nn.parallel.DistributedDataParallel",
-        "torch.nn.parallel.distributed.DistributedDataParallel",
-        "torch.nn.DistributedDataParallel",
-    }
-)
-DISTRIBUTED_SAMPLER = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
+DDP = N.DDP_CLASSES  # the API names live once, in analysis/names.py
+DISTRIBUTED_SAMPLER = N.DISTRIBUTED_SAMPLER
 BARRIER = frozenset({"torch.distributed.barrier"})
 ALL_REDUCE = frozenset({"torch.distributed.all_reduce", "torch.distributed.all_gather_object", "torch.distributed.all_gather"})
 GET_RANK = frozenset({"torch.distributed.get_rank"})

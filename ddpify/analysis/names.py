@@ -94,6 +94,8 @@ COLLECTIVES = frozenset(
     )
 )  # fmt: skip
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+RANK_CALLS = frozenset({"torch.distributed.get_rank", "torch.distributed.get_node_local_rank"})
+AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
 SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.

@@ -9,6 +9,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, last_name
 from ddpify.analysis.literals import int_value, string_value
 
@@ -19,7 +20,6 @@ MAIN_PROCESS_RE = re.compile(
 )
 RANK_NAMES = frozenset({"gpu_id", "gpu", "local_gpu", "device_id", "gpu_idx", "process_index", "proc_id"})
 RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
-GET_RANK = frozenset({"torch.distributed.get_rank", "torch.distributed.get_node_local_rank"})
 _NOT_MULTI_PROCESS = re.compile(r"(is_initialized|is_available|distributed|ddp|is_dist)", re.IGNORECASE)
 
 
@@ -37,7 +37,7 @@ class RankAnalysis:
         """``rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])``, ``args.rank % ngpus``..."""
         if isinstance(e, cst.Call):
             info = self.index.call_info.get(e)
-            if info is not None and info.qnames & GET_RANK:
+            if info is not None and info.qnames & N.RANK_CALLS:
                 return True
             if last_name(e.func) == "int" and e.args:
                 return self.is_rank_expr(e.args[0].value)

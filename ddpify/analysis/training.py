@@ -7,9 +7,9 @@ from typing import Optional
 
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.analysis.index import CallInfo, FileIndex, Func, Loop
 
-AUTOGRAD_BACKWARD = "torch.autograd.backward"
 
 
 class StepAnalysis:
@@ -22,7 +22,7 @@ class StepAnalysis:
 
     @staticmethod
     def is_backward(ci: CallInfo) -> bool:
-        return (ci.receiver is not None and ci.name == "backward") or ci.is_(AUTOGRAD_BACKWARD)
+        return (ci.receiver is not None and ci.name == "backward") or bool(ci.qnames & N.AUTOGRAD_BACKWARD)
 
     def steps(self, ci: CallInfo) -> bool:
         """Does this call run one training step (a backward, or a local function that does)?"""

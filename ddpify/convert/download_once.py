@@ -1,4 +1,4 @@
-"""Datasets built with `download=True` are fetched by rank 0 first, then read by the rest.
+"""Datasets fetched at start-up are fetched by rank 0 first, then read by the rest.
 
     if dist.get_rank() != 0:
         dist.barrier()  # wait for rank 0 to download
@@ -6,7 +6,12 @@
     if dist.get_rank() == 0:
         dist.barrier()  # downloaded: let the other ranks read it
 
-Consecutive downloads share one pair of barriers. The barriers sit outside any step loop.
+A fetch is a dataset built with `download=True`, or a statement that downloads or unpacks files
+itself (`requests.get(url)`, `urllib.request.urlretrieve`, `torch.hub.download_url_to_file`,
+`tarfile.open(...).extractall()`): every rank writing the same files at once corrupts them.
+Consecutive fetches share one pair of barriers. The barriers sit outside any step loop; the
+closing one may follow the loader built from the dataset (shard_data lifts the dataset out of
+a `DataLoader(datasets.MNIST(..., download=True))` into a statement of its own, above it).
 """
 
 from __future__ import annotations
@@ -19,17 +24,23 @@ from ddpify.convert.context import RANK0, Context
 
 BEFORE = "if dist.get_rank() != 0:\n    dist.barrier()  # wait for rank 0 to download\n"
 AFTER = "if dist.get_rank() == 0:\n    dist.barrier()  # downloaded: let the other ranks read it\n"
+FETCHES = frozenset(
+    {"requests.get", "urllib.request.urlretrieve", "urllib.request.urlopen", "torch.hub.download_url_to_file",
+     "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
+     "torchvision.datasets.utils.extract_archive", "shutil.unpack_archive"}
+)  # fmt: skip
 
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     statements = []
     for call in script.calls:
-        flag = N.keyword(call, "download")
-        if flag is None or isinstance(flag.value, cst.Name) and flag.value.value == "False":
+        if not _fetches(script, call):
             continue
-        stmt = script.statement_line(call)
-        if stmt is None or stmt in statements:
+        scope = script.scope_of(call)
+        stmt = script.statement_line(call) if N.keyword(call, "download") is not None else None
+        stmt = stmt or script.top_statement(call, scope) or script.statement_line(call)
+        if stmt is None or stmt in statements or any(script.inside(stmt, s) for s in statements):
             continue
         if ctx.rank0_condition(stmt) != RANK0:
             edits.todo(stmt, script.line(stmt), "every rank downloads here, before the process group exists: download once beforehand")
@@ -40,6 +51,27 @@ def run(ctx: Context) -> None:
         index = block.index(stmt)
         if (index == 0 or block[index - 1] not in statements) and not D.barrier_in(script, D.sibling(script, stmt, -1)):
             edits.insert_before(stmt, BEFORE)
-        if (index == len(block) - 1 or block[index + 1] not in statements) and not D.barrier_in(script, D.sibling(script, stmt, 1)):
+        if (index == len(block) - 1 or block[index + 1] not in statements) and not _closed_after(script, block, index):
             edits.insert_after(stmt, AFTER)
         edits.change(script.line(stmt), "rank 0 downloads the dataset first; the others wait at a barrier")
+
+
+def _fetches(script, call: cst.Call) -> bool:
+    flag = N.keyword(call, "download")
+    if flag is not None:
+        return not (isinstance(flag.value, cst.Name) and flag.value.value == "False")
+    return script.is_call_to(call, FETCHES) or (N.call_name(call) == "extractall" and N.receiver(call) is not None)
+
+
+def _closed_after(script, block: list[cst.CSTNode], index: int) -> bool:
+    """A barrier follows the fetch before anything loops over the data (a converted script)."""
+    for stmt in block[index + 1 :]:
+        if D.barrier_in(script, stmt):
+            return True
+        if isinstance(stmt, (cst.For, cst.While)) or _fetches_in(script, stmt):
+            return False
+    return False
+
+
+def _fetches_in(script, stmt: cst.CSTNode) -> bool:
+    return any(_fetches(script, c) for c in script.calls_in(stmt))
