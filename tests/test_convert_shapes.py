@@ -724,3 +724,35 @@ def test_a_checkpoint_that_stores_the_rank_is_still_one_file():
     code = result.code
     assert '    if dist.get_rank() == 0:\n        torch.save({"model": model.module.state_dict(), "rank": rank}, "ckpt.pt")' in code
     assert '    torch.save(model.module.state_dict(), f"ckpt_rank{rank}.pt")\n' in code  # every rank its own
+
+
+def test_a_download_the_script_does_itself_is_done_by_rank_zero_first():
+    """requests.get + tarfile extractall on every rank write the same files at once (the GCN
+    example's Cora download): rank 0 fetches, the others wait, then everyone reads."""
+    result = convert(
+        """
+        import tarfile
+        import requests
+        import torch
+
+        def main():
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            print("Downloading dataset...")
+            with requests.get("https://example.org/data.tgz", stream=True) as tgz_file:
+                with tarfile.open(fileobj=tgz_file.raw, mode="r:gz") as tgz_object:
+                    tgz_object.extractall()
+            features = torch.load("data/features.pt")
+            model = torch.nn.Linear(3, 1).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                model(features).sum().backward()
+                optimizer.step()
+
+        main()
+        """
+    )
+    code = result.code
+    fetch = code.index("    with requests.get(")
+    assert code.rindex("    if dist.get_rank() != 0:\n        dist.barrier()", 0, fetch) > code.index("init_process_group")
+    after = code.index("    if dist.get_rank() == 0:\n        dist.barrier()  # downloaded", fetch)
+    assert after < code.index("torch.load(")
