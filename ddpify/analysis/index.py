@@ -12,8 +12,9 @@ builtins: ``dist.all_reduce`` -> ``torch.distributed.all_reduce``, ``print`` ->
 ``builtins.print``, a local ``model.parameters`` -> ``main.<locals>.model.parameters``)
 but come from the bindings the traversal records, resolved on demand and cached: libcst's
 scope analysis alone costs three times the parse. ``tests/test_check_index.py`` compares the
-two on every bundled script. Positions (line, column) are libcst's ``PositionProvider``'s,
-resolved once per file, only when something asks for one.
+two on every bundled script. Positions (line, column) are those of libcst's
+``PositionProvider``, computed by ``analysis/positions.py`` once per file, only when something
+asks for one. ``index_of(module)`` shares one index between every analysis of a module.
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ class FileIndex:
         # scope -> name -> bindings ((_IMPORT, real name) or (_LOCAL, None))
         self._bindings: dict[cst.CSTNode, dict[str, list[tuple[int, Optional[str]]]]] = {module: {}}
         self._globals: dict[cst.CSTNode, set[str]] = {}
+        self._nonlocals: dict[cst.CSTNode, set[str]] = {}
         self._scope_parent: dict[cst.CSTNode, cst.CSTNode] = {}
         self._qualname: dict[cst.CSTNode, str] = {module: ""}
         self._qn_cache: dict[tuple[int, str], frozenset[str]] = {}
@@ -285,6 +287,8 @@ class FileIndex:
         scope = self._scopes[-1]
         if name in self._globals.get(scope, ()):
             scope = self.module
+        while name in self._nonlocals.get(scope, ()):  # bound in the enclosing function
+            scope = self._enclosing(scope)
         self._bindings.setdefault(scope, {}).setdefault(name, []).append((kind, real))
 
     def _bind_target(self, target: cst.CSTNode) -> None:
@@ -344,6 +348,17 @@ class FileIndex:
 
     def _enter_CompFor(self, node: cst.CompFor) -> None:
         self._bind_target(node.target)
+
+    def _enclosing(self, scope: cst.CSTNode) -> cst.CSTNode:
+        """The scope a nested scope's free names come from (class bodies are skipped)."""
+        outer = self._scope_parent.get(scope, self.module)
+        while isinstance(outer, cst.ClassDef):
+            outer = self._scope_parent[outer]
+        return outer
+
+    def _enter_Nonlocal(self, node: cst.Nonlocal) -> None:
+        names = self._nonlocals.setdefault(self._scopes[-1], set())
+        names.update(item.name.value for item in node.names)
 
     def _enter_Global(self, node: cst.Global) -> None:
         names = self._globals.setdefault(self._scopes[-1], set())
@@ -536,6 +551,8 @@ class FileIndex:
         while True:
             if base in self._globals.get(scope, ()):
                 scope = self.module
+            while base in self._nonlocals.get(scope, ()):
+                scope = self._enclosing(scope)
             found = self._bindings.get(scope, {}).get(base)
             if found:
                 out = set()
@@ -697,7 +714,11 @@ def index_of(module: cst.Module) -> FileIndex:
     if found is not None and found[0] is module:
         _RECENT.move_to_end(id(module))
         return found[1]
-    index = FileIndex(module)
+    return remember(module, FileIndex(module))
+
+
+def remember(module: cst.Module, index: FileIndex) -> FileIndex:
+    """Share an index built elsewhere (e.g. with the converter's visitor plugged in)."""
     _RECENT[id(module)] = (module, index)
     while len(_RECENT) > 4:
         _RECENT.popitem(last=False)

@@ -18,7 +18,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.index import FileIndex, iter_nodes
+from ddpify.analysis.index import FileIndex, iter_nodes, remember
 
 ScopeNode = cst.CSTNode  # a cst.Module or a cst.FunctionDef
 
@@ -390,7 +390,7 @@ def analyze(wrapper: MetadataWrapper, full: bool = False) -> Script:
     module = wrapper.module if isinstance(wrapper, MetadataWrapper) else wrapper
     script = Script(module=module, qnames={}, parents={}, positions={})
     collector = _CallCollector(script)
-    index = script.index = FileIndex(module, extra=[collector])  # the one traversal
+    index = script.index = remember(module, FileIndex(module, extra=[collector]))  # the one traversal, shared
     script.parents, script.positions = index.parents, index.positions
     script.calls = [c.node for c in index.calls]
     script.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}

@@ -77,11 +77,13 @@ def _rules_for(codes: Iterable[str]) -> list[type[Rule]]:
 
 
 def analyse(
-    path: str, source: str, rules: list[type[Rule]]
+    path: str, source: str, rules: list[type[Rule]], module: Optional[cst.Module] = None
 ) -> tuple[list[Finding], Optional[cst.Module], list[tuple[cst.CSTNode, cst.CSTNode]]]:
-    """Findings of ``rules`` on one source, its module, and the fixes offered (unsuppressed only)."""
+    """Findings of ``rules`` on one source, its module, and the fixes offered (unsuppressed only).
+
+    ``module``: the source already parsed (e.g. by the converter, whose index is then reused)."""
     try:
-        module = cst.parse_module(source)
+        module = module if module is not None else cst.parse_module(source)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
         if any(r.CODE == PARSE_ERROR for r in rules):
             return [_parse_error(path, exc)], None, []
@@ -121,11 +123,17 @@ def _finding(ctx: FileContext, rule_cls: type[Rule], report: Report) -> Finding:
 
 
 def check_source(
-    source: str, path: str = "<string>", codes: Iterable[str] | None = None, fix: bool = False
+    source: str,
+    path: str = "<string>",
+    codes: Iterable[str] | None = None,
+    fix: bool = False,
+    module: Optional[cst.Module] = None,
 ) -> FileResult:
-    """Check one file's source; with ``fix``, apply safe fixes until the source is stable."""
+    """Check one file's source; with ``fix``, apply safe fixes until the source is stable.
+
+    ``module``: ``source`` already parsed; its analysis is shared with whoever parsed it."""
     rules = list(all_rules()) if codes is None else _rules_for(codes)
-    findings, module, fixes = analyse(path, source, rules)
+    findings, module, fixes = analyse(path, source, rules, module)
     result = FileResult(path=path, findings=findings)
     if not fix or not fixes:
         return result

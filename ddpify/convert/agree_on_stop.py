@@ -23,7 +23,7 @@ import libcst.matchers as m
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context
-from ddpify.convert.evaluate_distributed import define_helper
+from ddpify.convert.metrics import define_helper
 
 MEAN = "{name} = all_reduce_sum({name}) / {world}\n"
 

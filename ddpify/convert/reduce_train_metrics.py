@@ -26,7 +26,7 @@ import libcst.matchers as m
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ScopeNode
 from ddpify.convert.context import Context
-from ddpify.convert.evaluate_distributed import accumulators, define_helper, meters, per_rank_denominator, unreduced
+from ddpify.convert.metrics import accumulators, define_helper, meters, per_rank_denominator, unreduced
 
 COLLECTED = (
     "{names} collect this rank's share of the epoch only: average them over ranks (dist.all_reduce) "

@@ -9,7 +9,6 @@ seeded the same in every process.
 
 from __future__ import annotations
 
-import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.convert.context import Context

@@ -20,8 +20,8 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, SplitLoaders, ref_of
 from ddpify.convert.context import RANK0, Context
 from ddpify.convert.edits import append_arg, keyword_arg
-from ddpify.convert.evaluate_distributed import SLICE, define_helper, per_rank_denominator, reduce_after
-from ddpify.convert.shard_data import BEFORE_INIT, loader_dataset, sampler_name, set_epoch, split_batch
+from ddpify.convert.metrics import define_helper, per_rank_denominator, reduce_after
+from ddpify.convert.samplers import BEFORE_INIT, SLICE, loader_dataset, sampler_name, set_epoch, split_batch
 
 SAMPLER = "DistributedSampler({dataset}, shuffle={shuffle}{extra})"
 

@@ -13,7 +13,7 @@ TEARDOWN = "dist.barrier()  # every rank is done\ndist.destroy_process_group()\n
 
 
 def run(ctx: Context) -> None:
-    script, edits = ctx.script, ctx.edits
+    script = ctx.script
     if any(script.is_call_to(c, D.DESTROY_PROCESS_GROUP) for c in script.calls):
         return  # the script tears its process group down already
     cls = script.class_of(ctx.setup_scope)
