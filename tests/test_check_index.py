@@ -77,6 +77,19 @@ def test_index_is_shared_per_module():
     assert index_of(cst.parse_module("x = 1\n")) is not index_of(module)
 
 
+def test_convert_and_check_share_one_index():
+    """A module converted and then checked is indexed once (the converter's index is reused)."""
+    from ddpify.analysis.script import analyze
+    from ddpify.check.runner import check_source
+
+    source = (ROOT / "examples" / "mnist_ddp.py").read_text(encoding="utf-8")
+    module = cst.parse_module(source)
+    script = analyze(module)
+    assert index_of(module) is script.index
+    assert check_source(source, "mnist_ddp.py", module=module).findings == []
+    assert index_of(module) is script.index
+
+
 def test_qualified_names_follow_scopes():
     source = (
         "import torch.distributed as dist\n"
