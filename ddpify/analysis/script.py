@@ -91,7 +91,6 @@ class Script:
     module: cst.Module
     qnames: N.QualifiedNames
     parents: dict
-    positions: dict
     calls: list[cst.Call] = field(default_factory=list)
     functions: dict[str, cst.FunctionDef] = field(default_factory=dict)
     all_functions: list[cst.FunctionDef] = field(default_factory=list)
@@ -119,11 +118,21 @@ class Script:
     data_parallel_imports: list[tuple[str, str, str | None]] = field(default_factory=list)  # from-imports of it
     iterable_datasets: set[str] = field(default_factory=set)  # the script's IterableDataset classes
     index: FileIndex | None = None  # the file's one index: calls, qualified names, parents, positions
+    _by_type: dict | None = None
+    _calls_under: dict | None = None
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
 
     # -- tree navigation -------------------------------------------------
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.parents.get(node)
+
+    def nodes_of(self, kind: type) -> list[cst.CSTNode]:
+        """Every node of a type, in no particular order (from the index: no walk of the tree)."""
+        if self._by_type is None:
+            self._by_type = {}
+            for node in self.parents:
+                self._by_type.setdefault(type(node), []).append(node)
+        return [n for t, found in self._by_type.items() if issubclass(t, kind) for n in found]
 
     def line(self, node: cst.CSTNode) -> int:
         pos = self.positions.get(node)
@@ -181,14 +190,22 @@ class Script:
     def inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
         return node is outer or any(a is outer for a in self.ancestors(node))
 
+    @property
+    def positions(self):
+        """Every node's position, computed on first use (a walk of its own: lines are for notes)."""
+        return self.index.positions
+
     def calls_in(self, outer: cst.CSTNode) -> list[cst.Call]:
-        """Calls inside `outer`, by source range (cheap: no walk up the tree per call)."""
-        spans = self.positions.spans  # (start, end) as (line, column) tuples
-        span = spans.get(outer)
-        if span is None:
-            return [c for c in self.calls if self.inside(c, outer)]
-        start, end = span
-        return [call for call in self.calls if start <= spans[call][0] and spans[call][1] <= end]
+        """Calls inside `outer` (itself included), in source order: each call is filed once under
+        every node above it, so this is a lookup."""
+        if self._calls_under is None:
+            self._calls_under = {}
+            for call in self.calls:
+                node = call
+                while node is not None:
+                    self._calls_under.setdefault(node, []).append(call)
+                    node = self.parents.get(node)
+        return self._calls_under.get(outer, [])
 
     def names(self, node: cst.CSTNode) -> set[str]:
         return set(self.index.qnames(node))
@@ -388,10 +405,10 @@ def analyze(wrapper: MetadataWrapper, full: bool = False) -> Script:
     """Resolve metadata once and find the model, loaders, loops and helpers of a script
     (all of it, or with `full` off, only what says it is fully distributed already)."""
     module = wrapper.module if isinstance(wrapper, MetadataWrapper) else wrapper
-    script = Script(module=module, qnames={}, parents={}, positions={})
+    script = Script(module=module, qnames={}, parents={})
     collector = _CallCollector(script)
     index = script.index = remember(module, FileIndex(module, extra=[collector]))  # the one traversal, shared
-    script.parents, script.positions = index.parents, index.positions
+    script.parents = index.parents
     script.calls = [c.node for c in index.calls]
     script.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
     collector.finish()

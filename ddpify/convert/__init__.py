@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.script import analyze, fully_distributed
@@ -34,7 +34,7 @@ from ddpify.convert import (
     wrap_model,
 )
 from ddpify.convert.context import Context
-from ddpify.convert.edits import Edits, apply
+from ddpify.convert.edits import Edits, add_imports, apply
 from ddpify.results import ConvertOptions, ConvertResult, Note
 
 # Order matters: later passes read the names and positions earlier ones chose.
@@ -71,7 +71,7 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
     A script that already sets up a process group, wraps its model in DDP and shards its data is
     returned as it is (`already_distributed`); with `shortcut` off every pass runs over it anyway
     and must recognise its own work (engine._verify requires that it plans no edit)."""
-    wrapper = MetadataWrapper(module)
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # a freshly parsed tree: no node is shared
     script = analyze(wrapper, full=not shortcut)
     if shortcut and fully_distributed(script):
         # Left alone; what the passes would still add (a lost set_epoch, an unguarded save) is
@@ -91,14 +91,11 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
     for convert_pass in PASSES:
         edits.current_pass = convert_pass.__name__.rsplit(".", 1)[-1]
         convert_pass.run(ctx)
-    converted = apply(wrapper.module, edits)
-    imports = CodemodContext()
-    for module_name, obj, asname in edits.imports:
-        AddImportsVisitor.add_needed_import(imports, module_name, obj, asname)
-    for module_name, obj, asname in edits.unused_imports:
-        RemoveImportsVisitor.remove_unused_import(imports, module_name, obj, asname)
-    converted = AddImportsVisitor(imports).transform_module(converted)
+    converted = add_imports(apply(wrapper.module, edits, script.parent), edits.imports)
     if edits.unused_imports:
+        imports = CodemodContext()
+        for module_name, obj, asname in edits.unused_imports:
+            RemoveImportsVisitor.remove_unused_import(imports, module_name, obj, asname)
         converted = RemoveImportsVisitor(imports).transform_module(converted)
     return ConvertResult(
         converted.code,

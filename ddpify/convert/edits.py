@@ -12,6 +12,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
 
 from ddpify.results import Note
 
@@ -178,10 +180,16 @@ def _without_blank_indent(stmt: cst.BaseStatement) -> cst.BaseStatement:
 
 
 class _Applier(cst.CSTTransformer):
-    def __init__(self, edits: Edits) -> None:
+    def __init__(self, edits: Edits, touched: set[cst.CSTNode]) -> None:
         self.edits = edits
+        self.touched = touched  # the edited nodes and their ancestors: nothing else is rebuilt
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node in self.touched
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        if original not in self.touched:
+            return updated
         for fn in self.edits.rewrites.get(original, ()):
             updated = fn(updated)
         if isinstance(original, (cst.Module, cst.IndentedBlock)):
@@ -266,6 +274,63 @@ def _blank_lines_move_up(stmt: cst.CSTNode, inserted: cst.CSTNode) -> tuple[cst.
     )
 
 
-def apply(module: cst.Module, edits: Edits) -> cst.Module:
-    """Apply every requested edit to the original module in one traversal."""
-    return module.visit(_Applier(edits))
+def apply(module: cst.Module, edits: Edits, parent: Callable[[cst.CSTNode], cst.CSTNode | None]) -> cst.Module:
+    """Apply every requested edit to the original module in one traversal that enters only the
+    subtrees holding an edit (`parent` walks up the original tree)."""
+    edited = [*edits.rewrites, *edits.before, *edits.after, *edits.guards, *edits.removed, *edits.enclosures]
+    edited += [last for last, _ in edits.enclosures.values()]
+    touched: set[cst.CSTNode] = {module}
+    for node in edited:
+        while node is not None and node not in touched:
+            touched.add(node)
+            node = parent(node)
+    return module.visit(_Applier(edits, touched))
+
+
+def add_imports(module: cst.Module, needed) -> cst.Module:
+    """The module with the imports the passes asked for, through libcst's AddImportsVisitor run
+    over the leading block of imports only (it would otherwise rebuild the whole tree): imports
+    the module already has at its top level anywhere are not added again."""
+    needed = [item for item in needed if not _imported(module, *item)]
+    if not needed:
+        return module
+    body = list(module.body)
+    count = 0
+    while count < len(body) and _is_header(body[count]):
+        count += 1
+    context = CodemodContext()
+    for module_name, obj, asname in needed:
+        AddImportsVisitor.add_needed_import(context, module_name, obj, asname)
+    head = AddImportsVisitor(context).transform_module(module.with_changes(body=body[:count], footer=()))
+    return module.with_changes(header=head.header, body=[*head.body, *body[count:]])
+
+
+def _is_header(stmt: cst.CSTNode) -> bool:
+    """An import line, or the docstring."""
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) or (isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString))
+        for small in stmt.body
+    )
+
+
+def _imported(module: cst.Module, module_name: str, obj: str | None, asname: str | None) -> bool:
+    """Does a top-level statement import exactly this already?"""
+    for stmt in module.body:
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if obj is None and isinstance(small, cst.Import):
+                if any(_dotted(a.name) == module_name and _alias(a) == asname for a in small.names):
+                    return True
+            elif obj is not None and isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+                if _dotted(small.module) == module_name and not isinstance(small.names, cst.ImportStar) and any(
+                    _dotted(a.name) == obj and _alias(a) == asname for a in small.names
+                ):
+                    return True
+    return False
+
+
+def _dotted(node: cst.CSTNode) -> str:
+    return node.value if isinstance(node, cst.Name) else f"{_dotted(node.value)}.{node.attr.value}"
+
+
+def _alias(alias: cst.ImportAlias) -> str | None:
+    return alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else None

@@ -86,8 +86,9 @@ def _compare_device_types(ctx: Context) -> None:
 
 def _note_tensor_types(ctx: Context) -> None:
     script = ctx.script
-    tensor_type = m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda name: name.endswith("Tensor"))))
-    for node in m.findall(script.module, tensor_type):
+    for node in script.nodes_of(cst.Attribute):
+        if not node.attr.value.endswith("Tensor"):
+            continue
         names = [n for n in script.names(node) if n.startswith("torch.cuda.") and n.count(".") == 2]
         if names:
             ctx.edits.change(

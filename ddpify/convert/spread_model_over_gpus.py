@@ -24,7 +24,7 @@ def width(script: Script) -> int:
     indices = {index for _, index in _indexed_devices(script)}
     if len(indices) > 1:
         return max(indices) + 1
-    spread = {w for w in map(_per_process_width, m.findall(script.module, m.FormattedString())) if w}
+    spread = {w for w in map(_per_process_width, script.nodes_of(cst.FormattedString)) if w}
     return max(spread) if spread else 1
 
 

@@ -19,22 +19,12 @@ from ddpify.convert.context import Context
 ON_WRAPPER = N.DDP_ATTRIBUTES
 
 
-class _Attributes(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.found: list[cst.Attribute] = []
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.found.append(node)
-
-
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     _reload_into_module(ctx)
     _unwrapped_to_objects(ctx)
     _unwrapped_to_helpers(ctx)
-    attributes = _Attributes()
-    script.module.visit(attributes)
-    for node in attributes.found:
+    for node in script.nodes_of(cst.Attribute):
         owner = ref_of(node.value)
         if owner is None or node.attr.value in ON_WRAPPER:
             continue
@@ -85,18 +75,19 @@ def _unwrapped_to_helpers(ctx: Context) -> None:
             continue
         for owner in script.ddp_names.get(script.scope_of(call), ()):
             param = param_receiving(fn, call, owner)
-            if param is None or not _uses_own_members(fn, param) or not ctx.after_wrap(call, owner):
+            if param is None or not _uses_own_members(script, fn, param) or not ctx.after_wrap(call, owner):
                 continue
             arg = next(a for a in call.args if ref_of(a.value) == owner)
             edits.replace(arg.value, edits.expression(f"{owner}.module"))
             edits.change(script.line(call), f"`{fn.name.value}()` gets `{owner}.module`: it uses the model's own methods")
 
 
-def _uses_own_members(fn: cst.FunctionDef, param: str) -> bool:
+def _uses_own_members(script, fn: cst.FunctionDef, param: str) -> bool:
     """Does `fn` use `param.x` for an `x` that DDP does not answer for the module?"""
-    attributes = _Attributes()
-    fn.visit(attributes)
-    return any(ref_of(a.value) == param and a.attr.value not in ON_WRAPPER for a in attributes.found)
+    return any(
+        ref_of(a.value) == param and a.attr.value not in ON_WRAPPER
+        for a in script.nodes_of(cst.Attribute) if script.inside(a, fn)
+    )
 
 
 def _reload_into_module(ctx: Context) -> None:
