@@ -29,10 +29,14 @@ def run(ctx: Context) -> None:
     if any(_static_graph(c) for c in script.calls if script.is_call_to(c, D.DDP)):
         return
     steps: dict[tuple, dict] = {}
+    models = set().union(*script.ddp_names.values()) if script.ddp_names else set()
     for call in script.calls:
+        backward = N.call_name(call) == "backward" and N.receiver(call) is not None
+        if not backward and ref_of(call.func) not in models:
+            continue  # neither a backward nor a forward of a DDP model
         scope = script.scope_of(call)
         step = steps.setdefault((scope, _innermost_loop(script, call, scope)), {"forwards": {}, "backward": None})
-        if N.call_name(call) == "backward" and N.receiver(call) is not None:
+        if backward:
             line = script.line(call)
             step["backward"] = line if step["backward"] is None else min(step["backward"], line)
             continue
