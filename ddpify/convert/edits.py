@@ -288,21 +288,47 @@ def apply(module: cst.Module, edits: Edits, parent: Callable[[cst.CSTNode], cst.
 
 
 def add_imports(module: cst.Module, needed) -> cst.Module:
-    """The module with the imports the passes asked for, through libcst's AddImportsVisitor run
-    over the leading block of imports only (it would otherwise rebuild the whole tree): imports
-    the module already has at its top level anywhere are not added again."""
-    needed = [item for item in needed if not _imported(module, *item)]
+    """The module with the imports the passes asked for, after its leading block of imports
+    (`import x` lines first, then `from x import y`, as libcst's AddImportsVisitor orders them).
+    Imports the module already has at its top level are not added again; a `from` import of a
+    module the script already imports from goes through AddImportsVisitor, which merges it
+    (over the import block only: over the whole module it rebuilds the tree)."""
+    needed = list(dict.fromkeys(item for item in needed if not _imported(module, *item)))
     if not needed:
         return module
     body = list(module.body)
     count = 0
     while count < len(body) and _is_header(body[count]):
         count += 1
-    context = CodemodContext()
-    for module_name, obj, asname in needed:
-        AddImportsVisitor.add_needed_import(context, module_name, obj, asname)
-    head = AddImportsVisitor(context).transform_module(module.with_changes(body=body[:count], footer=()))
-    return module.with_changes(header=head.header, body=[*head.body, *body[count:]])
+    if any(obj is not None and _imports_from(module, name) for name, obj, _ in needed):
+        context = CodemodContext()
+        for module_name, obj, asname in needed:
+            AddImportsVisitor.add_needed_import(context, module_name, obj, asname)
+        head = AddImportsVisitor(context).transform_module(module.with_changes(body=body[:count], footer=()))
+        return module.with_changes(header=head.header, body=[*head.body, *body[count:]])
+    plain = sorted((name, asname) for name, obj, asname in needed if obj is None)
+    froms = sorted((name, obj, asname) for name, obj, asname in needed if obj is not None)
+    lines = [f"import {name}" + (f" as {asname}" if asname else "") for name, asname in plain]
+    lines += [f"from {name} import {obj}" + (f" as {asname}" if asname else "") for name, obj, asname in froms]
+    at = count
+    while at > 0 and not _has_import(body[at - 1]):
+        at -= 1  # after the last import (a docstring alone: after it)
+    if at == 0 and count and not _has_import(body[0]):
+        at = count
+    added = list(cst.parse_module("\n".join(lines) + "\n").body)
+    return module.with_changes(body=[*body[:at], *added, *body[at:]])
+
+
+def _has_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _imports_from(module: cst.Module, name: str) -> bool:
+    """Does a top-level `from name import ...` exist?"""
+    return any(
+        isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative and _dotted(small.module) == name
+        for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body
+    )
 
 
 def _is_header(stmt: cst.CSTNode) -> bool:
