@@ -7,8 +7,10 @@
   length, so every process takes the same number of steps.
 * Random batches, as in nanoGPT: `torch.randint(len(data) - block_size, (batch_size,))` in the
   training loop or a helper it calls. Each process draws its own batches: torch is re-seeded
-  with its seed + rank right before training (torch's default seed is the same in every process),
-  so data and weights made before are still the same on every rank.
+  with its seed + rank right before training, so data and weights made before (after the
+  script's own seed) are still the same on every rank. A script that never seeds torch starts
+  each process from its own seed: tensors it draws at random before training (a regression
+  target) are replaced by rank 0's (`dist.broadcast_object_list`).
 * Full-batch training (each step on all the data, e.g. a GCN over one graph): left replicated,
   which is correct (every rank computes the same gradient), and said so in the summary.
 * Anything else (custom indexing): a TODO says what to do.
