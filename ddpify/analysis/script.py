@@ -187,6 +187,20 @@ class Script:
                 return anc
         return None
 
+    def loops_around(self, node: cst.CSTNode, scope: ScopeNode) -> list[cst.For | cst.While]:
+        """The `for`/`while` loops around `node` inside `scope`, innermost first."""
+        found = []
+        for anc in self.ancestors(node):
+            if anc is scope:
+                break
+            if isinstance(anc, (cst.For, cst.While)):
+                found.append(anc)
+        return found
+
+    def in_training_loop(self, node: cst.CSTNode, scope: ScopeNode) -> bool:
+        """Is `node` inside a loop (of `scope`) whose body calls backward, directly or through a helper?"""
+        return any(_has_backward(self, loop.body) for loop in self.loops_around(node, scope))
+
     def inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
         return node is outer or any(a is outer for a in self.ancestors(node))
 
@@ -503,12 +517,7 @@ def _updates_by_hand(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
     loop of the module that calls backward (`p.data.add_(-lr * p.grad)` without an optimizer)?"""
     if scope in script.training_functions:
         return True
-    loop = next((a for a in script.ancestors(call) if isinstance(a, (cst.For, cst.While))), None)
-    while loop is not None:
-        if _has_backward(script, loop):
-            return True
-        loop = next((a for a in script.ancestors(loop) if isinstance(a, (cst.For, cst.While))), None)
-    return False
+    return script.in_training_loop(call, scope)
 
 
 def _main_block(script: Script, node: cst.CSTNode) -> cst.IndentedBlock | None:
@@ -840,8 +849,7 @@ def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool
         for draw in script.calls_in(where):
             if not (m.matches(draw.func, m.Name("next")) and draw.args and ref_of(draw.args[0].value) == name):
                 continue
-            loops = [a for a in _ancestors_in(script, draw, where) if isinstance(a, (cst.For, cst.While))]
-            if any(_has_backward(script, loop.body) for loop in loops):
+            if script.in_training_loop(draw, where):
                 return True
             if isinstance(where, cst.FunctionDef) and _method_called_in_training(script, where):
                 return True
@@ -859,9 +867,7 @@ def _method_called_in_training(script: Script, method: cst.FunctionDef) -> bool:
             continue
         if ref_of(call.func.value) not in owners:
             continue
-        where = script.scope_of(call)
-        loops = [a for a in _ancestors_in(script, call, where) if isinstance(a, (cst.For, cst.While))]
-        if any(_has_backward(script, loop.body) for loop in loops):
+        if script.in_training_loop(call, script.scope_of(call)):
             return True
     return False
 

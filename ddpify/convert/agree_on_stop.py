@@ -32,9 +32,10 @@ def run(ctx: Context) -> None:
     script = ctx.script
     for backward in [c for c in script.calls if N.call_name(c) == "backward" and N.receiver(c) is not None]:
         scope = script.scope_of(backward)
-        loop = _step_loop(script, backward, scope)
-        if loop is None:
+        loops = script.loops_around(backward, scope)
+        if not loops:
             continue
+        loop = loops[0]
         for stop in _stop_tests(loop):
             names = _per_step_values(script, loop, stop)
             if not names:
@@ -52,16 +53,6 @@ def run(ctx: Context) -> None:
                 f"the stop test reads the mean of {', '.join(f'`{n}`' for n in names)} over ranks: every rank stops at the same step",
             )
             define_helper(ctx)
-
-
-def _step_loop(script, backward: cst.Call, scope) -> cst.For | cst.While | None:
-    """The innermost loop around the backward call, inside its function."""
-    for anc in script.ancestors(backward):
-        if anc is scope:
-            return None
-        if isinstance(anc, (cst.For, cst.While)):
-            return anc
-    return None
 
 
 def _stop_tests(loop: cst.For | cst.While) -> list[cst.If]:

@@ -41,7 +41,7 @@ def run(ctx: Context) -> None:
     done: set[cst.CSTNode] = set()
     for backward in [c for c in script.calls if N.call_name(c) == "backward" and N.receiver(c) is not None]:
         scope = script.scope_of(backward)
-        step = next((a for a in script.ancestors(backward) if isinstance(a, (cst.For, cst.While))), scope)
+        step = next(iter(script.loops_around(backward, scope)), scope)
         stmt = script.statement_line(backward)
         if stmt is None or stmt in done:
             continue

@@ -35,7 +35,7 @@ def run(ctx: Context) -> None:
         if not backward and ref_of(call.func) not in models:
             continue  # neither a backward nor a forward of a DDP model
         scope = script.scope_of(call)
-        step = steps.setdefault((scope, _innermost_loop(script, call, scope)), {"forwards": {}, "backward": None})
+        step = steps.setdefault((scope, next(iter(script.loops_around(call, scope)), None)), {"forwards": {}, "backward": None})
         if backward:
             line = script.line(call)
             step["backward"] = line if step["backward"] is None else min(step["backward"], line)
@@ -54,15 +54,6 @@ def run(ctx: Context) -> None:
                 if stmt not in flagged:
                     flagged.add(stmt)
                     ctx.edits.todo(stmt, script.line(call), TODO)
-
-
-def _innermost_loop(script, node: cst.CSTNode, scope) -> cst.CSTNode | None:
-    for anc in script.ancestors(node):
-        if anc is scope:
-            return None
-        if isinstance(anc, (cst.For, cst.While)):
-            return anc
-    return None
 
 
 def _without_grad(script, node: cst.CSTNode) -> bool:
