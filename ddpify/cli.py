@@ -6,11 +6,14 @@ import difflib
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from ddpify.check.cli import register as register_check
+
+if TYPE_CHECKING:  # the engine loads when a command runs
+    from ddpify.results import ConvertResult
 
 # The engine (libcst, the analysis, the passes) is imported by the command that needs it, so
 # `ddpify --help` starts in about the time of `import typer`.

@@ -18,7 +18,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.index import FileIndex, iter_nodes, remember
+from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
 
 ScopeNode = cst.CSTNode  # a cst.Module or a cst.FunctionDef
 
@@ -270,7 +270,7 @@ class Script:
                 return True
             if (N.call_name(call) == "to" or self.is_call_to(call, N.TORCH_DEVICE)) and N.positional(call):
                 value = N.positional(call)[0].value
-                if isinstance(value, cst.Integer) or _last_name(value) in int_names:
+                if isinstance(value, cst.Integer) or last_name(value) in int_names:
                     return True
         return False
 
@@ -280,7 +280,7 @@ class Script:
         found = set()
         for assigns in self.assigns.values():
             for a in assigns:
-                name = _last_name(a.targets[0].target)
+                name = last_name(a.targets[0].target)
                 if name and isinstance(a.value, cst.Integer) and _DEVICE_NAME.search(name):
                     found.add(name)
         for fn in self.all_functions:
@@ -304,15 +304,6 @@ class Script:
 
 
 _DEVICE_NAME = re.compile(r"(^|_)(gpu|gpus|device|dev|cuda)(_|$)|^gpu|gpu_?id|device_?id", re.IGNORECASE)
-
-
-def _last_name(node: cst.CSTNode) -> str | None:
-    """`gpu_id` for `gpu_id` and for `self.gpu_id`."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return node.attr.value
-    return None
 
 
 def ref_of(node: cst.CSTNode) -> str | None:

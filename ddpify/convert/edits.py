@@ -15,6 +15,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
+from ddpify.analysis.index import dotted_name
 from ddpify.results import Note
 
 Rewrite = Callable[[cst.CSTNode], cst.CSTNode]
@@ -326,7 +327,7 @@ def _has_import(stmt: cst.CSTNode) -> bool:
 def _imports_from(module: cst.Module, name: str) -> bool:
     """Does a top-level `from name import ...` exist?"""
     return any(
-        isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative and _dotted(small.module) == name
+        isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative and dotted_name(small.module) == name
         for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body
     )
 
@@ -344,18 +345,14 @@ def _imported(module: cst.Module, module_name: str, obj: str | None, asname: str
     for stmt in module.body:
         for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
             if obj is None and isinstance(small, cst.Import):
-                if any(_dotted(a.name) == module_name and _alias(a) == asname for a in small.names):
+                if any(dotted_name(a.name) == module_name and _alias(a) == asname for a in small.names):
                     return True
             elif obj is not None and isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
-                if _dotted(small.module) == module_name and not isinstance(small.names, cst.ImportStar) and any(
-                    _dotted(a.name) == obj and _alias(a) == asname for a in small.names
+                if dotted_name(small.module) == module_name and not isinstance(small.names, cst.ImportStar) and any(
+                    dotted_name(a.name) == obj and _alias(a) == asname for a in small.names
                 ):
                     return True
     return False
-
-
-def _dotted(node: cst.CSTNode) -> str:
-    return node.value if isinstance(node, cst.Name) else f"{_dotted(node.value)}.{node.attr.value}"
 
 
 def _alias(alias: cst.ImportAlias) -> str | None:
