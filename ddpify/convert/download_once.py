@@ -6,9 +6,16 @@
     if dist.get_rank() == 0:
         dist.barrier()  # downloaded: let the other ranks read it
 
-A fetch is a dataset built with `download=True`, or a statement that downloads or unpacks files
-itself (`requests.get(url)`, `urllib.request.urlretrieve`, `torch.hub.download_url_to_file`,
-`tarfile.open(...).extractall()`): every rank writing the same files at once corrupts them.
+A fetch is a dataset built with `download=True` (the other ranks then find the files and skip
+the download), or a statement that downloads or unpacks files itself (`requests.get(url)`,
+`urllib.request.urlretrieve`, `torch.hub.download_url_to_file`, `tarfile.open(...).extractall()`):
+that one runs on rank 0 only, then every rank meets at a barrier, because running it again on
+another rank would rewrite the files while rank 0 reads them.
+
+    if dist.get_rank() == 0:
+        with requests.get(url, stream=True) as archive: ...extractall()
+    dist.barrier()  # downloaded: every rank reads it
+
 Consecutive fetches share one pair of barriers. The barriers sit outside any step loop; the
 closing one may follow the loader built from the dataset (shard_data lifts the dataset out of
 a `DataLoader(datasets.MNIST(..., download=True))` into a statement of its own, above it).
@@ -24,6 +31,7 @@ from ddpify.convert.context import RANK0, Context
 
 BEFORE = "if dist.get_rank() != 0:\n    dist.barrier()  # wait for rank 0 to download\n"
 AFTER = "if dist.get_rank() == 0:\n    dist.barrier()  # downloaded: let the other ranks read it\n"
+FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
 FETCHES = frozenset(
     {"requests.get", "urllib.request.urlretrieve", "urllib.request.urlopen", "torch.hub.download_url_to_file",
      "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
@@ -46,6 +54,14 @@ def run(ctx: Context) -> None:
             edits.todo(stmt, script.line(stmt), "every rank downloads here, before the process group exists: download once beforehand")
             continue
         statements.append(stmt)
+    for stmt in [s for s in statements if not _by_keyword(script, s)]:
+        statements.remove(stmt)
+        if D.guarded_by_rank(script, stmt) or isinstance(stmt, cst.If) and D.reads_rank(script, stmt.test):
+            continue  # on rank 0 only already (a converted script)
+        edits.guard(stmt, RANK0)
+        if not D.barrier_in(script, D.sibling(script, stmt, 1)):
+            edits.insert_after(stmt, FETCHED)
+        edits.change(script.line(stmt), "rank 0 downloads and unpacks the files; the others wait at a barrier")
     for stmt in statements:
         block = list(script.parent(stmt).body)
         index = block.index(stmt)
@@ -75,3 +91,8 @@ def _closed_after(script, block: list[cst.CSTNode], index: int) -> bool:
 
 def _fetches_in(script, stmt: cst.CSTNode) -> bool:
     return any(_fetches(script, c) for c in script.calls_in(stmt))
+
+
+def _by_keyword(script, stmt: cst.CSTNode) -> bool:
+    """A `download=True` fetch, which every rank may run (the others find the files)."""
+    return any(N.keyword(c, "download") is not None for c in script.calls_in(stmt) if _fetches(script, c))
