@@ -466,7 +466,7 @@ def test_a_factory_called_twice_keeps_the_model_where_it_is_built():
         """
     with pytest.raises(ConvertError) as raised:
         convert(code)
-    assert raised.value.line == 7 and "returned to its caller" in str(raised.value)
+    assert raised.value.line == 7 and "returned to more than one caller" in str(raised.value)
 
 
 def test_an_object_given_the_model_gets_the_ddp_model():

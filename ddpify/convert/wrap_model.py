@@ -32,7 +32,7 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         if wrapped in body:
             ctx.wrap_after[model] = wrapped
         return
-    _refuse_returned(ctx, model, scope, body)
+    _returned_model(ctx, model, scope, body)
     last = None
     for stmt in body:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
@@ -91,7 +91,7 @@ def _existing_wrap(ctx: Context, model: str, scope) -> cst.CSTNode | None:
     return None
 
 
-def _refuse_returned(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -> None:
+def _returned_model(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -> None:
     """`return model` from the function that builds the model: when the function trains it
     (`main()` trains, then returns the model to a caller that saves it), the caller gets
     `model.module`, the plain model; a factory that only builds it is followed by the analysis
@@ -108,9 +108,9 @@ def _refuse_returned(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -
         if not trains:
             raise AnalysisError(
                 ctx.script.line(stmt),
-                f"`{model}` is built in `{scope.name.value}()` and returned to its caller: ddpify cannot follow "
-                f"a model out of the function that builds it; build it (or call `{scope.name.value}()`) in the "
-                "function that trains it, or wrap it there by hand with DistributedDataParallel",
+                f"`{model}` is built in `{scope.name.value}()` and returned to more than one caller (or unpacked "
+                "in a way ddpify cannot follow): call the factory once, where the model trains, or wrap it "
+                "there by hand with DistributedDataParallel",
             )
         items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
         for item in items:
