@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 
 INIT_PROCESS_GROUP = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 DESTROY_PROCESS_GROUP = frozenset(
@@ -35,11 +36,7 @@ def calls_to(script, node: cst.CSTNode, qualified: frozenset[str]) -> list[cst.C
 
 
 def _env_strings(node: cst.CSTNode) -> set[str]:
-    return {
-        s.evaluated_value
-        for s in m.findall(node, m.SimpleString())
-        if isinstance(s, cst.SimpleString) and isinstance(s.evaluated_value, str)
-    }
+    return {s.evaluated_value for s in iter_nodes(node) if isinstance(s, cst.SimpleString) and isinstance(s.evaluated_value, str)}
 
 
 def reads_rank(script, node: cst.CSTNode) -> bool:
@@ -54,9 +51,14 @@ def reads_world_size(script, node: cst.CSTNode) -> bool:
 
 def guarded_by_rank(script, node: cst.CSTNode) -> bool:
     """Does `node` run under a test of the rank (`if dist.get_rank() == 0:`, `... if rank0 else`)?"""
+    tests = script.index.cached("rank_tests", lambda _: {})  # test -> reads_rank(test): asked for every call under it
     for anc in script.ancestors(node):
-        if isinstance(anc, (cst.If, cst.IfExp, cst.While)) and reads_rank(script, anc.test):
-            return True
+        if isinstance(anc, (cst.If, cst.IfExp, cst.While)):
+            found = tests.get(anc.test)
+            if found is None:
+                found = tests[anc.test] = reads_rank(script, anc.test)
+            if found:
+                return True
         if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
             return False
     return False

@@ -214,6 +214,7 @@ class FileIndex:
         self._qn_cache: dict[tuple[int, str], frozenset[str]] = {}
         self._no_grad: dict[cst.With, bool] = {}
         self._positions = None
+        self._order: Optional[tuple[dict, dict]] = None
         self._extra = tuple(extra)
         self._handlers: dict[type, tuple] = {}
         # traversal state
@@ -478,6 +479,24 @@ class FileIndex:
 
             self._positions = Positions(self.module)
         return self._positions
+
+    def source_order(self) -> tuple[dict[cst.CSTNode, int], dict[cst.CSTNode, int]]:
+        """Where each node starts and ends in source order (numbers, not lines): the traversal
+        files every node in ``parents`` just before its subtree, so that order is the source's.
+        Comparing these needs no positions (a conversion compares order far more often than it
+        needs a line)."""
+        if self._order is None:
+            parents = self.parents
+            start = {self.module: 0}
+            for i, node in enumerate(parents, 1):
+                start[node] = i
+            end = dict(start)
+            for node in reversed(list(parents)):  # children before their parents
+                parent = parents[node]
+                if end[node] > end[parent]:
+                    end[parent] = end[node]
+            self._order = (start, end)
+        return self._order
 
     def position(self, node: cst.CSTNode):
         return self.positions[node]

@@ -11,6 +11,7 @@ import re
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
 
 import libcst as cst
 import libcst.matchers as m
@@ -19,6 +20,8 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
+
+T = TypeVar("T", bound=cst.CSTNode)
 
 ScopeNode = cst.CSTNode  # a cst.Module or a cst.FunctionDef
 
@@ -120,6 +123,8 @@ class Script:
     index: FileIndex | None = None  # the file's one index: calls, qualified names, parents, positions
     _by_type: dict | None = None
     _calls_under: dict | None = None
+    _scopes: dict = field(default_factory=dict)  # node -> scope_of(node)
+    _callees: dict = field(default_factory=dict)  # call -> the qualified names of what it calls
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
 
     # -- tree navigation -------------------------------------------------
@@ -134,6 +139,26 @@ class Script:
                 self._by_type.setdefault(type(node), []).append(node)
         return [n for t, found in self._by_type.items() if issubclass(t, kind) for n in found]
 
+    def nodes_in(self, outer: cst.CSTNode, kind: type[T]) -> list[T]:
+        """The nodes of type `kind` under `outer` (itself included), in source order: a walk of
+        the fields that hold nodes (a libcst visitor, which `m.findall` runs, rebuilds the tree)."""
+        return [n for n in iter_nodes(outer) if isinstance(n, kind)]
+
+    def before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """Does `a` start before `b` in the source (`a` may contain `b`)?"""
+        start, _ = self.index.source_order()
+        return start[a] < start[b]
+
+    def ends_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """Is all of `a` before `b` starts?"""
+        start, end = self.index.source_order()
+        return end[a] < start[b]
+
+    def after(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """Does `a` start after all of `b`?"""
+        start, end = self.index.source_order()
+        return start[a] > end[b]
+
     def line(self, node: cst.CSTNode) -> int:
         pos = self.positions.get(node)
         return pos.start.line if pos else 1
@@ -146,7 +171,10 @@ class Script:
 
     def scope_of(self, node: cst.CSTNode) -> ScopeNode:
         """The function (or the module) whose body holds `node`."""
-        return next(a for a in self.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Module)))
+        found = self._scopes.get(node)
+        if found is None:
+            found = self._scopes[node] = next(a for a in self.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Module)))
+        return found
 
     def body_of(self, scope: ScopeNode) -> cst.CSTNode:
         """The node whose `.body` lists the scope's top-level statements."""
@@ -221,11 +249,14 @@ class Script:
                     node = self.parents.get(node)
         return self._calls_under.get(outer, [])
 
-    def names(self, node: cst.CSTNode) -> set[str]:
-        return set(self.index.qnames(node))
+    def names(self, node: cst.CSTNode) -> frozenset[str]:
+        return self.index.qnames(node)
 
     def is_call_to(self, call: cst.Call, qualified: frozenset[str]) -> bool:
-        return bool(self.names(call.func) & qualified)
+        found = self._callees.get(call)
+        if found is None:
+            found = self._callees[call] = self.index.qnames(call.func)
+        return not found.isdisjoint(qualified)
 
     def local_function(self, call: cst.Call) -> cst.FunctionDef | None:
         """The script's own function (or `self.method`) a call invokes, if any."""
@@ -795,7 +826,7 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
                 if _drawn_in_training(script, call, where):  # `it = iter(loader)`
                     stmt = script.statement_line(call) or call
                     found.append(PassStart(stmt, where, ref, _restarts(script, call, where)))
-            elif param and m.findall(fn, m.Yield()) and _drawn_in_training(script, call, where):
+            elif param and script.nodes_in(fn, cst.Yield) and _drawn_in_training(script, call, where):
                 # `batches = infinite_loader(loader)`: each pass of the generator's own loop
                 found += [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
             elif param and fn in script.training_functions:  # `train(model, loader, max_steps)`

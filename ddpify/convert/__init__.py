@@ -7,7 +7,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
-from ddpify.analysis.script import analyze, fully_distributed
+from ddpify.analysis.script import Script, analyze, fully_distributed
 from ddpify.convert import (
     average_gradients,
     agree_on_stop,
@@ -69,8 +69,8 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
     """Convert a parsed script; raises AnalysisError when it cannot be done safely.
 
     A script that already sets up a process group, wraps its model in DDP and shards its data is
-    returned as it is (`already_distributed`); with `shortcut` off every pass runs over it anyway
-    and must recognise its own work (engine._verify requires that it plans no edit)."""
+    returned as it is (`already_distributed`), with what the passes would still add reported;
+    with `shortcut` off every pass runs over it anyway."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # a freshly parsed tree: no node is shared
     script = analyze(wrapper, full=not shortcut)
     if shortcut and fully_distributed(script):
@@ -78,12 +78,36 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
         # reported, not done: a hand-written DDP script may mean it.
         line = script.line(script.distributed_marker)
         try:
-            pending = convert_module(module, options, shortcut=False).planned
+            pending = replan(module, options)
         except Exception:  # noqa: BLE001 - only notes: a hand-written DDP script the passes cannot follow stays as it is
             pending = []
         notes = [Note(line, "already distributed: nothing to convert")]
         notes += [Note(at, f"not converted: {what} ({name})") for name, at, what in pending]
         return ConvertResult(module.code, notes, already_distributed=True, pending=pending)
+    script, edits = _plan(wrapper, options, script)
+    converted = _imports(apply(wrapper.module, edits, script.parent), edits)
+    return ConvertResult(
+        converted.code,
+        sorted(dict.fromkeys(edits.changes), key=lambda n: n.line),  # by line, then in the order the passes run
+        sorted(dict.fromkeys(edits.todos), key=lambda n: n.line),
+        planned=edits.planned,
+    )
+
+
+def replan(module: cst.Module, options: ConvertOptions = ConvertOptions()) -> list[tuple[str, int, str]]:
+    """Every pass over `module` with the already-distributed shortcut off: the (pass, line, what)
+    of each code change they would make. A converted script must give none (engine._verify)."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    script, edits = _plan(wrapper, options, None)
+    planned = edits.planned
+    if not planned and (_imports(module, edits) is not module):
+        planned.append(("imports", 1, "changes the imports"))
+    return planned
+
+
+def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script | None) -> tuple[Script, Edits]:
+    """Run every pass over the script; the edits they ask for, not yet applied."""
+    script = script or analyze(wrapper, full=True)
     edits = Edits(wrapper.module)
     edits.line_of = script.line
     edits.end_line_of = lambda node: script.positions[node].end.line if node in script.positions else script.line(node)
@@ -91,15 +115,18 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
     for convert_pass in PASSES:
         edits.current_pass = convert_pass.__name__.rsplit(".", 1)[-1]
         convert_pass.run(ctx)
-    converted = add_imports(apply(wrapper.module, edits, script.parent), edits.imports)
+    return script, edits
+
+
+def _imports(module: cst.Module, edits: Edits) -> cst.Module:
+    """`module` with the imports the passes need added and the ones they made unused removed
+    (the same object when nothing changes)."""
+    converted = add_imports(module, edits.imports)
     if edits.unused_imports:
         imports = CodemodContext()
         for module_name, obj, asname in edits.unused_imports:
             RemoveImportsVisitor.remove_unused_import(imports, module_name, obj, asname)
-        converted = RemoveImportsVisitor(imports).transform_module(converted)
-    return ConvertResult(
-        converted.code,
-        sorted(set(edits.changes), key=lambda n: n.line),
-        sorted(set(edits.todos), key=lambda n: n.line),
-        planned=edits.planned,
-    )
+        removed = RemoveImportsVisitor(imports).transform_module(converted)
+        if not removed.deep_equals(converted):
+            converted = removed
+    return converted

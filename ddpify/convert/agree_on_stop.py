@@ -18,10 +18,10 @@ script's own control flow needs it.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 from ddpify.convert.context import Context
 from ddpify.convert.metrics import define_helper
 
@@ -49,7 +49,7 @@ def run(ctx: Context) -> None:
             world = ctx.rank_and_world(stop)[1]
             ctx.edits.insert_before(stop, "".join(MEAN.format(name=n, world=world) for n in names))
             ctx.edits.change(
-                script.line(stop),
+                stop,
                 f"the stop test reads the mean of {', '.join(f'`{n}`' for n in names)} over ranks: every rank stops at the same step",
             )
             define_helper(ctx)
@@ -59,21 +59,23 @@ def _stop_tests(loop: cst.For | cst.While) -> list[cst.If]:
     """`if ...: break` / `return` statements directly in the loop's body (not in a nested loop)."""
     found = []
     for stmt in loop.body.body:
-        if isinstance(stmt, cst.If) and m.findall(stmt.body, m.Break() | m.Return()):
+        if isinstance(stmt, cst.If) and any(isinstance(n, (cst.Break, cst.Return)) for n in iter_nodes(stmt.body)):
             found.append(stmt)
     return found
 
 
 def _per_step_values(script, loop, stop: cst.If) -> list[str]:
     """Names the test reads that the loop body binds, before the test, from a `.item()` value."""
-    tested = {n.value for n in m.findall(stop.test, m.Name())}
+    tested = {n.value for n in iter_nodes(stop.test) if isinstance(n, cst.Name)}
     found: list[str] = []
     for stmt in loop.body.body:
         if stmt is stop:
             break
-        for assign in m.findall(stmt, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+        for assign in iter_nodes(stmt):
+            if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)):
+                continue
             name = assign.targets[0].target.value
-            if name in tested and name not in found and m.findall(assign.value, m.Call(func=m.Attribute(attr=m.Name("item")))):
+            if name in tested and name not in found and any(N.call_name(c) == "item" and isinstance(c.func, cst.Attribute) for c in script.calls_in(assign.value)):
                 found.append(name)
     return found
 
@@ -84,5 +86,5 @@ def _already_reduced(script, loop, stop: cst.If, names: list[str]) -> bool:
     before = body[: body.index(stop)]
     return any(
         N.call_name(c) in ("all_reduce_sum", "all_reduce") for stmt in before for c in script.calls_in(stmt)
-        if any(m.findall(stmt, m.Name(n)) for n in names)
+        if any(isinstance(n, cst.Name) and n.value in names for n in iter_nodes(stmt))
     )

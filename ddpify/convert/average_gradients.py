@@ -55,7 +55,7 @@ def run(ctx: Context) -> None:
             done.add(stmt)
             edits.insert_after(stmt, CALL.format(model=model))
             edits.change(
-                script.line(stmt),
+                stmt,
                 f"`{model}` runs through its own methods here, which DDP cannot sync: its gradients are averaged by hand",
             )
             define_function(ctx, "average_gradients", AVERAGE_GRADIENTS)

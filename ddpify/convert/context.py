@@ -81,10 +81,11 @@ class Context:
         top = script.top_statement(node, scope)
         if top is None or body.index(top) <= body.index(wrapped):
             return False
-        start, line = script.line(body[body.index(wrapped) + 1]), script.line(node)
+        start = body[body.index(wrapped) + 1]
         return not any(
             ref_of(a.targets[0].target) == model
-            and start <= script.line(a) < line
+            and not script.before(a, start)
+            and script.ends_before(a, node)
             and a not in self.reloads
             and not self._hands_back(a.value, model)
             for a in script.assigns.get(scope, [])

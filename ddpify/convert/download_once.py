@@ -51,7 +51,7 @@ def run(ctx: Context) -> None:
         if stmt is None or stmt in statements or any(script.inside(stmt, s) for s in statements):
             continue
         if ctx.rank0_condition(stmt) != RANK0:
-            edits.todo(stmt, script.line(stmt), "every rank downloads here, before the process group exists: download once beforehand")
+            edits.todo(stmt, stmt, "every rank downloads here, before the process group exists: download once beforehand")
             continue
         statements.append(stmt)
     for stmt in [s for s in statements if not _by_keyword(script, s)]:
@@ -61,7 +61,7 @@ def run(ctx: Context) -> None:
         edits.guard(stmt, RANK0)
         if not D.barrier_in(script, D.sibling(script, stmt, 1)):
             edits.insert_after(stmt, FETCHED)
-        edits.change(script.line(stmt), "rank 0 downloads and unpacks the files; the others wait at a barrier")
+        edits.change(stmt, "rank 0 downloads and unpacks the files; the others wait at a barrier")
     for stmt in statements:
         block = list(script.parent(stmt).body)
         index = block.index(stmt)
@@ -69,7 +69,7 @@ def run(ctx: Context) -> None:
             edits.insert_before(stmt, BEFORE)
         if (index == len(block) - 1 or block[index + 1] not in statements) and not _closed_after(script, block, index):
             edits.insert_after(stmt, AFTER)
-        edits.change(script.line(stmt), "rank 0 downloads the dataset first; the others wait at a barrier")
+        edits.change(stmt, "rank 0 downloads the dataset first; the others wait at a barrier")
 
 
 def _fetches(script, call: cst.Call) -> bool:

@@ -32,8 +32,10 @@ class Edits:
         self.guards: dict[cst.CSTNode, str] = {}
         self.removed: set[cst.CSTNode] = set()
         self.enclosures: dict[cst.CSTNode, tuple[cst.CSTNode, str]] = {}
-        self.changes: list[Note] = []
-        self.todos: list[Note] = []
+        # Notes keep the node they are about; its line is looked up once, when they are read
+        # (a conversion that plans nothing, like the verification's, never computes positions).
+        self._changes: list[tuple[cst.CSTNode | int, str]] = []
+        self._todos: list[tuple[cst.CSTNode | int, str]] = []
         self.imports: list[tuple[str, str | None, str | None]] = []
         self.unused_imports: list[tuple[str, str | None, str | None]] = []
         # Every edit that changes the code, as (pass, line, what): converting a converted script
@@ -41,11 +43,27 @@ class Edits:
         self.current_pass = ""
         self.line_of: Callable[[cst.CSTNode], int] = lambda node: 0
         self.end_line_of: Callable[[cst.CSTNode], int] = lambda node: 0
-        self.planned: list[tuple[str, int, str]] = []
+        self._planned: list[tuple[str, cst.CSTNode, bool, str]] = []
+        self._expressions: dict[str, cst.BaseExpression] = {}
 
     def _log(self, node: cst.CSTNode, what: str, end: bool = False) -> None:
-        line = self.end_line_of(node) if end else self.line_of(node)
-        self.planned.append((self.current_pass, line, what))
+        self._planned.append((self.current_pass, node, end, what))
+
+    def _line(self, where: cst.CSTNode | int) -> int:
+        return where if isinstance(where, int) else self.line_of(where)
+
+    @property
+    def planned(self) -> list[tuple[str, int, str]]:
+        """(pass, line, what) of every planned code change."""
+        return [(name, self.end_line_of(node) if end else self.line_of(node), what) for name, node, end, what in self._planned]
+
+    @property
+    def changes(self) -> list[Note]:
+        return [Note(self._line(where), message) for where, message in self._changes]
+
+    @property
+    def todos(self) -> list[Note]:
+        return [Note(self._line(where), message) for where, message in self._todos]
 
     # -- requests --------------------------------------------------------
     def rewrite(self, node: cst.CSTNode, fn: Rewrite) -> None:
@@ -106,13 +124,14 @@ class Edits:
     def drop_import_if_unused(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         self.unused_imports.append((module, obj, asname))
 
-    def change(self, line: int, message: str) -> None:
-        self.changes.append(Note(line, message))
+    def change(self, where: cst.CSTNode | int, message: str) -> None:
+        """A summary note about the code at `where` (a node of the script, or a line)."""
+        self._changes.append((where, message))
 
-    def todo(self, stmt: cst.CSTNode, line: int, message: str) -> None:
-        """Leave `# TODO(ddpify): message` above `stmt` and list it in the summary (a TODO
-        already left there by an earlier conversion is listed, not written twice)."""
-        self.todos.append(Note(line, message))
+    def todo(self, stmt: cst.CSTNode, where: cst.CSTNode | int, message: str) -> None:
+        """Leave `# TODO(ddpify): message` above `stmt` and list it in the summary at `where`'s
+        line (a TODO already left there by an earlier conversion is listed, not written twice)."""
+        self._todos.append((where, message))
         text = f"# TODO(ddpify): {message}"
         if any(getattr(lead.comment, "value", None) == text for lead in getattr(stmt, "leading_lines", ())):
             return
@@ -130,7 +149,11 @@ class Edits:
         return [_without_blank_indent(stmt) for stmt in body]
 
     def expression(self, code: str) -> cst.BaseExpression:
-        return cst.parse_expression(code, config=self.config.config_for_parsing)
+        """`code` parsed (once per text: a copy of the first parse after that)."""
+        parsed = self._expressions.get(code)
+        if parsed is None:
+            parsed = self._expressions[code] = cst.parse_expression(code, config=self.config.config_for_parsing)
+        return parsed.deep_clone()
 
 
 def _unchanged(node: cst.CSTNode, fn: Rewrite) -> bool:

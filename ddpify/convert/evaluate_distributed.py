@@ -44,7 +44,7 @@ def run(ctx: Context) -> None:
         elif any(meters(ctx, loop) for loop in loops):
             why = "it keeps its metrics in objects of the script's own classes"
         if why:
-            ctx.edits.change(script.line(loader.stmt), f"`{loader.name}`: every rank evaluates the whole set ({why})")
+            ctx.edits.change(loader.stmt, f"`{loader.name}`: every rank evaluates the whole set ({why})")
             continue
         _slice(ctx, loader)
         for loop in loops:
@@ -72,12 +72,12 @@ def _slice(ctx: Context, loader: Loader) -> None:
         dataset = script.module.code_for_node(N.positional(sampler.value)[0].value) if N.positional(sampler.value) else None
         if dataset is not None:  # `sampler=SequentialSampler(ds)`: in order, so a slice per rank reads the same
             edits.replace(sampler.value, edits.expression(SLICE.format(rank=rank, world=world, dataset=dataset)))
-            edits.change(script.line(call), f"`{loader.name}` gives each rank its own slice (no padding)")
+            edits.change(call, f"`{loader.name}` gives each rank its own slice (no padding)")
             for module in ("torch.utils.data", "torch.utils.data.sampler"):
                 edits.drop_import_if_unused(module, "SequentialSampler")
             return
     if sampler is not None or N.keyword(call, "batch_sampler") is not None:
-        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has its own sampler: give each rank a slice of it")
+        edits.todo(loader.stmt, call, f"`{loader.name}` has its own sampler: give each rank a slice of it")
         return
     dataset = loader_dataset(ctx, loader, sampler_name(loader.name))
     rank, world = ctx.rank_and_world(loader.stmt)
@@ -91,7 +91,7 @@ def _slice(ctx: Context, loader: Loader) -> None:
         edits.rewrite(shuffle, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(code)))
     else:
         edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("sampler", edits.expression(code))))
-    edits.change(script.line(call), f"`{loader.name}` gives each rank its own slice (no padding)")
+    edits.change(call, f"`{loader.name}` gives each rank its own slice (no padding)")
 
 
 

@@ -37,8 +37,8 @@ def run(ctx: Context) -> None:
         scope = script.scope_of(call)
         step = steps.setdefault((scope, next(iter(script.loops_around(call, scope)), None)), {"forwards": {}, "backward": None})
         if backward:
-            line = script.line(call)
-            step["backward"] = line if step["backward"] is None else min(step["backward"], line)
+            if step["backward"] is None or script.before(call, step["backward"]):
+                step["backward"] = call
             continue
         model = ref_of(call.func)
         if model in script.ddp_names.get(scope, ()) and ctx.after_wrap(call, model) and not _without_grad(script, call):
@@ -47,13 +47,13 @@ def run(ctx: Context) -> None:
         if step["backward"] is None:
             continue
         for calls in step["forwards"].values():
-            before = [c for c in calls if script.line(c) < step["backward"]]
+            before = [c for c in calls if script.before(c, step["backward"])]
             flagged = set()
             for call in before[1:]:
                 stmt = script.statement_line(call) or call
                 if stmt not in flagged:
                     flagged.add(stmt)
-                    ctx.edits.todo(stmt, script.line(call), TODO)
+                    ctx.edits.todo(stmt, call, TODO)
 
 
 def _without_grad(script, node: cst.CSTNode) -> bool:

@@ -110,10 +110,10 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: s
         ):
             merged.add(owner)
             edits.rewrite(owner, lambda updated, c=condition: updated.with_changes(test=_and(ctx, updated.test, c)))
-            edits.change(script.line(owner), "runs on rank 0 only")
+            edits.change(owner, "runs on rank 0 only")
         elif not any(script.inside(line, o) for o in merged):
             edits.guard(line, condition)
-            edits.change(script.line(line), "runs on rank 0 only")
+            edits.change(line, "runs on rank 0 only")
 
 
 def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved: set[cst.Call]) -> bool:
@@ -133,7 +133,7 @@ def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved
         name = _free_name(script, f"{fn.name.value}_result")
         edits.insert_before(line, f"{name} = {script.module.code_for_node(inner)}\n")
         edits.replace(inner, cst.Name(name))
-        edits.change(script.line(inner), f"`{fn.name.value}(...)` runs the model: every rank calls it, then rank 0 uses the result")
+        edits.change(inner, f"`{fn.name.value}(...)` runs the model: every rank calls it, then rank 0 uses the result")
         moved.add(inner)
         hoisted = True
     return hoisted
@@ -163,12 +163,12 @@ def _makedirs_on_every_rank(ctx: Context) -> None:
     for call in script.calls:
         if script.is_call_to(call, N.MAKEDIRS) and N.keyword(call, "exist_ok") is None:
             edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("exist_ok", cst.Name("True"))))
-            edits.change(script.line(call), "`os.makedirs(..., exist_ok=True)`: every rank may create it")
+            edits.change(call, "`os.makedirs(..., exist_ok=True)`: every rank may create it")
         elif script.is_call_to(call, N.MKDIR) and len(call.args) == 1 and call.args[0].keyword is None:
             path = script.module.code_for_node(call.args[0].value)
             edits.replace(call, edits.expression(f"os.makedirs({path}, exist_ok=True)"))
             edits.need_import("os")
-            edits.change(script.line(call), "`os.makedirs(..., exist_ok=True)`: every rank may create it at once")
+            edits.change(call, "`os.makedirs(..., exist_ok=True)`: every rank may create it at once")
 
 
 def _rank0_writers(ctx: Context) -> set[str]:
@@ -192,7 +192,7 @@ def _rank0_writers(ctx: Context) -> set[str]:
                 test=edits.expression(c), body=updated, orelse=cst.Name("None")
             ),
         )
-        edits.change(script.line(call), f"`{ref}` is made on rank 0 only (None elsewhere)")
+        edits.change(call, f"`{ref}` is made on rank 0 only (None elsewhere)")
     return names
 
 
@@ -226,4 +226,4 @@ def _pass_unwrapped(ctx: Context, call: cst.Call) -> None:
         if ref_of(arg.value) == model:
             ctx.edits.replace(arg.value, ctx.edits.expression(f"{model}.module"))
     where = "on rank 0" if ctx.options.eval_on_rank0 else "on every rank"
-    ctx.edits.change(ctx.script.line(call), f"evaluates `{model}.module` {where}")
+    ctx.edits.change(call, f"evaluates `{model}.module` {where}")

@@ -60,7 +60,7 @@ def run(ctx: Context) -> None:
     edits.insert_before(guard, HELPERS.format(params="".join(f", {n}" for n in names), call=code))
     edits.need_import("socket")
     edits.need_import("torch.multiprocessing", asname="mp")
-    edits.change(script.line(stmt), "without torchrun the script starts its own processes with mp.spawn (nprocs = world size)")
+    edits.change(stmt, "without torchrun the script starts its own processes with mp.spawn (nprocs = world size)")
 
 
 def _entry_call(ctx: Context) -> tuple[cst.SimpleStatementLine, cst.Call]:

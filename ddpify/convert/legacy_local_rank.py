@@ -31,4 +31,4 @@ def run(ctx: Context) -> None:
         else:
             edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("default", edits.expression(FROM_ENV))))
         edits.need_import("os")
-        edits.change(script.line(call), "`--local_rank` defaults to LOCAL_RANK (torchrun sets it; the old launcher passes the flag)")
+        edits.change(call, "`--local_rank` defaults to LOCAL_RANK (torchrun sets it; the old launcher passes the flag)")

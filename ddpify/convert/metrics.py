@@ -6,6 +6,7 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.emit import define_function
@@ -29,12 +30,11 @@ def per_rank_denominator(ctx: Context, loop: cst.For) -> bool:
     Those count this rank's batches only, so summed metrics would be divided wrongly."""
     script = ctx.script
     scope = script.scope_of(loop)
-    end = script.positions[loop].end.line
     loader = ref_of(loop.iter.args[0].value) if isinstance(loop.iter, cst.Call) and loop.iter.args else ref_of(loop.iter)
     index = None
     if isinstance(loop.iter, cst.Call) and N.call_name(loop.iter) == "enumerate" and isinstance(loop.target, cst.Tuple):
         index = ref_of(loop.target.elements[0].value)
-    later = [node for node in _names_and_calls(script.body_of(scope)) if script.line(node) > end]
+    later = [node for node in _names_and_calls(script.body_of(scope)) if script.after(node, loop)]
     for node in later:
         if isinstance(node, cst.Call) and N.call_name(node) == "len" and node.args and ref_of(node.args[0].value) == loader:
             return loader is not None
@@ -45,32 +45,22 @@ def per_rank_denominator(ctx: Context, loop: cst.For) -> bool:
 
 
 def _names_and_calls(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-
-    class _Collect(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            found.append(n)
-
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
-
-    node.visit(_Collect())
-    return found
+    return [n for n in iter_nodes(node) if isinstance(n, (cst.Name, cst.Call))]
 
 
 
 def reduce_after(ctx: Context, loop: cst.For) -> bool:
     """Sum the loop's `x += ...` accumulators over ranks right after it (those not summed yet);
     True when the script needs the `all_reduce_sum` helper."""
-    script, edits = ctx.script, ctx.edits
+    edits = ctx.edits
     sums, appends = accumulators(loop)
     if appends:
-        edits.todo(loop, script.line(loop), "this evaluation collects per-sample results: gather them from all ranks (dist.all_gather_object)")
+        edits.todo(loop, loop, "this evaluation collects per-sample results: gather them from all ranks (dist.all_gather_object)")
     sums, reduced = unreduced(ctx, loop, sums)
     if not sums:
         return reduced
     edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name})\n" for name in sums))
-    edits.change(script.line(loop), f"evaluation sums over all ranks: {', '.join(sums)}")
+    edits.change(loop, f"evaluation sums over all ranks: {', '.join(sums)}")
     return True
 
 
@@ -88,17 +78,13 @@ def accumulators(loop: cst.For) -> tuple[list[str], bool]:
     """The names the loop adds to with `+=`, and whether it appends to lists."""
     sums: list[str] = []
     appends = False
-
-    class _Accumulators(cst.CSTVisitor):
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.operator, cst.AddAssign) and ref_of(node.target) and ref_of(node.target) not in sums:
-                sums.append(ref_of(node.target))
-
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal appends
+    for node in iter_nodes(loop.body):
+        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign):
+            name = ref_of(node.target)
+            if name and name not in sums:
+                sums.append(name)
+        elif isinstance(node, cst.Call):
             appends = appends or N.call_name(node) in ("append", "extend")
-
-    loop.body.visit(_Accumulators())
     return sums, appends
 
 

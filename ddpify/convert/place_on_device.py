@@ -34,7 +34,7 @@ def run(ctx: Context) -> None:
         ):
             continue  # spread_model_over_gpus gives each process its own GPUs
         visible = ctx.device_visible(script.scope_of(call))
-        device = edits.expression(ctx.device) if visible else None
+        device = ctx.device if visible else None  # the code that names this process's device here
         name = N.call_name(call)
         if script.is_call_to(call, N.SET_DEVICE):
             if _selects_own_gpu(ctx, call):
@@ -42,37 +42,30 @@ def run(ctx: Context) -> None:
             line = script.statement_line(call)
             if line is not None and len(line.body) == 1 and isinstance(line.body[0], cst.Expr):
                 edits.remove(line)
-                edits.change(script.line(call), "removed the script's `torch.cuda.set_device`: setup selects LOCAL_RANK's GPU")
+                edits.change(call, "removed the script's `torch.cuda.set_device`: setup selects LOCAL_RANK's GPU")
         elif name == "cuda" and isinstance(call.func, cst.Attribute):
             _cuda_call(ctx, call, device)
         elif name == "to" and N.positional(call) and _means_gpu(ctx, N.positional(call)[0].value):
             target = N.positional(call)[0]
-            edits.replace(target.value, device or edits.expression('"cuda"'))
-            edits.change(script.line(call), f"`.to(...)` now targets `{ctx.device if visible else 'cuda'}`")
+            edits.replace(target.value, edits.expression(device or '"cuda"'))
+            edits.change(call, f"`.to(...)` now targets `{ctx.device if visible else 'cuda'}`")
         elif script.is_call_to(call, N.TORCH_LOAD) and N.keyword(call, "map_location") is None:
             _map_location(ctx, call, ctx.device if visible else '"cpu"')
         elif script.is_call_to(call, N.TORCH_DEVICE) and _means_gpu(ctx, call) and device is not None:
-            edits.replace(call, device)
-            edits.change(script.line(call), f"`torch.device(...)` is now `{ctx.device}`")
+            edits.replace(call, edits.expression(device))
+            edits.change(call, f"`torch.device(...)` is now `{ctx.device}`")
         else:
             arg = N.keyword(call, "device")
             if arg is not None and N.is_cuda_string(arg.value) and not _per_process_string(ctx, arg.value):
-                edits.replace(arg.value, device or edits.expression('"cuda"'))
-                edits.change(script.line(call), f"`device=` now names `{ctx.device if visible else 'cuda'}`")
+                edits.replace(arg.value, edits.expression(device or '"cuda"'))
+                edits.change(call, f"`device=` now names `{ctx.device if visible else 'cuda'}`")
 
 
 def _compare_device_types(ctx: Context) -> None:
     """`device == "cuda"` (a string device, now "cuda:<local_rank>") compares its type."""
     if not ctx.device_type.startswith("torch.device("):
         return
-    found: list[cst.Comparison] = []
-
-    class _Comparisons(cst.CSTVisitor):
-        def visit_Comparison(self, node: cst.Comparison) -> None:
-            found.append(node)
-
-    ctx.script.module.visit(_Comparisons())
-    for node in found:
+    for node in ctx.script.nodes_of(cst.Comparison):
         if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
             continue
         sides = (node.left, node.comparisons[0].comparator)
@@ -81,7 +74,7 @@ def _compare_device_types(ctx: Context) -> None:
         ):
             side = next(a for a in sides if isinstance(a, cst.Name))
             ctx.edits.replace(side, ctx.edits.expression(ctx.device_type))
-            ctx.edits.change(ctx.script.line(node), f'`{ctx.device_type} == "cuda"`: the device now carries its index')
+            ctx.edits.change(node, f'`{ctx.device_type} == "cuda"`: the device now carries its index')
 
 
 def _note_tensor_types(ctx: Context) -> None:
@@ -92,36 +85,36 @@ def _note_tensor_types(ctx: Context) -> None:
         names = [n for n in script.names(node) if n.startswith("torch.cuda.") and n.count(".") == 2]
         if names:
             ctx.edits.change(
-                script.line(node),
+                node,
                 f"`{names[0]}` allocates on the current GPU, which setup's set_device makes this process's",
             )
             return
 
 
-def _cuda_call(ctx: Context, call: cst.Call, device: cst.BaseExpression | None) -> None:
+def _cuda_call(ctx: Context, call: cst.Call, device: str | None) -> None:
     """`x.cuda(i, non_blocking=b)` -> `x.to(device, non_blocking=b)` (or `x.cuda(non_blocking=b)`)."""
-    script, edits = ctx.script, ctx.edits
+    edits = ctx.edits
     if device is not None:
 
         def to_device(updated: cst.Call) -> cst.Call:
             keywords = [a for a in updated.args if a.keyword is not None]
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if keywords else cst.MaybeSentinel.DEFAULT
             return updated.with_changes(
-                func=updated.func.with_changes(attr=cst.Name("to")), args=[cst.Arg(device, comma=comma), *keywords]
+                func=updated.func.with_changes(attr=cst.Name("to")), args=[cst.Arg(edits.expression(device), comma=comma), *keywords]
             )
 
         edits.rewrite(call, to_device)
-        edits.change(script.line(call), f"`.cuda()` is now `.to({ctx.device})`")
+        edits.change(call, f"`.cuda()` is now `.to({ctx.device})`")
     elif N.positional(call):
         edits.rewrite(call, lambda updated: updated.with_changes(args=[a for a in updated.args if a.keyword]))
-        edits.change(script.line(call), "`.cuda(i)` is now `.cuda()`: the current device is LOCAL_RANK's GPU")
+        edits.change(call, "`.cuda(i)` is now `.cuda()`: the current device is LOCAL_RANK's GPU")
 
 
 def _map_location(ctx: Context, call: cst.Call, where: str) -> None:
     """`torch.load(f)` -> `torch.load(f, map_location=device)`: not every rank onto GPU 0."""
     arg = keyword_arg("map_location", ctx.edits.expression(where))
     ctx.edits.rewrite(call, lambda updated: append_arg(updated, arg))
-    ctx.edits.change(ctx.script.line(call), f"`torch.load(..., map_location={where})`")
+    ctx.edits.change(call, f"`torch.load(..., map_location={where})`")
 
 
 def _selects_own_gpu(ctx: Context, call: cst.Call) -> bool:

@@ -27,7 +27,7 @@ def run(ctx: Context) -> None:
             edits.replace(existing.value, edits.expression(f"({code}) or {others}"))
         else:
             edits.rewrite(call, lambda updated, o=others: append_arg(updated, keyword_arg("disable", edits.expression(o))))
-        edits.change(script.line(call), "progress bar shows on rank 0 only")
+        edits.change(call, "progress bar shows on rank 0 only")
 
 
 def _negate(condition: str) -> str:

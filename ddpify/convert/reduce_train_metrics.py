@@ -21,7 +21,6 @@ cannot reduce what they hold.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ScopeNode
@@ -51,7 +50,7 @@ def run(ctx: Context) -> None:
             if sums := [name for name in per_epoch if name in added]:
                 _reduce(ctx, inner, sums)
             if kept := [name for name in per_epoch if name not in added]:
-                ctx.edits.todo(inner, script.line(inner), COLLECTED.format(names=", ".join(f"`{n}`" for n in kept)))
+                ctx.edits.todo(inner, inner, COLLECTED.format(names=", ".join(f"`{n}`" for n in kept)))
 
 
 def _collected(ctx: Context, loop: cst.For) -> list[str]:
@@ -76,7 +75,7 @@ def _reduce(ctx: Context, loop: cst.For, sums: list[str]) -> None:
     ctx.edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name}){tail}\n" for name in sums))
     how = "averaged" if average else "summed"
     ctx.edits.change(
-        ctx.script.line(loop),
+        loop,
         f"training metrics {how} over all ranks after each pass: {', '.join(sums)} (every rank logs and decides on the same numbers)",
     )
     define_helper(ctx)
@@ -87,10 +86,9 @@ def _reset_before(ctx: Context, name: str, loop: cst.For, epoch_loop: cst.For) -
     that holds the pass (the helper runs once an epoch)."""
     script = ctx.script
     scope: ScopeNode = script.scope_of(loop)
-    start = script.line(loop)
     for assign in script.assigns.get(scope, []):
         names = {n.value for target in assign.targets for n in _bound_names(target.target)}
-        if name not in names or script.line(assign) >= start:
+        if name not in names or not script.before(assign, loop):
             continue
         if isinstance(scope, cst.FunctionDef) and scope is not script.scope_of(epoch_loop):
             return True
@@ -110,6 +108,5 @@ def _bound_names(target: cst.BaseExpression) -> list[cst.Name]:
 def _read_after(ctx: Context, name: str, loop: cst.For) -> bool:
     """Is `name` used after the pass, in the same function (a log, a return, a decision)?"""
     script = ctx.script
-    end = script.positions[loop].end.line
     body = script.body_of(script.scope_of(loop))
-    return any(script.line(found) > end for found in m.findall(body, m.Name(name)))
+    return any(script.after(found, loop) for found in script.nodes_in(body, cst.Name) if found.value == name)

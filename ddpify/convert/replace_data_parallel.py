@@ -26,10 +26,10 @@ def run(ctx: Context) -> None:
             # `a if isinstance(m, nn.DataParallel) else b`: the model is always wrapped now.
             choice = script.parent(script.parent(script.parent(node)))
             edits.rewrite(choice, lambda updated: updated.body)
-            edits.change(script.line(node), "the model is always wrapped now: keeps the wrapped branch")
+            edits.change(node, "the model is always wrapped now: keeps the wrapped branch")
         else:
             edits.replace(node, cst.Name("DDP"))
-            edits.change(script.line(node), "`DataParallel` check now asks about `DDP`")
+            edits.change(node, "`DataParallel` check now asks about `DDP`")
 
 
 def _unwrap(ctx: Context, call: cst.Call) -> None:
@@ -53,7 +53,7 @@ def _unwrap(ctx: Context, call: cst.Call) -> None:
             edits.remove(line)
     else:
         edits.rewrite(call, lambda updated: N.positional(updated)[0].value if N.positional(updated) else N.keyword(updated, "module").value)
-    edits.change(script.line(call), "`nn.DataParallel` removed: DistributedDataParallel replaces it")
+    edits.change(call, "`nn.DataParallel` removed: DistributedDataParallel replaces it")
 
 
 def _chooses_wrapped(script, node: cst.CSTNode) -> bool:

@@ -33,7 +33,7 @@ def split_batch(ctx: Context, loader: Loader) -> None:
     args = N.positional(loader.call)
     arg = N.keyword(loader.call, "batch_size") or (args[1] if len(args) > 1 else None)
     if arg is None:
-        edits.todo(loader.stmt, script.line(loader.stmt), "divide this loader's batch size by the world size (dist.get_world_size())")
+        edits.todo(loader.stmt, loader.stmt, "divide this loader's batch size by the world size (dist.get_world_size())")
         return
     if D.reads_world_size(script, arg.value):
         return  # divided already
@@ -43,7 +43,7 @@ def split_batch(ctx: Context, loader: Loader) -> None:
     world = ctx.rank_and_world(loader.stmt)[1]
     edits.replace(arg.value, edits.expression(f"{code} // {world}"))
     edits.change(
-        script.line(loader.stmt),
+        loader.stmt,
         f"per-process batch is {code} // world size (a remainder is dropped: pick a divisible batch size)",
     )
 
@@ -76,7 +76,7 @@ def loader_dataset(ctx: Context, loader: Loader, sampler: str) -> str:
 
 def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
     """`sampler.set_epoch(epoch)` as the first statement of the epoch loop."""
-    script, edits = ctx.script, ctx.edits
+    edits = ctx.edits
     if _sets_epoch_always(ctx, loop):
         return  # the loop reshuffles already (a call under `if distributed:` may never run: add ours)
     target = loop.target
@@ -86,14 +86,14 @@ def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
     elif isinstance(target, cst.Name):
         epoch = target.value
     else:
-        edits.todo(loop, script.line(loop), f"call `{sampler}.set_epoch(epoch)` at the top of this loop")
+        edits.todo(loop, loop, f"call `{sampler}.set_epoch(epoch)` at the top of this loop")
         return
     body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else None
     if body is None:
-        edits.todo(loop, script.line(loop), f"call `{sampler}.set_epoch({epoch})` at the top of this loop")
+        edits.todo(loop, loop, f"call `{sampler}.set_epoch({epoch})` at the top of this loop")
         return
     edits.insert_before(body[0], SET_EPOCH.format(sampler=sampler, epoch=epoch))
-    edits.change(script.line(loop), f"`{sampler}.set_epoch({epoch})` reshuffles the shards every epoch")
+    edits.change(loop, f"`{sampler}.set_epoch({epoch})` reshuffles the shards every epoch")
 
 
 
@@ -102,7 +102,7 @@ def next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str) -> None:
     if sets_epoch(ctx, D.sibling(ctx.script, stmt, -1)):
         return
     ctx.edits.insert_before(stmt, NEXT_EPOCH.format(sampler=sampler))
-    ctx.edits.change(ctx.script.line(stmt), f"a new pass over the data: `{sampler}.set_epoch(...)` reshuffles the shards")
+    ctx.edits.change(stmt, f"a new pass over the data: `{sampler}.set_epoch(...)` reshuffles the shards")
 
 
 

@@ -19,12 +19,12 @@ GENERATOR = "torch.Generator().manual_seed(0)"
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
-    seeded = [script.line(c) for c in script.calls if script.is_call_to(c, N.TORCH_SEED)]
+    seeded = [c for c in script.calls if script.is_call_to(c, N.TORCH_SEED)]
     for call in script.calls:
         if not script.is_call_to(call, N.RANDOM_SPLIT) or N.keyword(call, "generator") is not None:
             continue
-        if len(N.positional(call)) > 2 or any(line < script.line(call) for line in seeded):
+        if len(N.positional(call)) > 2 or any(script.before(seed, call) for seed in seeded):
             continue
         edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("generator", edits.expression(GENERATOR))))
         edits.need_import("torch")
-        edits.change(script.line(call), "`random_split` gets a seeded generator: every rank splits the data the same way")
+        edits.change(call, "`random_split` gets a seeded generator: every rank splits the data the same way")

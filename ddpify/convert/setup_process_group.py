@@ -71,7 +71,7 @@ def run(ctx: Context) -> None:
         edits.insert_after(stmt, INIT.format(device=ctx.device, device_type=ctx.device_type))
         body = list(script.block_of(ctx.setup_scope).body)
         ctx.init_index = body.index(stmt) + 1
-        edits.change(script.line(stmt), f"`{ctx.device}` is this process's GPU (`cuda:<local_rank>`) or the CPU")
+        edits.change(stmt, f"`{ctx.device}` is this process's GPU (`cuda:<local_rank>`) or the CPU")
     else:
         ctx.setup_scope = script.model_scope
         body = list(script.block_of(ctx.setup_scope).body)
@@ -89,7 +89,7 @@ def run(ctx: Context) -> None:
         )
         ctx.init_index = body.index(anchor)
         if not on_gpu:
-            edits.change(script.line(anchor), "the script never uses a GPU: every process trains on the CPU (gloo)")
+            edits.change(anchor, "the script never uses a GPU: every process trains on the CPU (gloo)")
     if late is not None and ctx.local_rank_visible(script.scope_of(late)):
         if not any(isinstance(v, cst.Call) for _, v in _assignments(late)):  # place_on_device does torch.device(...)
             _point_at_local_rank(ctx, late)  # inference after training: this process's GPU too
@@ -97,7 +97,7 @@ def run(ctx: Context) -> None:
     edits.need_import("os")
     edits.need_import("torch.distributed", asname="dist")
     edits.change(
-        script.line(body[min(ctx.init_index, len(body) - 1)]),
+        body[min(ctx.init_index, len(body) - 1)],
         "process group from torchrun's environment (NCCL with CUDA after set_device, gloo on CPU)",
     )
 
@@ -133,7 +133,7 @@ def _existing_setup(ctx: Context, found) -> bool:
         found is not None
         and _local_rank_variable(ctx, scope) is None
         and ctx.local_rank not in script.bound.get(scope, set())
-        and m.findall(script.block_of(scope), m.Name(ctx.local_rank))
+        and any(n.value == ctx.local_rank for n in script.nodes_in(script.block_of(scope), cst.Name))
     ):  # the setup reads LOCAL_RANK's variable, which is gone
         first = ctx.device_stmt is script.block_of(script.scope_of(ctx.device_stmt)).body[0]
         edits.insert_above(ctx.device_stmt, _opening(LOCAL_RANK, first).format(local_rank=ctx.local_rank))
@@ -156,8 +156,9 @@ def _local_rank_variable(ctx: Context, scope: ScopeNode) -> str | None:
     script = ctx.script
     for assign in script.assigns.get(scope, []):
         target = ref_of(assign.targets[0].target)
-        if target and m.findall(assign.value, m.SimpleString()) and D.reads_rank(script, assign.value):
-            if any(s.evaluated_value == "LOCAL_RANK" for s in m.findall(assign.value, m.SimpleString())):
+        strings = script.nodes_in(assign.value, cst.SimpleString)
+        if target and strings and D.reads_rank(script, assign.value):
+            if any(s.evaluated_value == "LOCAL_RANK" for s in strings):
                 return target
     return None
 
@@ -183,7 +184,7 @@ def _device_option(ctx: Context) -> None:
     if following is not None and D.reads_rank(script, following) and mentions(following, f"{target.value}"):
         return  # already re-pointed at this process's GPU
     edits.insert_after(line, DEVICE_OPTION.format(option=f"{target.value}.device"))
-    edits.change(script.line(line), f"`{target.value}.device` naming a GPU becomes this process's (`cuda:<LOCAL_RANK>`)")
+    edits.change(line, f"`{target.value}.device` naming a GPU becomes this process's (`cuda:<LOCAL_RANK>`)")
 
 
 def _names_gpu(arg: cst.Arg | None) -> bool:

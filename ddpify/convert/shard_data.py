@@ -24,16 +24,16 @@ def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     for call in script.unplaced_loaders:
         stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
-        edits.todo(stmt, script.line(call), "give the training DataLoader built here a DistributedSampler and call its set_epoch(epoch) every epoch")
+        edits.todo(stmt, call, "give the training DataLoader built here a DistributedSampler and call its set_epoch(epoch) every epoch")
     if script.loaders and not script.train_loaders:
         first = script.loaders[0]
-        edits.todo(first.stmt, script.line(first.stmt), "could not tell which DataLoader trains: give it a DistributedSampler and call set_epoch(epoch) every epoch")
+        edits.todo(first.stmt, first.stmt, "could not tell which DataLoader trains: give it a DistributedSampler and call set_epoch(epoch) every epoch")
     started: set[cst.CSTNode] = set()
     for loader in script.train_loaders:
         if _iterable(ctx, loader):
             edits.todo(
                 loader.stmt,
-                script.line(loader.stmt),
+                loader.stmt,
                 f"`{loader.name}` streams an IterableDataset: give each rank its own part of the stream in "
                 "__iter__ (e.g. itertools.islice(stream, dist.get_rank(), None, dist.get_world_size()))",
             )
@@ -50,7 +50,7 @@ def run(ctx: Context) -> None:
         elif not sampler:
             continue
         edits.need_import("torch.utils.data.distributed", "DistributedSampler")
-        edits.change(script.line(loader.stmt), f"`{loader.name}` reads this process's shard through `{sampler}`")
+        edits.change(loader.stmt, f"`{loader.name}` reads this process's shard through `{sampler}`")
         if ctx.options.global_batch:
             split_batch(ctx, loader)
         for epoch in script.epoch_loops[loader.name]:
@@ -66,7 +66,7 @@ def run(ctx: Context) -> None:
             if not start.restarts:
                 edits.todo(
                     start.stmt,
-                    script.line(start.stmt),
+                    start.stmt,
                     f"each rank now holds 1/world_size of `{start.loader_expr}`'s batches: draw at most "
                     f"len({start.loader_expr}) batches from this iterator, or make it again on StopIteration",
                 )
@@ -97,7 +97,7 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
         batch_call = _bound_call(ctx, batch.value, loader)
         args = N.positional(batch_call) if batch_call is not None else []
         if not args:
-            edits.todo(loader.stmt, script.line(call), f"`{loader.name}` uses a custom batch_sampler: shard it by rank")
+            edits.todo(loader.stmt, call, f"`{loader.name}` uses a custom batch_sampler: shard it by rank")
             return ""
         inner = args[0].value
     else:
@@ -112,10 +112,10 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
     lost = ref_of(inner)
     if not sampler_calls and lost is not None and not script.names(inner) and not any(lost in b for b in script.bound.values()):
         # `sampler=train_sampler` with no `train_sampler` left (a partly converted script)
-        edits.todo(loader.stmt, script.line(call), f"`{lost}` is not defined: make it `DistributedSampler(<dataset>, shuffle=...)` above this loader")
+        edits.todo(loader.stmt, call, f"`{lost}` is not defined: make it `DistributedSampler(<dataset>, shuffle=...)` above this loader")
         return lost
     if not sampler_calls or any(c is None or not script.is_call_to(c, known) for c in sampler_calls):
-        edits.todo(loader.stmt, script.line(call), f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
+        edits.todo(loader.stmt, call, f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
         return ""
     for sampler_call in sampler_calls:
         if script.is_call_to(sampler_call, D.DISTRIBUTED_SAMPLER):

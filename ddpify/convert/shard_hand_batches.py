@@ -70,15 +70,15 @@ def run(ctx: Context) -> None:
             return
     stmt = loop or script.statement_line(backward)
     if _full_batch(ctx, loop, scope):
-        ctx.edits.change(script.line(stmt), FULL_BATCH)
+        ctx.edits.change(stmt, FULL_BATCH)
         return
-    ctx.edits.todo(stmt, script.line(stmt), TODO)
+    ctx.edits.todo(stmt, stmt, TODO)
 
 
 def _global_batch_todo(ctx: Context, loop: cst.For) -> None:
     """--global-batch divides DataLoader batch sizes; hand-made batches are the script's own."""
     if ctx.options.global_batch:
-        ctx.edits.todo(loop, ctx.script.line(loop), GLOBAL_BATCH)
+        ctx.edits.todo(loop, loop, GLOBAL_BATCH)
 
 
 def _full_batch(ctx: Context, loop: cst.For | None, scope: ScopeNode) -> bool:
@@ -146,7 +146,7 @@ def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
     rows = next(n for n in ("rows_per_rank", f"{data}_rows_per_rank", f"_{data}_rows") if n not in taken)
     edits.insert_after(bound, SHARD_ROWS.format(rows=rows, data=data, rank=rank, world=world))
     edits.change(
-        script.line(bound),
+        bound,
         f"`{data}` is cut into one block per rank, all the same length (the remainder is dropped)",
     )
     return True
@@ -169,10 +169,9 @@ def _last_binding(ctx: Context, name: str, scope: ScopeNode, loop: cst.For) -> c
         where = scope
     else:
         where = script.module
-    line = script.line(loop) if where is scope else None
     found = None
     for assign in script.assigns.get(where, []):
-        if ref_of(assign.targets[0].target) == name and (line is None or script.line(assign) < line):
+        if ref_of(assign.targets[0].target) == name and (where is not scope or script.before(assign, loop)):
             found = assign
     if found is None or any(
         isinstance(p, cst.Param) and p.name.value == name for p in getattr(scope, "params", cst.Parameters()).params
@@ -210,15 +209,15 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
     if "torch" in draws and not any(script.is_call_to(c, N.TORCH_SEED) for c in seeded_by_rank):
         start = _runs_once_before(ctx, loop)
         if start is None:
-            edits.todo(loop, script.line(loop), "seed each process differently (torch.manual_seed(seed + rank)) so ranks draw different batches")
+            edits.todo(loop, loop, "seed each process differently (torch.manual_seed(seed + rank)) so ranks draw different batches")
         else:
             rank = ctx.rank_and_world(start)[0]
             if shared := _made_at_random_unseeded(ctx, start):
                 names = ", ".join(shared)
                 edits.insert_before(start, SHARE_RANDOM_DATA.format(names=names, listed=f"[{names}]"))
-                edits.change(script.line(start), f"{names}: made at random without a seed, rank 0's copy is used on every rank")
+                edits.change(start, f"{names}: made at random without a seed, rank 0's copy is used on every rank")
             edits.insert_before(start, SEED_BEFORE_TRAINING.format(rank=rank))
-            edits.change(script.line(loop), "batches are drawn at random: torch is seeded with its seed + rank before training")
+            edits.change(loop, "batches are drawn at random: torch is seeded with its seed + rank before training")
     for call in script.calls:
         seeds_module = {name.split(".")[0] for name in script.names(call.func) & N.SEEDS} - {"torch"}
         if not seeds_module & draws or len(call.args) != 1 or call in seeded_by_rank:
@@ -228,7 +227,7 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
         if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
             code = f"({code})"
         edits.replace(value, edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
-        edits.change(script.line(call), "the seed is offset by the rank: each process draws its own random batches")
+        edits.change(call, "the seed is offset by the rank: each process draws its own random batches")
 
 
 def _made_at_random_unseeded(ctx: Context, start: cst.CSTNode) -> list[str]:
@@ -239,12 +238,11 @@ def _made_at_random_unseeded(ctx: Context, start: cst.CSTNode) -> list[str]:
     if any(script.is_call_to(c, N.TORCH_SEED) for c in script.calls):
         return []
     scope = script.scope_of(start)
-    line = script.line(start)
     found = []
     for assign in script.assigns.get(scope, []):
         name = ref_of(assign.targets[0].target)
         if (
-            name and name not in found and name not in script.models and script.line(assign) < line
+            name and name not in found and name not in script.models and script.before(assign, start)
             and any(_draws(script, c) and "torch" in {q.split(".")[0] for q in script.names(c.func)} for c in script.calls_in(assign.value))
         ):  # fmt: skip
             found.append(name)

@@ -32,9 +32,9 @@ def run(ctx: Context) -> None:
 
 
 def _shard(ctx: Context, split: SplitLoaders) -> None:
-    script, edits = ctx.script, ctx.edits
+    edits = ctx.edits
     train = split.train_key
-    line = script.line(split.stmt)
+    line = split.stmt
     own = any(N.keyword(c, k) is not None for c in split.calls.values() for k in ("sampler", "batch_sampler"))
     if train is not None and train in split.calls and split.epoch_loops and _sharded(ctx, split, split.calls[train]):
         _per_epoch(ctx, split, train, None)  # sharded already: what each epoch needs, if it lacks it
@@ -56,7 +56,7 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
         if dataset is None and loader is not None:  # hoisted: `train_dataset = ...` above the loader
             dataset = loader_dataset(ctx, loader, sampler_name(loader.name))
         if dataset is None:
-            edits.todo(split.stmt, script.line(call), f"shard the `{split.name}` loaders by rank: their dataset is built inline")
+            edits.todo(split.stmt, call, f"shard the `{split.name}` loaders by rank: their dataset is built inline")
             return
         shuffle_arg = N.keyword(call, "shuffle")
         shuffle = _for_split(ctx, shuffle_arg.value, split.key_var, split.keys[key]) if shuffle_arg is not None else "False"
@@ -98,7 +98,7 @@ def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
     used = {n.value for n in m.findall(arg.value, m.Name())}
     if used and all(not script.names(n) and not any(n.value in b for b in script.bound.values()) for n in m.findall(arg.value, m.Name()) if n.value != split.key_var):
         # `sampler=samplers[x]` with no `samplers` left (a partly converted script): say so
-        ctx.edits.todo(split.stmt, script.line(split.stmt), f"`{script.module.code_for_node(arg.value)}` is not defined: give the training split a DistributedSampler and the others a slice per rank")
+        ctx.edits.todo(split.stmt, split.stmt, f"`{script.module.code_for_node(arg.value)}` is not defined: give the training split a DistributedSampler and the others a slice per rank")
         return True
     return any(
         ref_of(a.targets[0].target) in used and D.calls_to(script, a.value, D.DISTRIBUTED_SAMPLER)
@@ -108,7 +108,7 @@ def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
 
 def _per_epoch(ctx: Context, split: SplitLoaders, train: str, train_sampler: str | None) -> None:
     """`set_epoch` every epoch, and the sums of the shared loop added up over ranks after it."""
-    script, edits = ctx.script, ctx.edits
+    edits = ctx.edits
     reduced = False
     for epoch in split.epoch_loops:
         visible = epoch.scope is split.scope and train_sampler is not None
@@ -118,7 +118,7 @@ def _per_epoch(ctx: Context, split: SplitLoaders, train: str, train_sampler: str
         if _divides_by_batches(ctx, epoch.inner, epoch.loader_expr):
             edits.todo(
                 epoch.inner,
-                script.line(epoch.inner),
+                epoch.inner,
                 "the metrics of this loop divide by this rank's batch count: sum them and their counts over ranks (dist.all_reduce) before reporting",
             )
         else:
@@ -183,7 +183,6 @@ def _divides_by_batches(ctx: Context, loop: cst.For, loaders: str) -> bool:
     count this rank's batches only, so sums over ranks would be divided wrongly."""
     script = ctx.script
     scope = script.scope_of(loop)
-    end = script.positions[loop].end.line
     per_batch = m.Call(func=m.Name("len"), args=[m.Arg(m.Subscript(value=m.Name(loaders)))])
-    later = [c for c in script.calls_in(script.body_of(scope)) if script.line(c) > end]
+    later = [c for c in script.calls_in(script.body_of(scope)) if script.after(c, loop)]
     return any(m.matches(c, per_batch) for c in later) or per_rank_denominator(ctx, loop)

@@ -56,7 +56,7 @@ def _accumulation(ctx: Context, loop: cst.For, backward: cst.Call, models: set[s
         sync = f"({sync})"
     edits.enclose(first, last, HEADER.format(sync=sync, model=model))
     edits.need_import("contextlib")
-    edits.change(script.line(first), f"micro-steps that do not step the optimizer run under `{model}.no_sync()`")
+    edits.change(first, f"micro-steps that do not step the optimizer run under `{model}.no_sync()`")
 
 
 def _skips_sync(script, node: cst.CSTNode) -> bool:

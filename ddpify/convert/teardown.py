@@ -39,7 +39,7 @@ def _teardown_at(ctx: Context, last: cst.CSTNode) -> None:
         edits.insert_before(last, code)
     else:
         edits.insert_after(last, code)
-    edits.change(script.line(last), "`dist.destroy_process_group()` at the end")
+    edits.change(last, "`dist.destroy_process_group()` at the end")
 
 
 def _is_return(stmt: cst.CSTNode) -> bool:
@@ -58,4 +58,4 @@ def _after_driver(ctx: Context, cls: cst.ClassDef) -> None:
             block = script.parent(script.statement_line(call) or call)
             _teardown_at(ctx, block.body[-1])
             return
-    edits.todo(cls, script.line(cls), "call `dist.destroy_process_group()` when training ends")
+    edits.todo(cls, cls, "call `dist.destroy_process_group()` when training ends")

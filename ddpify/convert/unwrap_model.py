@@ -30,14 +30,14 @@ def run(ctx: Context) -> None:
             continue
         if owner in script.ddp_names.get(script.scope_of(node), ()) and ctx.after_wrap(node, owner):
             edits.replace(node.value, edits.expression(f"{owner}.module"))
-            edits.change(script.line(node), f"`{owner}.module.{node.attr.value}`: the model's own, not the DDP wrapper's")
+            edits.change(node, f"`{owner}.module.{node.attr.value}`: the model's own, not the DDP wrapper's")
     for call in script.calls:
         args = N.positional(call)
         if script.is_call_to(call, N.TORCH_SAVE) and args:
             owner = ref_of(args[0].value)
             if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
                 edits.replace(args[0].value, edits.expression(f"{owner}.module"))
-                edits.change(script.line(call), f"saves `{owner}.module`, not the DDP wrapper")
+                edits.change(call, f"saves `{owner}.module`, not the DDP wrapper")
 
 
 def _unwrapped_to_objects(ctx: Context) -> None:
@@ -61,7 +61,7 @@ def _unwrapped_to_objects(ctx: Context) -> None:
             owner = ref_of(arg.value)
             if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
                 edits.replace(arg.value, edits.expression(f"{owner}.module"))
-                edits.change(script.line(call), f"`{cls.name.value}` gets `{owner}.module`: it keeps or saves the model, it does not train it")
+                edits.change(call, f"`{cls.name.value}` gets `{owner}.module`: it keeps or saves the model, it does not train it")
 
 
 def _unwrapped_to_helpers(ctx: Context) -> None:
@@ -79,7 +79,7 @@ def _unwrapped_to_helpers(ctx: Context) -> None:
                 continue
             arg = next(a for a in call.args if ref_of(a.value) == owner)
             edits.replace(arg.value, edits.expression(f"{owner}.module"))
-            edits.change(script.line(call), f"`{fn.name.value}()` gets `{owner}.module`: it uses the model's own methods")
+            edits.change(call, f"`{fn.name.value}()` gets `{owner}.module`: it uses the model's own methods")
 
 
 def _uses_own_members(script, fn: cst.FunctionDef, param: str) -> bool:
@@ -106,4 +106,4 @@ def _reload_into_module(ctx: Context) -> None:
 
             edits.rewrite(assign, reload)
             ctx.reloads.add(assign)
-            edits.change(script.line(call), f"the reloaded model's weights go into `{owner}.module` (it stays wrapped)")
+            edits.change(call, f"the reloaded model's weights go into `{owner}.module` (it stays wrapped)")

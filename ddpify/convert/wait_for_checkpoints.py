@@ -32,7 +32,7 @@ BROADCAST_OBJECTS = frozenset({"torch.distributed.broadcast_object_list"})
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
-    written: dict[str, int] = {}  # path (as code) -> first line written
+    written: dict[str, cst.Call] = {}  # path (as code) -> the first call that writes it
     reads: list[tuple[str, cst.Call]] = []
     handles = _file_handles(script)
     shared = shared_temp_dirs(ctx)
@@ -42,11 +42,11 @@ def run(ctx: Context) -> None:
         saves = script.is_call_to(call, N.TORCH_SAVE)
         if saves and len(args) > 1:
             if not _is_handle(args[1].value, handles) and not own.path(args[1].value):
-                written.setdefault(_code(ctx, args[1].value), script.line(call))
+                written.setdefault(_code(ctx, args[1].value), call)
         elif script.is_call_to(call, N.OPEN) and args:
             if _mode(call).startswith(("w", "a", "x")):
                 if not own.path(args[0].value):
-                    written.setdefault(_code(ctx, args[0].value), script.line(call))
+                    written.setdefault(_code(ctx, args[0].value), call)
             else:
                 reads.append((_code(ctx, args[0].value), call))
         elif script.is_call_to(call, N.TORCH_LOAD) and args and not _is_handle(args[0].value, handles):
@@ -54,7 +54,7 @@ def run(ctx: Context) -> None:
     done = set()
     for path, call in reads:
         first_write = written.get(path)
-        if first_write is None or script.line(call) <= first_write:
+        if first_write is None or not script.before(first_write, call):
             continue
         stmt = _statement(script, call)
         if stmt is None or stmt in done:
@@ -64,7 +64,7 @@ def run(ctx: Context) -> None:
         if isinstance(previous, cst.SimpleStatementLine) and D.barrier_in(script, previous):
             continue  # every rank waits there already
         edits.insert_before(stmt, BARRIER)
-        edits.change(script.line(call), "every rank reads this file after rank 0 wrote it (barrier)")
+        edits.change(call, "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():
         _share_temp_dir(ctx, name, stmt)
 
@@ -81,7 +81,7 @@ def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode) -> None:
         body = stmt.body.body
         if not shared_already:
             edits.insert_before(body[0], SHARE.format(d=name))
-            edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
+            edits.change(stmt, f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
         last = body[-1]
         if m.matches(last, m.SimpleStatementLine(body=[m.Return()])):
             previous = D.sibling(script, last, -1)
@@ -96,7 +96,7 @@ def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode) -> None:
         edits.insert_before(list(script.block_of(ctx.setup_scope).body)[ctx.init_index], SHARE.format(d=name))
     else:
         edits.insert_after(stmt, SHARE.format(d=name))
-    edits.change(script.line(stmt), f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
+    edits.change(stmt, f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
 
 
 def _file_handles(script) -> set[str]:

@@ -51,9 +51,9 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     )
     if ctx.options.sync_batchnorm and not synced:
         edits.insert_after(last, SYNC_BN.format(model=model))
-        edits.change(script.line(last), "BatchNorm layers become SyncBatchNorm (statistics over all processes)")
+        edits.change(last, "BatchNorm layers become SyncBatchNorm (statistics over all processes)")
     elif _has_batchnorm(script):
-        edits.change(script.line(last), "BatchNorm statistics stay per process: --sync-batchnorm syncs them")
+        edits.change(last, "BatchNorm statistics stay per process: --sync-batchnorm syncs them")
     if ctx.gpus_per_process > 1:
         edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
     else:
@@ -63,7 +63,7 @@ def _wrap(ctx: Context, model: str, scope) -> None:
             wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
         edits.insert_after(last, wrap)
     edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
-    edits.change(script.line(last), f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
+    edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
 
 def _existing_wrap(ctx: Context, model: str, scope) -> cst.CSTNode | None:
@@ -116,7 +116,7 @@ def _returned_model(ctx: Context, model: str, scope, body: list[cst.CSTNode]) ->
         for item in items:
             if ref_of(item) == model:
                 ctx.edits.replace(item, ctx.edits.expression(f"{model}.module"))
-                ctx.edits.change(ctx.script.line(stmt), f"returns `{model}.module`: the caller gets the plain model")
+                ctx.edits.change(stmt, f"returns `{model}.module`: the caller gets the plain model")
 
 
 def _moved(script, stmts: list[cst.CSTNode], model: str) -> bool:
