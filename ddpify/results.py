@@ -42,5 +42,5 @@ class ConvertResult:
     changes: list[Note] = field(default_factory=list)
     todos: list[Note] = field(default_factory=list)
     already_distributed: bool = False
-    planned: list[tuple[str, int, str]] = field(default_factory=list)  # (pass, line, edit) of every code change
+    planned: list[tuple[str, int, str]] = field(default_factory=list)  # shortcut off: (pass, line, edit) of every code change
     pending: list[tuple[str, int, str]] = field(default_factory=list)  # already distributed: what was left undone

@@ -15,7 +15,7 @@ import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from ddpify.analysis.index import FileIndex, index_of, iter_nodes
-from ddpify.analysis.positions import Positions
+from ddpify.analysis.positions import Positions, start_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = sorted(
@@ -67,6 +67,67 @@ def test_index_matches_libcst(path):
     mine = Positions(module)
     for node, span in positions.items():
         assert mine[node] == span
+    _same_start_lines(module, positions)
+
+
+# Tokens and whitespace: libcst records their start inconsistently (before or after their own
+# whitespace); nothing asks for their line.
+TOKENS = (
+    cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline, cst.Comma, cst.Dot,
+    cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+    cst.RightCurlyBrace, cst.AssignEqual, cst.Colon, cst.Semicolon, cst.BaseBinaryOp, cst.BaseBooleanOp,
+    cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp, cst.ImportStar, cst.Asynchronous,
+)  # fmt: skip
+
+
+def _same_start_lines(module: cst.Module, positions) -> int:
+    """Start lines counted without code generation (`start_lines`) are libcst's, node by node."""
+    lines = start_lines(module)
+    checked = 0
+    for node, span in positions.items():
+        if not isinstance(node, TOKENS):
+            assert lines[node] == span.start.line, (type(node).__name__, module.code_for_node(node))
+            checked += 1
+    return checked
+
+
+TRICKY = "\n".join(
+    [
+        "import os",
+        "from x import (",
+        "    a,",
+        "    b,",
+        ")",
+        "",
+        "# a comment",
+        "@decorator(",
+        "    1)",
+        "def f(",
+        "    p,",
+        "):",
+        '    """doc',
+        '    string"""',
+        "    y = p + \\",
+        "        2",
+        "    z = (",
+        "        'a'",
+        "        'b'",
+        "    )",
+        "    w = f'''{y}",
+        "{z}'''",
+        "    return [",
+        "        y,",
+        "    ][0]",
+        "",
+    ]
+)
+
+
+def test_start_lines_of_tricky_layouts():
+    """Continuation lines, strings over several lines, decorators, comments, parenthesised
+    imports and expressions."""
+    module = cst.parse_module(TRICKY)
+    assert _same_start_lines(module, MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)) > 40
 
 
 def test_index_is_shared_per_module():

@@ -60,12 +60,24 @@ def _fields(cls: type) -> tuple[str, ...]:
     return found
 
 
+_NODE_CLASSES: dict[type, bool] = {}
+
+
+def is_node_class(cls: type) -> bool:
+    """Is `cls` a libcst node class? (Cached: ``isinstance`` against libcst's abstract base
+    class costs more than the rest of a walk's step.)"""
+    found = _NODE_CLASSES.get(cls)
+    if found is None:
+        found = _NODE_CLASSES[cls] = issubclass(cls, cst.CSTNode)
+    return found
+
+
 def iter_nodes(node: cst.CSTNode, prune=None) -> Iterator[cst.CSTNode]:
     """``node`` and every node under it, in libcst's visiting order, without rebuilding any
     (a libcst visitor rebuilds the tree it walks); tokens and whitespace are left out. Below a
     node for which ``prune(node)`` is true, nothing is visited."""
     stack = [node]
-    CSTNode = cst.CSTNode
+    node_classes = _NODE_CLASSES
     while stack:
         n = stack.pop()
         yield n
@@ -74,10 +86,11 @@ def iter_nodes(node: cst.CSTNode, prune=None) -> Iterator[cst.CSTNode]:
         children = []
         for name in _FIELDS.get(n.__class__) or _fields(n.__class__):
             value = getattr(n, name)
-            if isinstance(value, CSTNode):
+            cls = value.__class__
+            if cls is tuple or cls is list:
+                children.extend(value)  # libcst's sequences hold nodes only
+            elif node_classes.get(cls) or (cls not in node_classes and is_node_class(cls)):
                 children.append(value)
-            elif value.__class__ is tuple or value.__class__ is list:
-                children.extend(c for c in value if isinstance(c, CSTNode))
         stack.extend(reversed(children))
 
 
@@ -214,6 +227,7 @@ class FileIndex:
         self._qn_cache: dict[tuple[int, str], frozenset[str]] = {}
         self._no_grad: dict[cst.With, bool] = {}
         self._positions = None
+        self._lines: dict[cst.CSTNode, int] | None = None
         self._order: Optional[tuple[dict, dict]] = None
         self._extra = tuple(extra)
         self._handlers: dict[type, tuple] = {}
@@ -247,7 +261,7 @@ class FileIndex:
         handlers = self._handlers
         parents = self.parents
         scopes = self._scopes
-        CSTNode = cst.CSTNode
+        node_classes = _NODE_CLASSES
         scope_types = _SCOPE_TYPES
         comp_types = _COMP_TYPES
 
@@ -264,7 +278,12 @@ class FileIndex:
                 scopes.append(node)
             for name in fields:
                 value = getattr(node, name)
-                if isinstance(value, CSTNode):
+                vcls = value.__class__
+                if vcls is tuple or vcls is list:
+                    for child in value:  # libcst's sequences hold nodes only
+                        parents[child] = node
+                        walk(child)
+                elif node_classes.get(vcls) or (vcls not in node_classes and is_node_class(vcls)):
                     parents[value] = node
                     if is_scope and name == "body":
                         scopes.append(node)
@@ -272,11 +291,6 @@ class FileIndex:
                         scopes.pop()
                     else:
                         walk(value)
-                elif value.__class__ is tuple or value.__class__ is list:
-                    for child in value:
-                        if isinstance(child, CSTNode):
-                            parents[child] = node
-                            walk(child)
             if cls in comp_types:
                 scopes.pop()
             for fn in leave:
@@ -502,7 +516,12 @@ class FileIndex:
         return self.positions[node]
 
     def line(self, node: cst.CSTNode) -> int:
-        return self.positions.line(node)
+        """The line `node` starts on (counted without generating code: ``positions.start_lines``)."""
+        if self._lines is None:
+            from ddpify.analysis.positions import start_lines
+
+            self._lines = start_lines(self.module)
+        return self._lines[node]
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

@@ -160,8 +160,10 @@ class Script:
         return start[a] > end[b]
 
     def line(self, node: cst.CSTNode) -> int:
-        pos = self.positions.get(node)
-        return pos.start.line if pos else 1
+        try:
+            return self.index.line(node)
+        except KeyError:  # not a node of the script
+            return 1
 
     def ancestors(self, node: cst.CSTNode):
         node = self.parent(node)

@@ -19,6 +19,7 @@ from ddpify.analysis.index import dotted_name
 from ddpify.results import Note
 
 Rewrite = Callable[[cst.CSTNode], cst.CSTNode]
+_STATEMENTS: dict[tuple[str, str, str], list[cst.BaseStatement]] = {}  # (code, indent, newline) -> parsed
 
 
 class Edits:
@@ -140,13 +141,23 @@ class Edits:
 
     # -- building blocks -------------------------------------------------
     def statements(self, code: str | Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """`code` parsed as statements in the script's indentation and newlines (the same
+        setup code recurs from script to script: a copy of an earlier parse is reused)."""
         if not isinstance(code, str):
             return list(code)
-        parsed = cst.parse_module(code, config=self.config.config_for_parsing)
-        body = list(parsed.body)
-        if parsed.header and body:  # a leading comment belongs to the first statement
-            body[0] = body[0].with_changes(leading_lines=[*parsed.header, *body[0].leading_lines])
-        return [_without_blank_indent(stmt) for stmt in body]
+        config = self.config.config_for_parsing
+        key = (code, config.default_indent, config.default_newline)
+        body = _STATEMENTS.get(key)
+        if body is None:
+            parsed = cst.parse_module(code, config=config)
+            body = list(parsed.body)
+            if parsed.header and body:  # a leading comment belongs to the first statement
+                body[0] = body[0].with_changes(leading_lines=[*parsed.header, *body[0].leading_lines])
+            body = [_without_blank_indent(stmt) for stmt in body]
+            if len(_STATEMENTS) > 1024:
+                _STATEMENTS.clear()
+            _STATEMENTS[key] = body
+        return list(body)  # immutable nodes: shared, as libcst's own transforms share them
 
     def expression(self, code: str) -> cst.BaseExpression:
         """`code` parsed (once per text: a copy of the first parse after that)."""
