@@ -50,18 +50,12 @@ def reads_world_size(script, node: cst.CSTNode) -> bool:
 
 
 def guarded_by_rank(script, node: cst.CSTNode) -> bool:
-    """Does `node` run under a test of the rank (`if dist.get_rank() == 0:`, `... if rank0 else`)?"""
-    tests = script.index.cached("rank_tests", lambda _: {})  # test -> reads_rank(test): asked for every call under it
-    for anc in script.ancestors(node):
-        if isinstance(anc, (cst.If, cst.IfExp, cst.While)):
-            found = tests.get(anc.test)
-            if found is None:
-                found = tests[anc.test] = reads_rank(script, anc.test)
-            if found:
-                return True
-        if isinstance(anc, (cst.FunctionDef, cst.ClassDef)):
-            return False
-    return False
+    """Does `node` run under a test of the rank (`if dist.get_rank() == 0:`, `... if rank0 else`,
+    `if rank != 0: return` above it, a function only rank 0 calls)? The rank-0 reasoning `check`
+    uses (`analysis.rank`)."""
+    from ddpify.analysis.rank import rank_analysis
+
+    return rank_analysis(script.index).under_rank_test(node)
 
 
 def all_reduces(script, fn: cst.FunctionDef | None) -> bool:

@@ -635,6 +635,20 @@ class FileIndex:
         wanted = set(qnames)
         return [c for c in self.calls if c.qnames & wanted]
 
+    def calls_under(self, outer: cst.CSTNode) -> list[CallInfo]:
+        """The calls inside `outer` (itself included), in source order: each call is filed once
+        under every node above it, so this is a lookup."""
+        under = self.__dict__.get("_calls_under")
+        if under is None:
+            under = self.__dict__["_calls_under"] = {}
+            parents = self.parents
+            for ci in self.calls:
+                node = ci.node
+                while node is not None:
+                    under.setdefault(node, []).append(ci)
+                    node = parents.get(node)
+        return under.get(outer, [])
+
     def local_callees(self, ci: CallInfo) -> list[Func]:
         """The functions of this file a call may reach (``f(...)`` or ``self.f(...)``)."""
         f = ci.node.func

@@ -10,7 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, last_name
+from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, iter_nodes, last_name
 from ddpify.analysis.literals import int_value, string_value
 
 MAIN_PROCESS_RE = re.compile(
@@ -32,6 +32,7 @@ class RankAnalysis:
         self._rank0_func: dict[Func, bool] = {}
         self._guard_index: dict[cst.CSTNode, int] = {}
         self._flags: Optional[list[Binding]] = None
+        self._reads_rank: dict[cst.CSTNode, bool] = {}
 
     def is_rank_expr(self, e: cst.BaseExpression) -> bool:
         """``rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])``, ``args.rank % ngpus``..."""
@@ -177,6 +178,27 @@ class RankAnalysis:
             child = p
         self._rank0_cache[node] = result
         return result
+
+    def under_rank_test(self, node: cst.CSTNode) -> bool:
+        """Does this code run only where a test of the rank decided it (any rank: `if rank == 1:`
+        too), or on rank 0 only? Code there must not get another rank guard."""
+        if self.in_rank0(node):
+            return True
+        for p in self.index.ancestors(node):
+            if isinstance(p, (cst.If, cst.IfExp, cst.While)) and self.reads_rank(p.test):
+                return True
+            if isinstance(p, (cst.FunctionDef, cst.ClassDef)):
+                return False
+        return False
+
+    def reads_rank(self, test: cst.BaseExpression) -> bool:
+        """Does the test compare or read this process's rank anywhere in it?"""
+        found = self._reads_rank.get(test)
+        if found is None:
+            found = self._reads_rank[test] = self.rank_test(test) != 0 or any(
+                isinstance(n, cst.BaseExpression) and self.is_rank_expr(n) for n in iter_nodes(test)
+            )
+        return found
 
     def rank0_function(self, func: Func) -> bool:
         """A function only called from rank-0-only code."""

@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
+from ddpify.analysis.training import step_analysis
 
 T = TypeVar("T", bound=cst.CSTNode)
 
@@ -122,7 +123,7 @@ class Script:
     iterable_datasets: set[str] = field(default_factory=set)  # the script's IterableDataset classes
     index: FileIndex | None = None  # the file's one index: calls, qualified names, parents, positions
     _by_type: dict | None = None
-    _calls_under: dict | None = None
+    _calls_under: dict = field(default_factory=dict)  # node -> calls_in(node)
     _scopes: dict = field(default_factory=dict)  # node -> scope_of(node)
     _callees: dict = field(default_factory=dict)  # call -> the qualified names of what it calls
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
@@ -240,16 +241,11 @@ class Script:
         return self.index.positions
 
     def calls_in(self, outer: cst.CSTNode) -> list[cst.Call]:
-        """Calls inside `outer` (itself included), in source order: each call is filed once under
-        every node above it, so this is a lookup."""
-        if self._calls_under is None:
-            self._calls_under = {}
-            for call in self.calls:
-                node = call
-                while node is not None:
-                    self._calls_under.setdefault(node, []).append(call)
-                    node = self.parents.get(node)
-        return self._calls_under.get(outer, [])
+        """Calls inside `outer` (itself included), in source order (the index's lookup)."""
+        found = self._calls_under.get(outer)
+        if found is None:
+            found = self._calls_under[outer] = [ci.node for ci in self.index.calls_under(outer)]
+        return found
 
     def names(self, node: cst.CSTNode) -> frozenset[str]:
         return self.index.qnames(node)
@@ -452,8 +448,8 @@ def analyze(wrapper: MetadataWrapper, full: bool = False) -> Script:
     collector.finish()
     if not full and fully_distributed(script):
         return script
-    for _ in range(3):  # a function that calls a training helper (`self._run_batch(...)`) trains too
-        script.training_functions = {fn for fn in script.all_functions if _has_backward(script, fn)}
+    steps = step_analysis(index)  # a function that calls a training helper (`self._run_batch(...)`) trains too
+    script.training_functions = {fn for fn in script.all_functions if steps.trains(fn)}
     _find_model(script)
     _find_loaders(script)
     _find_ddp_names_and_eval_calls(script)

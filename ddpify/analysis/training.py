@@ -19,6 +19,7 @@ class StepAnalysis:
         self.index = index
         self._step_func: dict[Func, bool] = {}
         self._step_loops: Optional[set[Loop]] = None
+        self._trains: dict[Func, bool] = {}
 
     @staticmethod
     def is_backward(ci: CallInfo) -> bool:
@@ -36,6 +37,18 @@ class StepAnalysis:
         result = any(self.steps(c) for c in self.index.calls if c.func is func and not c.loops)
         self._step_func[func] = result
         return result
+
+    def trains(self, func: Func) -> bool:
+        """Does `func` run a backward pass anywhere in it (its loops and nested functions too),
+        directly or through the file's functions it calls?"""
+        found = self._trains.get(func)
+        if found is None:
+            self._trains[func] = False  # recursion: assume not, until a backward is found
+            found = self._trains[func] = any(
+                self.is_backward(c) or any(f is not func and self.trains(f) for f in self.index.local_callees(c))
+                for c in self.index.calls_under(func)
+            )
+        return found
 
     @property
     def step_loops(self) -> set[Loop]:
