@@ -66,9 +66,14 @@ def convert(
     if output is not None and src.exists() and output.exists() and output.resolve() == src.resolve():
         _fail(f"{src}: refusing to overwrite the input; pass --in-place to do that", 2)
     from ddpify.engine import ConvertError, ConvertOptions, convert_file
+    from ddpify.projects import trains_elsewhere
 
+    options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0, launcher=launcher.value)
     try:
-        result, encoding = convert_file(src, ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0, launcher=launcher.value))
+        if trains_elsewhere(src):
+            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher)
+            return
+        result, encoding = convert_file(src, options)
     except ConvertError as exc:
         location = f"{exc.path}:{exc.line}" if exc.line else exc.path
         _fail(f"{location}: {exc.message}")
@@ -97,14 +102,73 @@ def convert(
         raise typer.Exit(1)
 
 
+def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher) -> None:
+    """The entry and the project modules it imports: one diff, a copy of the project in a
+    folder, or the changed modules rewritten in place."""
+    from ddpify.projects import convert_project, copy_project, write_atomic
+
+    result = convert_project(src, options)
+    project, changed = result.project, result.changed
+    entry = project.entry
+    shown = {path: _shown(path, src, entry) for path in changed}
+    if diff:
+        for path, (converted, source, _) in changed.items():
+            name = shown[path]
+            sys.stdout.write("".join(difflib.unified_diff(
+                source.splitlines(keepends=True), converted.code.splitlines(keepends=True), f"a/{name}", f"b/{name}"
+            )))  # fmt: skip
+        raise typer.Exit(1 if changed else 0)
+    others = [shown[p] for p in changed if p != entry]
+    directory = output is not None and (output.is_dir() or not output.suffix)  # `-o out/` (the slash is gone here)
+    if not in_place and not directory:
+        where = f"-o {output}" if output is not None else "stdout"
+        _fail(
+            f"{src}: converting it changes other modules of its project too ({', '.join(others)}): {where} holds one "
+            f"file; pass -o DIR/ for a converted copy of the project, or --in-place",
+            2,
+        )
+    if in_place:
+        for path, (converted, _, encoding) in changed.items():
+            write_atomic(path, converted.code.encode(encoding))
+        targets = {path: shown[path] for path in changed}
+    else:
+        if output.resolve() == project.root:
+            _fail(f"{output}: is the project itself; pass --in-place to rewrite it", 2)
+        left_out = copy_project(project, output, {path: c.code for path, (c, _, _) in changed.items()})
+        targets = {path: str(output / path.relative_to(project.root)) for path in changed}
+        if left_out:
+            typer.echo(f"Not copied into {output} (data, caches, environments): {', '.join(map(str, left_out))}")
+    for path, (converted, _, _) in changed.items():
+        if path != entry:
+            _summary(Path(shown[path]), Path(targets[path]), converted, global_batch, launcher, err=False, launch=False)
+    if entry in changed:
+        _summary(Path(shown[entry]), Path(targets[entry]), changed[entry][0], global_batch, launcher, err=False)
+    if strict and any(c.todos for c, _, _ in changed.values()):
+        raise typer.Exit(1)
+
+
+def _shown(path: Path, src: Path, entry: Path) -> str:
+    """A project file as the user would name it: relative to the folder they ran in, if under it."""
+    if path == entry:
+        return str(src)
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _summary(
-    src: Path, target: Optional[Path], result: ConvertResult, global_batch: bool, launcher: Launcher, err: bool
+    src: Path, target: Optional[Path], result: ConvertResult, global_batch: bool, launcher: Launcher, err: bool,
+    launch: bool = True,
 ) -> None:
     """What changed (with lines), what is left to the user, and how to launch."""
     out = target or "<stdout>"
     lines = [f"{src} -> {out}: {len(result.changes)} change(s), {len(result.todos)} TODO(s)"]
     lines += [f"  {src}:{n.line}: {n.message}" for n in result.changes]
     lines += [f"  {out if n.in_output else src}:{n.line}: TODO(ddpify): {n.message}" for n in result.todos]
+    if not launch:
+        typer.echo("\n".join(lines), err=err)
+        return
     if global_batch:
         lines.append("The script's batch size is the global batch: each process takes batch_size / processes.")
     else:

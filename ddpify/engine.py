@@ -48,10 +48,13 @@ def parse(source: str, path: str) -> cst.Module:
         raise ConvertError(path, 1, f"not Python source: {exc}{hint}") from None
 
 
-def convert_source(source: str, path: str = "<string>", options: ConvertOptions | None = None) -> ConvertResult:
-    """Convert one script's source and verify the result; raise ConvertError if unsafe."""
+def convert_source(
+    source: str, path: str = "<string>", options: ConvertOptions | None = None, facts=None, driver: bool = False
+) -> ConvertResult:
+    """Convert one script's source and verify the result; raise ConvertError if unsafe.
+    `facts` and `driver`: for a module of a project (`convert_project`)."""
     with _no_cycle_collection():
-        return _convert_source(source, path, options)
+        return _convert_source(source, path, options or ConvertOptions(), facts, driver)
 
 
 @contextlib.contextmanager
@@ -68,20 +71,20 @@ def _no_cycle_collection():
             gc.enable()
 
 
-def _convert_source(source: str, path: str, options: ConvertOptions | None) -> ConvertResult:
+def _convert_source(source: str, path: str, options: ConvertOptions, facts, driver: bool) -> ConvertResult:
     from ddpify.convert import convert_module
 
     module = parse(source, path)
     try:
-        result = convert_module(module, options or ConvertOptions())
+        result = convert_module(module, options, facts=facts, driver=driver)
     except AnalysisError as exc:
         raise ConvertError(path, exc.line, exc.message) from None
     if not result.already_distributed:
-        _verify(result.code, path, options or ConvertOptions())
+        _verify(result.code, path, options, facts, driver)
     return result
 
 
-def _verify(code: str, path: str, options: ConvertOptions) -> None:
+def _verify(code: str, path: str, options: ConvertOptions, facts=None, driver: bool = False) -> None:
     """The output must compile and be a fixed point of the conversion: every pass, run over it
     with the already-distributed shortcut off, recognises its own work and plans no edit (a TODO
     it leaves again is fine: it is already in the output)."""
@@ -89,7 +92,7 @@ def _verify(code: str, path: str, options: ConvertOptions) -> None:
 
     try:
         compile(code, path, "exec")
-        planned = replan(cst.parse_module(code), options)
+        planned = replan(cst.parse_module(code), options, facts=facts, driver=driver)
     except (SyntaxError, cst.ParserSyntaxError, AnalysisError) as exc:  # pragma: no cover - a bug
         raise ConvertError(path, 1, f"internal error: the converted script does not verify ({exc})") from None
     if planned:  # pragma: no cover - a bug

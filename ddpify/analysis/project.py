@@ -119,3 +119,33 @@ def _resolve(dotted: str, search: list[Path], root: Path) -> Path | None:
                 resolved = candidate.resolve()
                 return resolved if resolved.is_relative_to(root) else None
     return None
+
+
+@dataclass(frozen=True)
+class ProjectFacts:
+    """What the analysis of one module needs to know about the rest of the project."""
+
+    optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
+    runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
+
+
+def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
+    """Facts from every module of a project (dotted name -> parsed module)."""
+    from ddpify.analysis import names as N
+    from ddpify.analysis.index import index_of
+
+    methods, backward = set(), set()
+    for name, module in modules.items():
+        index = index_of(module)
+        for ci in index.calls:
+            if ci.receiver is not None and ci.name == "backward":
+                backward.add(name)
+            builds_optimizer = any(
+                q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
+                for q in ci.qnames
+            )
+            if builds_optimizer and ci.func is not None and any(
+                isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
+            ):
+                methods.add(ci.func.name.value)
+    return ProjectFacts(frozenset(methods), frozenset(backward))

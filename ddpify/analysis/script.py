@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
+from ddpify.analysis.project import ProjectFacts
 from ddpify.analysis.training import step_analysis
 
 T = TypeVar("T", bound=cst.CSTNode)
@@ -127,6 +128,7 @@ class Script:
     _scopes: dict = field(default_factory=dict)  # node -> scope_of(node)
     _callees: dict = field(default_factory=dict)  # call -> the qualified names of what it calls
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
+    facts: ProjectFacts = field(default_factory=ProjectFacts)  # what the rest of the project tells
 
     # -- tree navigation -------------------------------------------------
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
@@ -435,11 +437,14 @@ def fully_distributed(script: Script) -> bool:
     )
 
 
-def analyze(wrapper: MetadataWrapper, full: bool = False) -> Script:
+def analyze(
+    wrapper: MetadataWrapper, full: bool = False, facts: ProjectFacts | None = None, need_model: bool = True
+) -> Script:
     """Resolve metadata once and find the model, loaders, loops and helpers of a script
-    (all of it, or with `full` off, only what says it is fully distributed already)."""
+    (all of it, or with `full` off, only what says it is fully distributed already); `facts`:
+    what the project's other modules tell about this one."""
     module = wrapper.module if isinstance(wrapper, MetadataWrapper) else wrapper
-    script = Script(module=module, qnames={}, parents={})
+    script = Script(module=module, qnames={}, parents={}, facts=facts or ProjectFacts())
     collector = _CallCollector(script)
     index = script.index = remember(module, FileIndex(module, extra=[collector]))  # the one traversal, shared
     script.parents = index.parents
@@ -450,7 +455,11 @@ def analyze(wrapper: MetadataWrapper, full: bool = False) -> Script:
         return script
     steps = step_analysis(index)  # a function that calls a training helper (`self._run_batch(...)`) trains too
     script.training_functions = {fn for fn in script.all_functions if steps.trains(fn)}
-    _find_model(script)
+    try:
+        _find_model(script)
+    except AnalysisError:
+        if need_model:
+            raise
     _find_loaders(script)
     _find_ddp_names_and_eval_calls(script)
     _find_eval_loops(script)
@@ -472,13 +481,16 @@ def _find_model(script: Script) -> None:
     optimizer, it is the model whose `.parameters()` a training function updates by hand."""
     for call in script.calls:
         qualified = script.names(call.func)
-        if not any(
+        factory = N.call_name(call) in script.facts.optimizer_methods and ref_of(N.receiver(call) or call)
+        if not factory and not any(
             q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
             for q in qualified
         ):
             continue
         optimizer_scope = script.scope_of(call)
-        for owner in _parameters_owners(script, call, optimizer_scope, follow=True):  # itertools.chain(G.parameters(), F.parameters())
+        # `model.configure_optimizers(...)`: a method of the project's model class builds it
+        owners = [factory] if factory else _parameters_owners(script, call, optimizer_scope, follow=True)
+        for owner in owners:  # itertools.chain(G.parameters(), F.parameters())
             scope, built_here = optimizer_scope, True
             if (taken := _taken_out(script, owner, scope)) is not None:
                 (owner, scope), built_here = taken, False  # `dataset, model, optimizer = load_train_objs()`

@@ -7,6 +7,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
+from ddpify.analysis.project import ProjectFacts
 from ddpify.analysis.script import Script, analyze, fully_distributed
 from ddpify.convert import (
     average_gradients,
@@ -65,26 +66,40 @@ PASSES = (
 )
 
 
-def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(), *, shortcut: bool = True) -> ConvertResult:
+# A project's entry script that hands its model to another module's trainer (`Trainer(model,
+# dataset).run()`) keeps its code; what it does once per process becomes once per job.
+DRIVER_PASSES = (guard_rank_zero, quiet_progress_bars)
+
+
+def convert_module(
+    module: cst.Module,
+    options: ConvertOptions = ConvertOptions(),
+    *,
+    shortcut: bool = True,
+    facts: ProjectFacts | None = None,
+    driver: bool = False,
+) -> ConvertResult:
     """Convert a parsed script; raises AnalysisError when it cannot be done safely.
 
     A script that already sets up a process group, wraps its model in DDP and shards its data is
     returned as it is (`already_distributed`), with what the passes would still add reported;
-    with `shortcut` off every pass runs over it anyway."""
+    with `shortcut` off every pass runs over it anyway. `facts`: what the rest of its project
+    tells; `driver`: the script drives training another module of the project runs (only its
+    side effects change)."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)  # a freshly parsed tree: no node is shared
-    script = analyze(wrapper, full=not shortcut)
+    script = analyze(wrapper, full=not shortcut, facts=facts, need_model=not driver)
     if shortcut and fully_distributed(script):
         # Left alone; what the passes would still add (a lost set_epoch, an unguarded save) is
         # reported, not done: a hand-written DDP script may mean it.
         line = script.line(script.distributed_marker)
         try:
-            pending = replan(module, options)
+            pending = replan(module, options, facts=facts, driver=driver)
         except Exception:  # noqa: BLE001 - only notes: a hand-written DDP script the passes cannot follow stays as it is
             pending = []
         notes = [Note(line, "already distributed: nothing to convert")]
         notes += [Note(at, f"not converted: {what} ({name})") for name, at, what in pending]
         return ConvertResult(module.code, notes, already_distributed=True, pending=pending)
-    script, edits = _plan(wrapper, options, script)
+    script, edits = _plan(wrapper, options, script, driver=driver)
     converted = _imports(apply(wrapper.module, edits, script.parent), edits)
     return ConvertResult(
         converted.code,
@@ -95,25 +110,31 @@ def convert_module(module: cst.Module, options: ConvertOptions = ConvertOptions(
     )
 
 
-def replan(module: cst.Module, options: ConvertOptions = ConvertOptions()) -> list[tuple[str, int, str]]:
+def replan(
+    module: cst.Module,
+    options: ConvertOptions = ConvertOptions(),
+    *,
+    facts: ProjectFacts | None = None,
+    driver: bool = False,
+) -> list[tuple[str, int, str]]:
     """Every pass over `module` with the already-distributed shortcut off: the (pass, line, what)
     of each code change they would make. A converted script must give none (engine._verify)."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    script, edits = _plan(wrapper, options, None)
+    script = analyze(wrapper, full=True, facts=facts, need_model=not driver)
+    script, edits = _plan(wrapper, options, script, driver=driver)
     planned = edits.planned
     if not planned and (_imports(module, edits) is not module):
         planned.append(("imports", 1, "changes the imports"))
     return planned
 
 
-def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script | None) -> tuple[Script, Edits]:
+def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, driver: bool = False) -> tuple[Script, Edits]:
     """Run every pass over the script; the edits they ask for, not yet applied."""
-    script = script or analyze(wrapper, full=True)
     edits = Edits(wrapper.module)
     edits.line_of = script.line
     edits.end_line_of = lambda node: script.positions[node].end.line if node in script.positions else script.line(node)
-    ctx = Context(script, edits, options, gpus_per_process=spread_model_over_gpus.width(script))
-    for convert_pass in PASSES:
+    ctx = Context(script, edits, options, gpus_per_process=spread_model_over_gpus.width(script), driver=driver)
+    for convert_pass in DRIVER_PASSES if driver else PASSES:
         edits.current_pass = convert_pass.__name__.rsplit(".", 1)[-1]
         convert_pass.run(ctx)
     return script, edits

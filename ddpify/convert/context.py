@@ -33,6 +33,7 @@ class Context:
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"
     local_rank: str = "local_rank"
     helpers: set[str] = field(default_factory=set)  # module-level helpers already added
+    driver: bool = False  # the module only drives training another module runs (and sets up)
 
     def rank_and_world(self, stmt: cst.CSTNode) -> tuple[str, str]:
         """This process's rank and the world size as code that works where `stmt` runs."""
@@ -57,6 +58,8 @@ class Context:
         """`dist.get_rank() == 0`, or the environment's RANK before the group exists."""
         script = self.script
         scope = script.scope_of(stmt)
+        if self.driver:
+            return RANK0_BEFORE_INIT  # the group is another module's: it may not exist yet here
         if isinstance(scope, cst.Module) and scope is not self.setup_scope:
             return RANK0_BEFORE_INIT  # module code runs at import, before setup
         if scope in self.called_before_init():

@@ -99,6 +99,10 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: s
     for line, condition in targets.items():
         if any(other is not line and script.inside(line, other) for other in targets):
             continue  # already inside a guarded statement
+        if "os.environ" in condition:
+            edits.need_import("os")
+        else:
+            edits.need_import("torch.distributed", asname="dist")
         block = script.parent(line)
         owner = script.parent(block)
         if (

@@ -276,7 +276,11 @@ def _after_training_starts(script: Script, stmt: cst.CSTNode) -> bool:
 
 
 def _chosen_at_run_time(value: cst.BaseExpression) -> bool:
-    """`config.device`, `args.device`: a device named by a setting (one branch of an if/else)."""
+    """`config.device`, `args.device`, `config["device"]`: a device named by a setting (one branch
+    of an if/else)."""
+    if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index):
+        key = value.slice[0].slice.value
+        return isinstance(key, cst.SimpleString) and "device" in str(key.evaluated_value)
     return isinstance(value, cst.Attribute) and "device" in value.attr.value
 
 

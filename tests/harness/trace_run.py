@@ -357,6 +357,8 @@ def run_one(script: str, args: list[str], label: str | None = None, env: dict | 
     def body():
         sys.argv = [script, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would have it
+        extra = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[1:1] = extra  # a project's root, as `PYTHONPATH=ROOT python SCRIPT` would have it
         runpy.run_path(script, run_name="__main__")
 
     return _traced(label, script, args, body, env=env, cwd=cwd)

@@ -1,0 +1,132 @@
+"""Convert a project: an entry script and the modules of its own that it imports.
+
+Each module that runs a backward pass is converted with what the rest of the project tells
+about it (`ProjectFacts`: which methods of the project's classes build an optimizer); the entry
+is converted too, or, when it only drives a trainer that another module runs (`Trainer(model,
+dataset).run()`), only its side effects change (prints, saves, progress bars: once per job).
+A training loop that gets its model from another module (`engine.train_fn(loader, model,
+optimizer)`) is refused with its file and line rather than converted half: its loader would stay
+whole on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpify.analysis.project import Project, find_project, project_facts
+from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_source, parse, read_source
+
+# Not copied into a project's converted copy: data, caches, environments, version control.
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".mypy_cache",
+                       ".pytest_cache", ".ruff_cache", "data", "datasets", "wandb", "runs", "outputs",
+                       "checkpoints", "node_modules", ".ipynb_checkpoints"})  # fmt: skip
+LARGE = 10 * 1024 * 1024  # bytes: a file this large is data, not code
+
+
+@dataclass
+class ProjectResult:
+    """What converting a project did: the files whose code changed, with their results."""
+
+    project: Project
+    changed: dict[Path, tuple[ConvertResult, str, str]] = field(default_factory=dict)  # file -> (result, source, encoding)
+
+
+def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
+    """Does a module of the entry's project besides the entry run a backward pass? (Then the
+    entry is converted as part of its project.)"""
+    if not entry.is_file():
+        return False
+    project = find_project(entry, parse=parse, root=root)
+    sources = {path: read_source(path)[0] for path in project.files[1:]}
+    facts = project_facts({project.modules[path]: parse(text, str(path)) for path, text in sources.items()})
+    return bool(facts.runs_backward)
+
+
+def convert_project(entry: Path, options: ConvertOptions | None = None, root: Path | None = None) -> ProjectResult:
+    """Convert `entry` and the project modules it reaches; raise ConvertError if unsafe."""
+    options = options or ConvertOptions()
+    if not entry.is_file():
+        read_source(entry)  # the engine's one-line error for a missing file or a folder
+    project = find_project(entry, parse=parse, root=root)
+    sources = {path: read_source(path) for path in project.files}
+    facts = project_facts({project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()})
+    result = ProjectResult(project)
+    loops_elsewhere: list[ConvertError] = []
+    trainers = 0  # modules that run the training themselves (converted now or before)
+    for path in project.files[1:]:
+        if project.modules[path] not in facts.runs_backward:
+            continue  # models, datasets, helpers: code the training modules use as it is
+        text, encoding = sources[path]
+        try:
+            converted = convert_source(text, str(path), options, facts)
+        except ConvertError as exc:
+            if not exc.message.startswith("no model to convert"):
+                raise
+            loops_elsewhere.append(exc)
+            continue
+        trainers += 1
+        if not converted.already_distributed and converted.code != text:
+            result.changed[path] = (converted, text, encoding)
+    text, encoding = sources[project.entry]
+    try:
+        converted = convert_source(text, str(project.entry), options, facts)
+    except ConvertError as exc:
+        if not (trainers and exc.message.startswith("no model to convert")):
+            raise
+        converted = convert_source(text, str(project.entry), options, facts, driver=True)
+    if loops_elsewhere:
+        where = loops_elsewhere[0]
+        raise ConvertError(
+            where.path, where.line,
+            "this module runs a training loop on a model and data it is given by another module: converting a "
+            "loop apart from where its model and loaders are built is not supported yet (its loader would stay "
+            "whole on every rank); convert this project by hand",
+        )  # fmt: skip
+    if not converted.already_distributed and converted.code != text:
+        result.changed[project.entry] = (converted, text, encoding)
+    return result
+
+
+def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> list[Path]:
+    """A runnable copy of the project's root in `out`: converted files written with their new
+    code, every other file byte for byte, except data folders, caches, environments and large
+    files. Returns what was left out (relative to the root)."""
+    left_out: list[Path] = []
+    for folder, dirs, files in os.walk(project.root):
+        here = Path(folder)
+        for name in list(dirs):
+            if name in SKIP_DIRS or (here / name).resolve() == out.resolve():
+                left_out.append((here / name).relative_to(project.root))
+                dirs.remove(name)
+        for name in files:
+            path = (here / name).resolve()
+            target = out / path.relative_to(project.root)
+            if path in converted:
+                write_atomic(target, converted[path].encode("utf-8"))
+            elif path.stat().st_size > LARGE:
+                left_out.append(path.relative_to(project.root))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
+    return sorted(left_out)
+
+
+def write_atomic(target: Path, data: bytes) -> None:
+    """Write through a temporary file beside `target`, then rename: never a half-written file.
+    An existing target keeps its permissions."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = target.stat().st_mode if target.exists() else None
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
