@@ -38,11 +38,14 @@ class ProjectResult:
 def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
     """Does a module of the entry's project besides the entry run a backward pass? (Then the
     entry is converted as part of its project.)"""
-    if not entry.is_file():
-        return False
-    project = find_project(entry, parse=parse, root=root)
-    sources = {path: read_source(path)[0] for path in project.files[1:]}
-    facts = project_facts({project.modules[path]: parse(text, str(path)) for path, text in sources.items()})
+    try:
+        project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
+        if len(project.files) == 1:
+            return False
+        sources = {path: read_source(path)[0] for path in project.files[1:]}
+        facts = project_facts({project.modules[path]: parse(text, str(path)) for path, text in sources.items()})
+    except ConvertError:
+        return False  # the entry's own conversion reports what is wrong with it
     return bool(facts.runs_backward)
 
 
@@ -51,7 +54,7 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
     options = options or ConvertOptions()
     if not entry.is_file():
         read_source(entry)  # the engine's one-line error for a missing file or a folder
-    project = find_project(entry, parse=parse, root=root)
+    project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
     sources = {path: read_source(path) for path in project.files}
     facts = project_facts({project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()})
     result = ProjectResult(project)

@@ -204,8 +204,19 @@ _COMP_TYPES = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)  # all
 class FileIndex:
     """Everything one traversal learns about a module; derived facts are computed on demand."""
 
-    def __init__(self, module: cst.Module, extra: Iterable[object] = ()) -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        extra: Iterable[object] = (),
+        others: Optional[dict[str, cst.Module]] = None,
+        packages: frozenset[str] = frozenset(),
+    ) -> None:
+        """`others`: the other modules of a project (dotted name -> module), walked into the same
+        index: a name imported from one of them resolves to the qualified name of its definition
+        there (`engine.train_fn`), so calls follow it from module to module; `packages`: which of
+        them are a package's `__init__`."""
         self.module = module
+        self.roots: dict[cst.Module, str] = {module: ""}  # every module walked -> its dotted name
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.calls: list[CallInfo] = []
         self.call_info: dict[cst.Call, CallInfo] = {}
@@ -236,8 +247,17 @@ class FileIndex:
         self._loop_stack: list[list[Loop]] = [[]]
         self._scopes: list[cst.CSTNode] = [module]
         self._withs: list[cst.With] = []
+        self._root = module
+        self._packages = packages
         self._walk(module)
-        del self._funcs, self._loop_stack, self._scopes, self._withs, self._handlers
+        for name, other in (others or {}).items():
+            self.roots[other] = name
+            self._root = other
+            self._bindings[other] = {}
+            self._qualname[other] = name
+            self._scopes = [other]
+            self._walk(other)
+        del self._funcs, self._loop_stack, self._scopes, self._withs, self._handlers, self._root, self._packages
 
     # the traversal --------------------------------------------------------------------------------
     def _handlers_for(self, cls: type) -> tuple:
@@ -301,7 +321,7 @@ class FileIndex:
     def _bind(self, name: str, kind: int = _LOCAL, real: Optional[str] = None) -> None:
         scope = self._scopes[-1]
         if name in self._globals.get(scope, ()):
-            scope = self.module
+            scope = self._root
         while name in self._nonlocals.get(scope, ()):  # bound in the enclosing function
             scope = self._enclosing(scope)
         self._bindings.setdefault(scope, {}).setdefault(name, []).append((kind, real))
@@ -426,6 +446,15 @@ class FileIndex:
 
     def _enter_ImportFrom(self, node: cst.ImportFrom) -> None:
         base = "." * len(node.relative) + (dotted_name(node.module) or "" if node.module is not None else "")
+        if node.relative and self._root is not self.module:  # `from .base import X` in package `a`: `a.base.X`
+            package = self.roots[self._root].split(".")
+            if self.roots[self._root] not in self._packages:
+                package = package[:-1]
+            up = len(node.relative) - 1
+            package = package[: len(package) - up] if len(package) >= up else []
+            base = ".".join(p for p in (*package, dotted_name(node.module) if node.module is not None else "") if p) + (
+                "" if node.module is not None else "."
+            )
         if node.module is not None and not node.relative:
             self.imported_modules.append(base)
         if isinstance(node.names, cst.ImportStar):
@@ -492,6 +521,8 @@ class FileIndex:
             from ddpify.analysis.positions import Positions
 
             self._positions = Positions(self.module)
+            for other in list(self.roots)[1:]:
+                self._positions._raw.update(Positions(other)._raw)
         return self._positions
 
     def source_order(self) -> tuple[dict[cst.CSTNode, int], dict[cst.CSTNode, int]]:
@@ -501,7 +532,7 @@ class FileIndex:
         needs a line)."""
         if self._order is None:
             parents = self.parents
-            start = {self.module: 0}
+            start = dict.fromkeys(self.roots, 0)
             for i, node in enumerate(parents, 1):
                 start[node] = i
             end = dict(start)
@@ -521,6 +552,8 @@ class FileIndex:
             from ddpify.analysis.positions import start_lines
 
             self._lines = start_lines(self.module)
+            for other in list(self.roots)[1:]:
+                self._lines.update(start_lines(other))
         return self._lines[node]
 
     def code(self, node: cst.CSTNode) -> str:
@@ -533,7 +566,7 @@ class FileIndex:
             if p.__class__ in _SCOPE_TYPES and child is p.body or p.__class__ in _COMP_TYPES:
                 return p
             child = p
-        return self.module
+        return child if child.__class__ is cst.Module else self.module
 
     # qualified names ------------------------------------------------------------------------------
     def qnames(self, node: cst.CSTNode) -> frozenset[str]:
@@ -588,7 +621,7 @@ class FileIndex:
         start = scope
         while True:
             if base in self._globals.get(scope, ()):
-                scope = self.module
+                scope = self._root_of(scope)
             while base in self._nonlocals.get(scope, ()):
                 scope = self._enclosing(scope)
             found = self._bindings.get(scope, {}).get(base)
@@ -600,7 +633,7 @@ class FileIndex:
                     else:
                         out.add(self._local(dotted, scope))
                 return frozenset(out)
-            if scope is self.module:
+            if scope.__class__ is cst.Module:
                 break
             scope = self._scope_parent[scope]
             while isinstance(scope, cst.ClassDef) and scope is not start:  # methods do not see class names
@@ -609,9 +642,15 @@ class FileIndex:
             return frozenset({"builtins." + base})
         return frozenset()
 
+    def _root_of(self, scope: cst.CSTNode) -> cst.CSTNode:
+        """The module a scope is in."""
+        while scope.__class__ is not cst.Module:
+            scope = self._scope_parent[scope]
+        return scope
+
     def _local(self, dotted: str, scope: cst.CSTNode) -> str:
         if dotted.partition(".")[0] in self._globals.get(scope, ()):
-            scope = self.module
+            scope = self._root_of(scope)
         prefix = self._qualname[scope]
         if isinstance(scope, (cst.FunctionDef, cst.Lambda)):
             prefix += ".<locals>."
@@ -749,6 +788,18 @@ class FileIndex:
         return bindings
 
     # derived facts, cached ------------------------------------------------------------------------------
+    def definitions(self) -> dict[str, cst.CSTNode]:
+        """The functions and classes of a project's other modules, by qualified name
+        (`engine.train_fn`, `trainer.trainer.Trainer`, `trainer.trainer.Trainer.run`)."""
+        return self.cached(
+            "definitions",
+            lambda index: {
+                index._qualname[node]: node
+                for node in (*index.all_functions, *index.classes)
+                if index._root_of(node) is not index.module and "<locals>" not in index._qualname[node]
+            },
+        )
+
     def cached(self, key: str, compute):
         """A fact derived from the index, computed once (``compute(index)``)."""
         store = self.__dict__.setdefault("_derived", {})

@@ -45,10 +45,12 @@ def project_root(entry: Path) -> Path:
     return folder
 
 
-def find_project(entry: Path, parse=None, root: Path | None = None) -> Project:
+def find_project(entry: Path, parse=None, root: Path | None = None, read=None) -> Project:
     """The entry and every project module it imports, directly or through other project modules.
-    `parse` turns a file's text into a module (the engine's, which reports syntax errors)."""
+    `parse` turns a file's text into a module and `read` a path into text (the engine's, which
+    report syntax errors and decode by the file's coding cookie)."""
     parse = parse or (lambda text, _path: cst.parse_module(text))
+    read = read or (lambda path: path.read_text(encoding="utf-8"))
     entry = entry.resolve()
     root = (root or project_root(entry)).resolve()
     project = Project(root=root, entry=entry)
@@ -59,7 +61,7 @@ def find_project(entry: Path, parse=None, root: Path | None = None) -> Project:
         if path in project.modules:
             continue
         project.modules[path] = name
-        module = parse(path.read_text(encoding="utf-8"), str(path))
+        module = parse(read(path), str(path))
         found = []
         for dotted in _imported_names(module, name, path):
             target = _resolve(dotted, search, root)

@@ -259,14 +259,31 @@ class Script:
         return not found.isdisjoint(qualified)
 
     def local_function(self, call: cst.Call) -> cst.FunctionDef | None:
-        """The script's own function (or `self.method`) a call invokes, if any."""
-        if isinstance(call.func, cst.Name):
-            return self.functions.get(call.func.value)
+        """The script's own function (or `self.method`) a call invokes, if any; in a project, also
+        a function of another of its modules (`engine.train_fn(...)`, `from engine import train_fn`)."""
+        if isinstance(call.func, cst.Name) and call.func.value in self.functions and self.root_of(call) is self.module:
+            return self.functions[call.func.value]
         if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and call.func.value.value == "self":
             cls = self.class_of(call)
             if cls is not None:
                 return self.methods(cls).get(call.func.attr.value)
+            return None
+        if len(self.index.roots) > 1:
+            found = self.project_definition(call.func)
+            return found if isinstance(found, cst.FunctionDef) else None
         return None
+
+    def project_definition(self, node: cst.CSTNode) -> cst.FunctionDef | cst.ClassDef | None:
+        """The function or class of the project's modules that `node` names (by qualified name)."""
+        definitions = self.index.definitions()
+        return next((definitions[q] for q in self.names(node) if q in definitions), None)
+
+    def root_of(self, node: cst.CSTNode) -> cst.Module:
+        """The module (of the project) that holds `node`."""
+        found = node
+        for found in self.ancestors(node):
+            pass
+        return found if isinstance(found, cst.Module) else self.module
 
     def class_of(self, node: cst.CSTNode) -> cst.ClassDef | None:
         """The class whose method holds `node`."""
@@ -276,6 +293,15 @@ class Script:
     def classes(self) -> dict[str, cst.ClassDef]:
         """The script's own top-level classes, by name."""
         return {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
+
+    def class_called(self, call: cst.Call) -> cst.ClassDef | None:
+        """The script's (or its project's) class that `call` instantiates: `Trainer(...)`."""
+        if isinstance(call.func, cst.Name) and call.func.value in self.classes and self.root_of(call) is self.module:
+            return self.classes[call.func.value]
+        if len(self.index.roots) > 1:
+            found = self.project_definition(call.func)
+            return found if isinstance(found, cst.ClassDef) else None
+        return None
 
     def objects(self, scope: ScopeNode | None = None) -> dict[str, cst.ClassDef]:
         """Names bound to an object of the script's own classes (`meter = AverageMeter()`), in
@@ -361,6 +387,9 @@ class _CallCollector(cst.CSTVisitor):
         self.classes: list[cst.ClassDef] = []
         self.references: list[cst.CSTNode] = []
 
+    def visit_Module(self, node: cst.Module) -> None:
+        self.scopes = [node]  # each module of a project has its own top level
+
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.append(node)
 
@@ -438,15 +467,22 @@ def fully_distributed(script: Script) -> bool:
 
 
 def analyze(
-    wrapper: MetadataWrapper, full: bool = False, facts: ProjectFacts | None = None, need_model: bool = True
+    wrapper: MetadataWrapper,
+    full: bool = False,
+    facts: ProjectFacts | None = None,
+    need_model: bool = True,
+    others: dict[str, cst.Module] | None = None,
+    packages: frozenset[str] = frozenset(),
 ) -> Script:
     """Resolve metadata once and find the model, loaders, loops and helpers of a script
     (all of it, or with `full` off, only what says it is fully distributed already); `facts`:
-    what the project's other modules tell about this one."""
+    what the project's other modules tell about this one; `others`: the project's other modules
+    (dotted name -> module), analysed with this one as one program."""
     module = wrapper.module if isinstance(wrapper, MetadataWrapper) else wrapper
     script = Script(module=module, qnames={}, parents={}, facts=facts or ProjectFacts())
     collector = _CallCollector(script)
-    index = script.index = remember(module, FileIndex(module, extra=[collector]))  # the one traversal, shared
+    index = FileIndex(module, extra=[collector], others=others, packages=packages)  # the one traversal
+    script.index = index if others else remember(module, index)  # shared with `check` (a single file)
     script.parents = index.parents
     script.calls = [c.node for c in index.calls]
     script.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
@@ -946,7 +982,7 @@ def kept_by_objects(script: Script, ref: str, scope: ScopeNode) -> list[tuple[st
     each `self.` attribute an `__init__` of the script's own classes stores `ref` in."""
     found = []
     for call in script.calls_in(scope):
-        cls = script.classes.get(call.func.value) if isinstance(call.func, cst.Name) else None
+        cls = script.class_called(call)
         init = script.methods(cls).get("__init__") if cls is not None else None
         param = param_receiving(init, call, ref) if init is not None and script.scope_of(call) is scope else None
         if param is None:

@@ -44,7 +44,7 @@ def run(ctx: Context) -> None:
                 body = list(loop.body.body)
                 calls = [c for stmt in body[: body.index(stop)] for c in script.calls_in(stmt)]
                 if any(D.missing_helper(script, c) and N.call_name(c) == "all_reduce_sum" for c in calls):
-                    define_helper(ctx)  # the averaging is there, its helper lost
+                    define_helper(ctx, stop)  # the averaging is there, its helper lost
                 continue
             world = ctx.rank_and_world(stop)[1]
             ctx.edits.insert_before(stop, "".join(MEAN.format(name=n, world=world) for n in names))
@@ -52,7 +52,7 @@ def run(ctx: Context) -> None:
                 stop,
                 f"the stop test reads the mean of {', '.join(f'`{n}`' for n in names)} over ranks: every rank stops at the same step",
             )
-            define_helper(ctx)
+            define_helper(ctx, stop)
 
 
 def _stop_tests(loop: cst.For | cst.While) -> list[cst.If]:

@@ -50,7 +50,7 @@ def run(ctx: Context) -> None:
                 continue
             if _averages_already(script, step, model):
                 if "average_gradients" not in script.functions:  # the call is there, its helper lost
-                    define_function(ctx, "average_gradients", AVERAGE_GRADIENTS)
+                    define_function(ctx, "average_gradients", AVERAGE_GRADIENTS, stmt)
                 continue
             done.add(stmt)
             edits.insert_after(stmt, CALL.format(model=model))
@@ -58,7 +58,7 @@ def run(ctx: Context) -> None:
                 stmt,
                 f"`{model}` runs through its own methods here, which DDP cannot sync: its gradients are averaged by hand",
             )
-            define_function(ctx, "average_gradients", AVERAGE_GRADIENTS)
+            define_function(ctx, "average_gradients", AVERAGE_GRADIENTS, stmt)
 
 
 def _runs_own_methods_only(script, step: cst.CSTNode, model: str) -> bool:

@@ -32,7 +32,7 @@ class Context:
     device: str = "device"
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"
     local_rank: str = "local_rank"
-    helpers: set[str] = field(default_factory=set)  # module-level helpers already added
+    helpers: set[tuple[cst.Module, str]] = field(default_factory=set)  # module-level helpers already added
     driver: bool = False  # the module only drives training another module runs (and sets up)
 
     def rank_and_world(self, stmt: cst.CSTNode) -> tuple[str, str]:

@@ -7,12 +7,16 @@ import libcst as cst
 from ddpify.convert.context import Context
 
 
-def define_function(ctx: Context, name: str, code: str) -> None:
-    """Define the helper `name` once, after the imports (unless the script defines it already)."""
-    if name in ctx.helpers or name in ctx.script.functions:
+def define_function(ctx: Context, name: str, code: str, where: cst.CSTNode | None = None) -> None:
+    """Define the helper `name` once, after the imports of the module that uses it at `where`
+    (the script's, by default), unless that module defines it already."""
+    module = ctx.script.module if where is None else ctx.script.root_of(where)
+    own = ctx.script.functions if module is ctx.script.module else {
+        s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)
+    }
+    if (module, name) in ctx.helpers or name in own:
         return
-    ctx.helpers.add(name)
-    module = ctx.script.module
+    ctx.helpers.add((module, name))
     anchor = next((s for s in module.body if not _is_import(s) and not _is_docstring(s)), module.body[-1])
     ctx.edits.insert_before(anchor, code)
     blank = 0
@@ -20,7 +24,7 @@ def define_function(ctx: Context, name: str, code: str) -> None:
         if line.comment is not None:
             break
         blank += 1
-    if blank < 2 and not ctx.helpers - {name}:  # two blank lines after a top-level function (once)
+    if blank < 2 and not {h for h in ctx.helpers if h[0] is module} - {(module, name)}:  # two blank lines after it (once)
         pad = [cst.EmptyLine()] * (2 - blank)
         ctx.edits.rewrite(anchor, lambda updated: updated.with_changes(leading_lines=[*pad, *updated.leading_lines]))
 

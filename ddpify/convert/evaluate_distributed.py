@@ -31,7 +31,7 @@ def run(ctx: Context) -> None:
     script = ctx.script
     if ctx.options.eval_on_rank0:
         return
-    reduced, done = False, set()
+    reduced, done = None, set()  # a loop whose sums are all-reduced (the helper goes to its module)
     for loader in script.loaders:
         loops = script.eval_loops.get(loader.name)
         if loader in script.train_loaders or not loops:
@@ -50,9 +50,10 @@ def run(ctx: Context) -> None:
         for loop in loops:
             if loop not in done:  # one helper may evaluate several loaders (`test(model, val_loader)`)
                 done.add(loop)
-                reduced |= reduce_after(ctx, loop)
+                if reduce_after(ctx, loop):
+                    reduced = loop
     if reduced:
-        define_helper(ctx)
+        define_helper(ctx, reduced)
 
 
 

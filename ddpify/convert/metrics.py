@@ -103,9 +103,10 @@ def meters(ctx: Context, loop: cst.For) -> list[str]:
 
 
 
-def define_helper(ctx: Context) -> None:
-    """`all_reduce_sum` once, after the imports."""
-    if D.all_reduces(ctx.script, ctx.script.functions.get("all_reduce_sum")):
+def define_helper(ctx: Context, where: cst.CSTNode) -> None:
+    """`all_reduce_sum` once, after the imports of the module that uses it at `where`."""
+    module = ctx.script.root_of(where)
+    if module is ctx.script.module and D.all_reduces(ctx.script, ctx.script.functions.get("all_reduce_sum")):
         return
-    define_function(ctx, "all_reduce_sum", ALL_REDUCE_SUM)
+    define_function(ctx, "all_reduce_sum", ALL_REDUCE_SUM, where)
 

@@ -66,7 +66,7 @@ def _collected(ctx: Context, loop: cst.For) -> list[str]:
 def _reduce(ctx: Context, loop: cst.For, sums: list[str]) -> None:
     sums, lost = unreduced(ctx, loop, sums)
     if lost:
-        define_helper(ctx)
+        define_helper(ctx, loop)
     if not sums:
         return  # summed over ranks already
     average = per_rank_denominator(ctx, loop)
@@ -78,7 +78,7 @@ def _reduce(ctx: Context, loop: cst.For, sums: list[str]) -> None:
         loop,
         f"training metrics {how} over all ranks after each pass: {', '.join(sums)} (every rank logs and decides on the same numbers)",
     )
-    define_helper(ctx)
+    define_helper(ctx, loop)
 
 
 def _reset_before(ctx: Context, name: str, loop: cst.For, epoch_loop: cst.For) -> bool:

@@ -109,7 +109,7 @@ def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
 def _per_epoch(ctx: Context, split: SplitLoaders, train: str, train_sampler: str | None) -> None:
     """`set_epoch` every epoch, and the sums of the shared loop added up over ranks after it."""
     edits = ctx.edits
-    reduced = False
+    reduced = None  # a loop whose sums are all-reduced
     for epoch in split.epoch_loops:
         visible = epoch.scope is split.scope and train_sampler is not None
         set_epoch(ctx, epoch.loop, train_sampler if visible else f"{epoch.loader_expr}[{split.keys[train]}].sampler")
@@ -121,10 +121,10 @@ def _per_epoch(ctx: Context, split: SplitLoaders, train: str, train_sampler: str
                 epoch.inner,
                 "the metrics of this loop divide by this rank's batch count: sum them and their counts over ranks (dist.all_reduce) before reporting",
             )
-        else:
-            reduced |= reduce_after(ctx, epoch.inner)
+        elif reduce_after(ctx, epoch.inner):
+            reduced = epoch.inner
     if reduced:
-        define_helper(ctx)
+        define_helper(ctx, reduced)
 
 
 def _dataset(ctx: Context, call: cst.Call, key_var: str | None, key: str) -> str | None:
