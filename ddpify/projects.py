@@ -1,12 +1,13 @@
 """Convert a project: an entry script and the modules of its own that it imports.
 
-Each module that runs a backward pass is converted with what the rest of the project tells
-about it (`ProjectFacts`: which methods of the project's classes build an optimizer); the entry
-is converted too, or, when it only drives a trainer that another module runs (`Trainer(model,
-dataset).run()`), only its side effects change (prints, saves, progress bars: once per job).
-A training loop that gets its model from another module (`engine.train_fn(loader, model,
-optimizer)`) is refused with its file and line rather than converted half: its loader would stay
-whole on every rank.
+A module that runs the training loop on a model it builds or keeps (a library's `Trainer`)
+is converted where it is, with what the rest of the project tells about it (`ProjectFacts`:
+which methods of the project's classes build an optimizer); the entry is converted too, or,
+when it only drives that trainer (`Trainer(model, dataset).run()`), only its side effects
+change (prints, saves, progress bars: once per job). A loop over a model and data that another
+module builds (`engine.train_fn(loader, model, optimizer)` called from `train.py`) is converted
+with the whole project as one program: the analysis follows the calls from module to module
+and each module gets the edits for its own code.
 """
 
 from __future__ import annotations
@@ -81,17 +82,66 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
         if not (trainers and exc.message.startswith("no model to convert")):
             raise
         converted = convert_source(text, str(project.entry), options, facts, driver=True)
-    if loops_elsewhere:
-        where = loops_elsewhere[0]
-        raise ConvertError(
-            where.path, where.line,
-            "this module runs a training loop on a model and data it is given by another module: converting a "
-            "loop apart from where its model and loaders are built is not supported yet (its loader would stay "
-            "whole on every rank); convert this project by hand",
-        )  # fmt: skip
+    if loops_elsewhere:  # a loop over a model and data that another module builds: one program
+        return _convert_together(entry, options, root)
     if not converted.already_distributed and converted.code != text:
         result.changed[project.entry] = (converted, text, encoding)
     return result
+
+
+def _convert_together(entry: Path, options: ConvertOptions, root: Path | None) -> ProjectResult:
+    """Convert `entry` and the project modules it reaches as one program (the analysis follows
+    calls from module to module), and verify every changed file (it compiles; converting the
+    converted project again changes nothing); raise ConvertError if it cannot be done safely."""
+    from ddpify.analysis.script import AnalysisError
+    from ddpify.convert import convert_modules
+
+    project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
+    sources = {path: read_source(path) for path in project.files}
+    paths = {name: path for path, name in project.modules.items()}
+    modules = {name: parse(sources[path][0], str(path)) for name, path in paths.items()}
+    facts = project_facts(modules)
+    entry_module = modules.pop("__main__")
+    packages = frozenset(name for name, path in paths.items() if path.name == "__init__.py")
+    try:
+        converted = convert_modules(entry_module, modules, packages, options, facts)
+    except AnalysisError as exc:
+        raise ConvertError(str(project.entry), exc.line, exc.message) from None
+    result = ProjectResult(project)
+    for name, outcome in converted.items():
+        path = paths[name or "__main__"]
+        text, encoding = sources[path]
+        if outcome.code != text:
+            result.changed[path] = (outcome, text, encoding)
+    _verify_project(result, options, facts, packages)
+    return result
+
+
+def _verify_project(result: ProjectResult, options: ConvertOptions, facts, packages: frozenset[str]) -> None:
+    """Every changed module compiles, and converting the converted project changes nothing."""
+    import libcst as cst
+
+    from ddpify.convert import replan_modules
+
+    project = result.project
+    codes = {path: (result.changed[path][0].code if path in result.changed else None) for path in project.files}
+    modules = {}
+    for path, code in codes.items():
+        if code is None:
+            modules[project.modules[path]] = parse(read_source(path)[0], str(path))
+            continue
+        try:
+            compile(code, str(path), "exec")
+        except SyntaxError as exc:  # pragma: no cover - a bug
+            raise ConvertError(str(path), exc.lineno or 1, f"internal error: the converted module does not compile ({exc.msg})") from None
+        modules[project.modules[path]] = cst.parse_module(code)
+    entry = modules.pop("__main__")
+    planned = replan_modules(entry, modules, packages, options, facts)
+    if planned:  # pragma: no cover - a bug
+        name, line, what = planned[0]
+        raise ConvertError(
+            str(project.entry), line, f"internal error: converting the converted project again would change it (pass {name}: {what})"
+        )
 
 
 def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> list[Path]:

@@ -2,7 +2,10 @@
 
 Each project in fixtures/projects/<name>/ has its expected converted files (only those that
 change) in fixtures/projects/<name>.out/ (regenerated with --update-goldens). The converted
-copy of each project trains under torchrun with the invariants of PRODUCT.md.
+copy of each project trains under torchrun with the invariants of PRODUCT.md: disjoint shards
+in a new order each epoch, identical parameters on every rank, the parameters of one process
+at twice the batch, one copy of each message and checkpoint, checkpoints that load into the
+original model, and it still runs as one process under plain python.
 """
 
 from __future__ import annotations
@@ -12,177 +15,201 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import NPROC, ROOT, run_plan
 
-from ddpify.engine import ConvertError
 from ddpify.projects import convert_project
 
 PROJECTS = ROOT / "fixtures" / "projects"
-LIBRARY = PROJECTS / "library_trainer"
-ENTRY = Path("projects") / "regress" / "regress.py"
-SAMPLES, B, EPOCHS = 256, 16, 2
+B = 16  # per-process batch
+
+
+@dataclass(frozen=True)
+class Project:
+    entry: str  # relative to the project's root
+    changed: tuple[str, ...]  # the files a conversion changes
+    samples: int  # the training set
+    epochs: int
+    lines: tuple[str, ...]  # printed once per job
+    checkpoint: str  # saved by rank 0 (the last save's path)
+    model: tuple[str, str, tuple]  # (module, class, args): the original model the checkpoint loads into
+
+
+CASES = {
+    # a Trainer class with callbacks in a package, driven by an entry script in a subfolder
+    "library_trainer": Project(
+        "projects/regress/regress.py", ("projects/regress/regress.py", "tinytrain/trainer.py"), 256, 2,
+        ("running on device cpu", "iter 8: ", "saved regressor.pt after 16 iterations"), "regressor.pt",
+        ("tinytrain.model", "Regressor", (8, 32)),
+    ),
+    # config.py / dataset.py / model.py / engine.py (train_fn, eval_fn) / train.py with the loop
+    "kaggle_engine": Project(
+        "train.py", ("engine.py", "train.py"), 192, 2, ("epoch 0: valid loss", "epoch 1: valid loss"), "model.bin",
+        ("model", "Net", (8,)),
+    ),
+}  # fmt: skip
 
 
 def ddpify(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ddpify", *args], cwd=cwd, capture_output=True, text=True)
 
 
-def test_library_trainer_golden(update_goldens):
-    """The trainer module gets the setup, sampler and wrap; the entry only its rank-0 guards."""
-    result = convert_project(LIBRARY / ENTRY)
-    expected = LIBRARY.with_name(LIBRARY.name + ".out")
-    changed = {path.relative_to(LIBRARY.resolve()).as_posix(): r.code for path, (r, _, _) in result.changed.items()}
+@pytest.mark.parametrize("name", CASES)
+def test_project_golden(name, update_goldens):
+    case = CASES[name]
+    source = PROJECTS / name
+    result = convert_project(source / case.entry)
+    expected = PROJECTS / f"{name}.out"
+    changed = {path.relative_to(source.resolve()).as_posix(): r.code for path, (r, _, _) in result.changed.items()}
     if update_goldens:
         shutil.rmtree(expected, ignore_errors=True)
-        for name, code in changed.items():
-            (expected / name).parent.mkdir(parents=True, exist_ok=True)
-            (expected / name).write_text(code)
-    assert sorted(changed) == ["projects/regress/regress.py", "tinytrain/trainer.py"]
-    for name, code in changed.items():
-        assert code == (expected / name).read_text(), f"{name} differs from its golden (--update-goldens)"
+        for file, code in changed.items():
+            (expected / file).parent.mkdir(parents=True, exist_ok=True)
+            (expected / file).write_text(code)
+    assert sorted(changed) == sorted(case.changed)
+    for file, code in changed.items():
+        assert code == (expected / file).read_text(), f"{file} differs from its golden (--update-goldens)"
 
 
 def test_project_output_modes(tmp_path):
     """-o DIR/ writes a runnable copy (other files byte for byte, data left out); -o FILE.py
     refuses and names the other module; --diff covers every changed file; --in-place rewrites
     them; converting the written project again changes nothing."""
+    case = CASES["library_trainer"]
     project = tmp_path / "proj"
-    shutil.copytree(LIBRARY, project)
+    shutil.copytree(PROJECTS / "library_trainer", project)
     (project / "data").mkdir()
     (project / "data" / "big.bin").write_bytes(b"\0" * 16)
 
-    single = ddpify("convert", str(ENTRY), "-o", "out.py", cwd=project)
+    single = ddpify("convert", case.entry, "-o", "out.py", cwd=project)
     assert single.returncode == 2 and "tinytrain/trainer.py" in single.stderr and "-o DIR/" in single.stderr
     assert len(single.stderr.strip().splitlines()) == 1
 
-    diff = ddpify("convert", str(ENTRY), "--diff", cwd=project)
+    diff = ddpify("convert", case.entry, "--diff", cwd=project)
     assert diff.returncode == 1
-    assert "+++ b/tinytrain/trainer.py" in diff.stdout and f"+++ b/{ENTRY.as_posix()}" in diff.stdout
+    assert all(f"+++ b/{file}" in diff.stdout for file in case.changed)
 
     out = tmp_path / "converted"
-    copy = ddpify("convert", str(ENTRY), "-o", f"{out}/", cwd=project)
+    copy = ddpify("convert", case.entry, "-o", f"{out}/", cwd=project)
     assert copy.returncode == 0, copy.stderr
     assert "tinytrain/trainer.py -> " in copy.stdout and "Not copied" in copy.stdout and "data" in copy.stdout
     assert not (out / "data").exists()
-    for name in ("tinytrain/model.py", "tinytrain/utils.py", "tinytrain/__init__.py", "pyproject.toml"):
-        assert filecmp.cmp(project / name, out / name, shallow=False), name
-    golden = LIBRARY.with_name(LIBRARY.name + ".out")
-    for name in ("tinytrain/trainer.py", ENTRY.as_posix()):
-        assert (out / name).read_text() == (golden / name).read_text()
-    # the converted copy is a fixed point: nothing left to change in any of its modules
-    again = convert_project(out / ENTRY)
-    assert again.changed == {}
+    for file in ("tinytrain/model.py", "tinytrain/utils.py", "tinytrain/__init__.py", "pyproject.toml"):
+        assert filecmp.cmp(project / file, out / file, shallow=False), file
+    golden = PROJECTS / "library_trainer.out"
+    for file in case.changed:
+        assert (out / file).read_text() == (golden / file).read_text()
+    assert convert_project(out / case.entry).changed == {}  # the converted copy is a fixed point
 
-    in_place = ddpify("convert", str(ENTRY), "--in-place", cwd=project)
+    in_place = ddpify("convert", case.entry, "--in-place", cwd=project)
     assert in_place.returncode == 0, in_place.stderr
-    assert (project / "tinytrain" / "trainer.py").read_text() == (out / "tinytrain" / "trainer.py").read_text()
-    assert (project / ENTRY).read_text() == (out / ENTRY).read_text()
-
-
-def test_loop_apart_from_its_model_is_refused(tmp_path):
-    """engine.train_fn(loader, model, optimizer) with the model and loader built in train.py: not
-    converted half (the loader would stay whole on every rank), refused at the loop's module."""
-    (tmp_path / "pyproject.toml").write_text("")
-    (tmp_path / "engine.py").write_text(
-        "def train_fn(loader, model, optimizer):\n"
-        "    for x, y in loader:\n"
-        "        optimizer.zero_grad()\n"
-        "        loss = ((model(x) - y) ** 2).mean()\n"
-        "        loss.backward()\n"
-        "        optimizer.step()\n"
-    )
-    (tmp_path / "train.py").write_text(
-        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nimport engine\n\n"
-        "model = torch.nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4, shuffle=True)\n"
-        "for epoch in range(2):\n    engine.train_fn(loader, model, optimizer)\n"
-    )
-    with pytest.raises(ConvertError) as caught:
-        convert_project(tmp_path / "train.py")
-    assert caught.value.path.endswith("engine.py") and "not supported yet" in caught.value.message
-    cli = ddpify("convert", "train.py", cwd=tmp_path)
-    assert cli.returncode == 1 and len(cli.stderr.strip().splitlines()) == 1 and "engine.py" in cli.stderr
+    for file in case.changed:
+        assert (project / file).read_text() == (out / file).read_text()
 
 
 @pytest.fixture(scope="module")
-def library_runs(tmp_path_factory):
-    """The converted copy under torchrun (shuffled, and without shuffling for the comparison) and
-    the original as one process at twice the batch."""
+def runs(tmp_path_factory):
+    """Each converted project under torchrun, shuffled and (one launch each: a library may leave
+    its process group up) without shuffling; each original as one process at twice the batch."""
     work = tmp_path_factory.mktemp("projects")
-    out = work / "converted"
-    result = ddpify("convert", str(LIBRARY / ENTRY), "-o", f"{out}/", cwd=work)
-    assert result.returncode == 0, result.stderr
-    env = {"PYTHONPATH": str(out)}
-    common = ["--epochs", str(EPOCHS)]
-    # one launch each: the library leaves its process group up at the end (a TODO in the summary)
-    dist = run_plan(
-        [{"label": "shuffled", "script": str(out / ENTRY), "args": [*common, "--batch-size", str(B)], "env": env}],
-        work / "torchrun",
-        nproc=NPROC,
-    )
-    ordered = run_plan(
-        [{"label": "ordered", "script": str(out / ENTRY), "args": [*common, "--batch-size", str(B), "--no-shuffle"], "env": env}],
-        work / "torchrun-ordered",
-        nproc=NPROC,
-    )  # fmt: skip
-    single = run_plan(
-        [{"label": "reference", "script": str(LIBRARY / ENTRY), "env": {"PYTHONPATH": str(LIBRARY)},
-          "args": [*common, "--batch-size", str(B * NPROC), "--no-shuffle"]}],
-        work / "python",
-        nproc=None,
-    )  # fmt: skip
-    return dist, single, out, ordered
+    launches = {}
+    for name, case in CASES.items():
+        out = work / name
+        result = ddpify("convert", str(PROJECTS / name / case.entry), "-o", f"{out}/", cwd=work)
+        assert result.returncode == 0, result.stderr
+        script, env = str(out / case.entry), {"PYTHONPATH": str(out)}
+        args = ["--batch-size", str(B)]
+        launches[name, "shuffled"] = run_plan(
+            [{"label": "shuffled", "script": script, "args": args, "env": env}], work / f"{name}-shuffled", nproc=NPROC
+        )
+        launches[name, "ordered"] = run_plan(
+            [{"label": "ordered", "script": script, "args": [*args, "--no-shuffle"], "env": env}],
+            work / f"{name}-ordered",
+            nproc=NPROC,
+        )
+        launches[name, "reference"] = run_plan(
+            [{"label": "reference", "script": str(PROJECTS / name / case.entry), "env": {"PYTHONPATH": str(PROJECTS / name)},
+              "args": ["--batch-size", str(B * NPROC), "--no-shuffle"]}],
+            work / f"{name}-reference",
+            nproc=None,
+        )  # fmt: skip
+        launches[name, "out"] = out
+    return launches
 
 
-def test_library_trainer_under_torchrun(library_runs):
-    dist, single, out, _ = library_runs
-    traces = [dist.trace("shuffled", r) for r in range(NPROC)]  # checks every rank's parameters agree
+def _ran(launch, label: str, ranks: int = NPROC) -> list[dict]:
+    traces = [launch.trace(label, r) for r in range(ranks)]  # checks every rank's parameters agree
     for rank, t in enumerate(traces):
-        assert t["exit_code"] == 0, f"rank {rank}: {t['error']}\n{dist.log()}"
+        assert t["exit_code"] == 0, f"rank {rank}: {t['error']}\n{launch.log()}"
+    return traces
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_project_under_torchrun(runs, name):
+    case = CASES[name]
+    launch = runs[name, "shuffled"]
+    traces = _ran(launch, "shuffled")
+    for rank, t in enumerate(traces):
         assert t["ddp_wrapped"] == 1 and t["init_process_group"], f"rank {rank}: no process group or no DDP model"
-    # disjoint shards that cover the data, in a new order each epoch
-    passes = [[p["indices"] for p in t["passes"] if p["complete"]] for t in traces]
-    assert all(len(p) == EPOCHS for p in passes), passes
-    for epoch in range(EPOCHS):
+    # disjoint shards that cover the training set, in a new order each epoch
+    train = [ld["id"] for ld in traces[0]["loaders"] if ld["dataset_len"] == case.samples]
+    assert len(train) == 1, traces[0]["loaders"]
+    passes = [[p["indices"] for p in t["passes"] if p["loader"] == train[0] and p["complete"]] for t in traces]
+    assert all(len(p) == case.epochs for p in passes), passes
+    for epoch in range(case.epochs):
         a, b = set(passes[0][epoch]), set(passes[1][epoch])
-        assert not a & b and a | b == set(range(SAMPLES)), f"epoch {epoch}: shards overlap or miss samples"
+        assert not a & b and a | b == set(range(case.samples)), f"epoch {epoch}: shards overlap or miss samples"
     assert passes[0][0] != passes[0][1], "the same order every epoch: set_epoch missing"
-    # one voice: each line printed once over all ranks, the checkpoint saved once, loadable
+    # one voice: each line printed once over all ranks; checkpoints by rank 0 only, loadable
     printed = [line for t in traces for line in t["stdout"].splitlines()]
-    for line in ("running on device cpu", "iter 8: ", "saved regressor.pt after 16 iterations"):
+    for line in case.lines:
         assert sum(line in p for p in printed) == 1, f"{line!r} printed {sum(line in p for p in printed)} times"
-    assert traces[1]["saves"] == [] and len(traces[0]["saves"]) == 1
-    saved = traces[0]["saves"][0]
-    assert saved["keys"] and not saved["module_prefix"]
-    sys.path.insert(0, str(LIBRARY))
+    assert traces[1]["saves"] == [] and traces[0]["saves"]
+    assert all(s["keys"] and not s["module_prefix"] for s in traces[0]["saves"])
+    module, cls, args = case.model
+    sys.path.insert(0, str(PROJECTS / name))
     try:
+        import importlib
+
         import torch
-        from tinytrain.model import Regressor
 
-        Regressor(8, 32).load_state_dict(torch.load(dist.cwd / "shuffled" / "regressor.pt"))
+        model = getattr(importlib.import_module(module), cls)(*args)
+        model.load_state_dict(torch.load(launch.cwd / "shuffled" / case.checkpoint))
     finally:
-        sys.path.remove(str(LIBRARY))
+        sys.path.remove(str(PROJECTS / name))
+        sys.modules.pop(module, None)
 
 
-def test_library_trainer_equals_one_process_at_twice_the_batch(library_runs):
-    _, single, _, ordered = library_runs
-    reference = single.trace("reference", 0)
-    assert reference["exit_code"] == 0, f"{reference['error']}\n{single.log()}"
-    assert all(ordered.trace("ordered", r)["exit_code"] == 0 for r in range(NPROC)), ordered.log()
-    ours, theirs = ordered.params("ordered", 0), single.params("reference", 0)
+@pytest.mark.parametrize("name", CASES)
+def test_project_equals_one_process_at_twice_the_batch(runs, name):
+    _ran(runs[name, "reference"], "reference", ranks=1)
+    _ran(runs[name, "ordered"], "ordered")
+    ours, theirs = runs[name, "ordered"].params("ordered", 0), runs[name, "reference"].params("reference", 0)
     assert len(ours) == len(theirs) == 1
     for a, b in zip(ours[0], theirs[0]):
         assert (a - b).abs().max().item() < 1e-5
 
 
-def test_converted_copy_runs_as_one_process(library_runs):
-    out = library_runs[2]
+@pytest.mark.parametrize("name", CASES)
+def test_project_runs_as_one_process(runs, name):
+    case, out = CASES[name], runs[name, "out"]
     run = subprocess.run(
-        [sys.executable, str(out / ENTRY), "--epochs", "1", "--out", os.devnull],
+        [sys.executable, str(out / case.entry), "--no-shuffle", "--batch-size", str(B * NPROC)],
         cwd=out, env=dict(os.environ, PYTHONPATH=str(out), OMP_NUM_THREADS="1"), capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert "saved" in run.stdout and "after 16 iterations" in run.stdout
+    assert all(line in run.stdout for line in case.lines[-1:])
+
+
+def test_kaggle_evaluation_adds_up(runs):
+    """eval_fn's loss, summed over the ranks' slices of the validation set, is the original's on
+    the same parameters: the converted ordered run prints what the reference prints."""
+    ours = _ran(runs["kaggle_engine", "ordered"], "ordered")[0]["stdout"]
+    theirs = _ran(runs["kaggle_engine", "reference"], "reference", ranks=1)[0]["stdout"]
+    mine = [float(line.rsplit(" ", 1)[1]) for line in ours.splitlines() if "valid loss" in line]
+    ref = [float(line.rsplit(" ", 1)[1]) for line in theirs.splitlines() if "valid loss" in line]
+    assert len(mine) == len(ref) == 2
+    assert all(abs(a - b) < 1e-4 for a, b in zip(mine, ref)), (mine, ref)

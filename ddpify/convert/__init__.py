@@ -35,7 +35,7 @@ from ddpify.convert import (
     wrap_model,
 )
 from ddpify.convert.context import Context
-from ddpify.convert.edits import Edits, add_imports, apply
+from ddpify.convert.edits import Edits, add_imports, apply, edited_nodes, missing_imports
 from ddpify.results import ConvertOptions, ConvertResult, Note
 
 # Order matters: later passes read the names and positions earlier ones chose.
@@ -110,6 +110,55 @@ def convert_module(
     )
 
 
+def convert_modules(
+    entry: cst.Module,
+    others: dict[str, cst.Module],
+    packages: frozenset[str] = frozenset(),
+    options: ConvertOptions = ConvertOptions(),
+    facts: ProjectFacts | None = None,
+) -> dict[str, ConvertResult]:
+    """Convert a project's entry script and its other modules (dotted name -> module) as one
+    program: the analysis follows calls from module to module, each pass plans its edits wherever
+    the code is, and each module gets its own. Returns a result per module that changes ("" is
+    the entry); raises AnalysisError when it cannot be done safely."""
+    wrapper = MetadataWrapper(entry, unsafe_skip_copy=True)
+    script = analyze(wrapper, full=True, facts=facts, others=others, packages=packages)
+    script, edits = _plan(wrapper, options, script)
+    results = {}
+    edited = {script.root_of(node) for node in edited_nodes(edits)}
+    for module, name in script.index.roots.items():
+        if module not in edited:
+            continue
+        mine = lambda where, module=module: isinstance(where, int) and module is entry or (  # noqa: E731
+            not isinstance(where, int) and script.root_of(where) is module
+        )
+        converted = _imports(apply(module, edits, script.parent), edits, prune=True)
+        results[name] = ConvertResult(
+            converted.code,
+            sorted(dict.fromkeys(edits.changes_where(mine)), key=lambda n: n.line),
+            sorted(dict.fromkeys(edits.todos_where(mine)), key=lambda n: n.line),
+        )
+    return results
+
+
+def replan_modules(
+    entry: cst.Module,
+    others: dict[str, cst.Module],
+    packages: frozenset[str] = frozenset(),
+    options: ConvertOptions = ConvertOptions(),
+    facts: ProjectFacts | None = None,
+) -> list[tuple[str, int, str]]:
+    """`replan` for a project: what every pass would still change in any of its modules."""
+    wrapper = MetadataWrapper(entry, unsafe_skip_copy=True)
+    script = analyze(wrapper, full=True, facts=facts, others=others, packages=packages)
+    script, edits = _plan(wrapper, options, script)
+    planned = edits.planned
+    for module, name in script.index.roots.items():
+        if not planned and _imports(module, edits, prune=True) is not module:
+            planned.append(("imports", 1, f"changes the imports of {name or 'the entry'}"))
+    return planned
+
+
 def replan(
     module: cst.Module,
     options: ConvertOptions = ConvertOptions(),
@@ -140,15 +189,20 @@ def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, dri
     return script, edits
 
 
-def _imports(module: cst.Module, edits: Edits) -> cst.Module:
+def _imports(module: cst.Module, edits: Edits, prune: bool = False) -> cst.Module:
     """`module` with the imports the passes need added and the ones they made unused removed
-    (the same object when nothing changes)."""
+    (the same object when nothing changes). `prune`: a module of a project, which keeps only
+    the added imports its own code uses (the passes ask for them for the whole program)."""
+    added = missing_imports(module, edits.imports)
     converted = add_imports(module, edits.imports)
-    if edits.unused_imports:
+    unused = list(edits.unused_imports) + (added if prune else [])
+    if unused:
         imports = CodemodContext()
-        for module_name, obj, asname in edits.unused_imports:
+        for module_name, obj, asname in unused:
             RemoveImportsVisitor.remove_unused_import(imports, module_name, obj, asname)
         removed = RemoveImportsVisitor(imports).transform_module(converted)
         if not removed.deep_equals(converted):
             converted = removed
+    if prune and converted is not module and converted.deep_equals(module):
+        return module
     return converted

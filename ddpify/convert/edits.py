@@ -60,11 +60,19 @@ class Edits:
 
     @property
     def changes(self) -> list[Note]:
-        return [Note(self._line(where), message) for where, message in self._changes]
+        return self.changes_where(lambda where: True)
 
     @property
     def todos(self) -> list[Note]:
-        return [Note(self._line(where), message) for where, message in self._todos]
+        return self.todos_where(lambda where: True)
+
+    def changes_where(self, keep: Callable[[cst.CSTNode | int], bool]) -> list[Note]:
+        """The notes about the code `keep` accepts (a project's module)."""
+        return [Note(self._line(where), message) for where, message in self._changes if keep(where)]
+
+    def todos_where(self, keep: Callable[[cst.CSTNode | int], bool]) -> list[Note]:
+        return [Note(self._line(where), message) for where, message in self._todos if keep(where)]
+
 
     # -- requests --------------------------------------------------------
     def rewrite(self, node: cst.CSTNode, fn: Rewrite) -> None:
@@ -309,11 +317,16 @@ def _blank_lines_move_up(stmt: cst.CSTNode, inserted: cst.CSTNode) -> tuple[cst.
     )
 
 
+def edited_nodes(edits: Edits) -> list[cst.CSTNode]:
+    """Every node an edit is attached to."""
+    edited = [*edits.rewrites, *edits.before, *edits.after, *edits.guards, *edits.removed, *edits.enclosures]
+    return edited + [last for last, _ in edits.enclosures.values()]
+
+
 def apply(module: cst.Module, edits: Edits, parent: Callable[[cst.CSTNode], cst.CSTNode | None]) -> cst.Module:
     """Apply every requested edit to the original module in one traversal that enters only the
     subtrees holding an edit (`parent` walks up the original tree)."""
-    edited = [*edits.rewrites, *edits.before, *edits.after, *edits.guards, *edits.removed, *edits.enclosures]
-    edited += [last for last, _ in edits.enclosures.values()]
+    edited = edited_nodes(edits)
     touched: set[cst.CSTNode] = {module}
     for node in edited:
         while node is not None and node not in touched:
@@ -322,13 +335,18 @@ def apply(module: cst.Module, edits: Edits, parent: Callable[[cst.CSTNode], cst.
     return module.visit(_Applier(edits, touched))
 
 
+def missing_imports(module: cst.Module, needed) -> list[tuple[str, str | None, str | None]]:
+    """The imports of `needed` that the module does not have at its top level."""
+    return list(dict.fromkeys(item for item in needed if not _imported(module, *item)))
+
+
 def add_imports(module: cst.Module, needed) -> cst.Module:
     """The module with the imports the passes asked for, after its leading block of imports
     (`import x` lines first, then `from x import y`, as libcst's AddImportsVisitor orders them).
     Imports the module already has at its top level are not added again; a `from` import of a
     module the script already imports from goes through AddImportsVisitor, which merges it
     (over the import block only: over the whole module it rebuilds the tree)."""
-    needed = list(dict.fromkeys(item for item in needed if not _imported(module, *item)))
+    needed = missing_imports(module, needed)
     if not needed:
         return module
     body = list(module.body)
