@@ -37,8 +37,8 @@ class ProjectResult:
 
 
 def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
-    """Does a module of the entry's project besides the entry run a backward pass? (Then the
-    entry is converted as part of its project.)"""
+    """Does a module of the entry's project besides the entry run a backward pass or build a
+    DataLoader? (Then the entry is converted as part of its project.)"""
     try:
         project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
         if len(project.files) == 1:
@@ -47,7 +47,7 @@ def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
         facts = project_facts({project.modules[path]: parse(text, str(path)) for path, text in sources.items()})
     except ConvertError:
         return False  # the entry's own conversion reports what is wrong with it
-    return bool(facts.runs_backward)
+    return bool(facts.runs_backward or facts.builds_loaders)
 
 
 def convert_project(entry: Path, options: ConvertOptions | None = None, root: Path | None = None) -> ProjectResult:
@@ -82,7 +82,9 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
         if not (trainers and exc.message.startswith("no model to convert")):
             raise
         converted = convert_source(text, str(project.entry), options, facts, driver=True)
-    if loops_elsewhere:  # a loop over a model and data that another module builds: one program
+    if loops_elsewhere or (not trainers and facts.builds_loaders - {"__main__"}):
+        # a loop over a model and data another module builds, or loaders a helper module builds
+        # (`utils.get_training_dataloader()`): the project as one program
         return _convert_together(entry, options, root)
     if not converted.already_distributed and converted.code != text:
         result.changed[project.entry] = (converted, text, encoding)

@@ -36,6 +36,7 @@ class Project:
     lines: tuple[str, ...]  # printed once per job
     checkpoint: str  # saved by rank 0 (the last save's path)
     model: tuple[str, str, tuple]  # (module, class, args): the original model the checkpoint loads into
+    batch: str = "--batch-size"  # the option that sets the batch size
 
 
 CASES = {
@@ -49,6 +50,12 @@ CASES = {
     "kaggle_engine": Project(
         "train.py", ("engine.py", "train.py"), 192, 2, ("epoch 0: valid loss", "epoch 1: valid loss"), "model.bin",
         ("model", "Net", (8,)),
+    ),
+    # pytorch-cifar100's shape: loaders from utils.get_training_dataloader(), a warm-up
+    # scheduler stepped per iteration, settings in a package, the model from models/
+    "cifar_utils": Project(
+        "train.py", ("train.py", "utils.py"), 192, 2, ("test set: epoch 1,", "test set: epoch 2,"), "checkpoint/best.pth",
+        ("models.mlp", "MLP", ()), batch="-b",
     ),
 }  # fmt: skip
 
@@ -121,7 +128,7 @@ def runs(tmp_path_factory):
         result = ddpify("convert", str(PROJECTS / name / case.entry), "-o", f"{out}/", cwd=work)
         assert result.returncode == 0, result.stderr
         script, env = str(out / case.entry), {"PYTHONPATH": str(out)}
-        args = ["--batch-size", str(B)]
+        args = [case.batch, str(B)]
         launches[name, "shuffled"] = run_plan(
             [{"label": "shuffled", "script": script, "args": args, "env": env}], work / f"{name}-shuffled", nproc=NPROC
         )
@@ -132,7 +139,7 @@ def runs(tmp_path_factory):
         )
         launches[name, "reference"] = run_plan(
             [{"label": "reference", "script": str(PROJECTS / name / case.entry), "env": {"PYTHONPATH": str(PROJECTS / name)},
-              "args": ["--batch-size", str(B * NPROC), "--no-shuffle"]}],
+              "args": [case.batch, str(B * NPROC), "--no-shuffle"]}],
             work / f"{name}-reference",
             nproc=None,
         )  # fmt: skip
@@ -180,7 +187,8 @@ def test_project_under_torchrun(runs, name):
         model.load_state_dict(torch.load(launch.cwd / "shuffled" / case.checkpoint))
     finally:
         sys.path.remove(str(PROJECTS / name))
-        sys.modules.pop(module, None)
+        for loaded in [m for m in sys.modules if m == module or m.startswith(module.split(".")[0] + ".")]:
+            sys.modules.pop(loaded, None)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -197,7 +205,7 @@ def test_project_equals_one_process_at_twice_the_batch(runs, name):
 def test_project_runs_as_one_process(runs, name):
     case, out = CASES[name], runs[name, "out"]
     run = subprocess.run(
-        [sys.executable, str(out / case.entry), "--no-shuffle", "--batch-size", str(B * NPROC)],
+        [sys.executable, str(out / case.entry), "--no-shuffle", case.batch, str(B * NPROC)],
         cwd=out, env=dict(os.environ, PYTHONPATH=str(out), OMP_NUM_THREADS="1"), capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr

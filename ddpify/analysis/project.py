@@ -129,6 +129,7 @@ class ProjectFacts:
 
     optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
+    builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
 
 
 def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
@@ -136,12 +137,14 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
     from ddpify.analysis import names as N
     from ddpify.analysis.index import index_of
 
-    methods, backward = set(), set()
+    methods, backward, loaders = set(), set(), set()
     for name, module in modules.items():
         index = index_of(module)
         for ci in index.calls:
             if ci.receiver is not None and ci.name == "backward":
                 backward.add(name)
+            if ci.qnames & N.DATALOADER:
+                loaders.add(name)
             builds_optimizer = any(
                 q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
                 for q in ci.qnames
@@ -150,4 +153,4 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
                 isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
             ):
                 methods.add(ci.func.name.value)
-    return ProjectFacts(frozenset(methods), frozenset(backward))
+    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders))
