@@ -105,7 +105,7 @@ def convert(
 def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher) -> None:
     """The entry and the project modules it imports: one diff, a copy of the project in a
     folder, or the changed modules rewritten in place."""
-    from ddpify.projects import convert_project, copy_project, write_atomic
+    from ddpify.projects import convert_project, copy_project, reads_left_out, write_atomic
 
     result = convert_project(src, options)
     project, changed = result.project, result.changed
@@ -120,6 +120,19 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         raise typer.Exit(1 if changed else 0)
     others = [shown[p] for p in changed if p != entry]
     directory = output is not None and (output.is_dir() or not output.suffix)  # `-o out/` (the slash is gone here)
+    if not others and not in_place and not directory:  # only the entry changes: one file, as for a script
+        if entry not in changed:
+            typer.echo(f"{src}: nothing to convert, nothing written", err=True)
+            return
+        converted, _, encoding = changed[entry]
+        if output is None:
+            sys.stdout.write(converted.code)
+        else:
+            write_atomic(output, converted.code.encode(encoding))
+        _summary(src, output, converted, global_batch, launcher, err=output is None)
+        if strict and converted.todos:
+            raise typer.Exit(1)
+        return
     if not in_place and not directory:
         where = f"-o {output}" if output is not None else "stdout"
         _fail(
@@ -138,6 +151,8 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         targets = {path: str(output / path.relative_to(project.root)) for path in changed}
         if left_out:
             typer.echo(f"Not copied into {output} (data, caches, environments): {', '.join(map(str, left_out))}")
+        for path, where, line in reads_left_out(project, left_out):
+            typer.echo(f"  {_shown(where, src, entry)}:{line} reads {path}/ relative to where it runs: copy or link it into {output}")
     for path, (converted, _, _) in changed.items():
         if path != entry:
             _summary(Path(shown[path]), Path(targets[path]), converted, global_batch, launcher, err=False, launch=False)

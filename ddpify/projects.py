@@ -18,6 +18,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import libcst as cst
+
 from ddpify.analysis.project import Project, find_project, project_facts
 from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_source, parse, read_source
 
@@ -168,6 +170,27 @@ def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> lis
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
     return sorted(left_out)
+
+
+def reads_left_out(project: Project, left_out: list[Path]) -> list[tuple[Path, Path, int]]:
+    """The left-out paths the project's code names in a string (`"data/train.csv"`,
+    `"./checkpoints"`): (path, file, line), so the user can copy or link them."""
+    from ddpify.analysis.index import index_of, iter_nodes
+
+    wanted = {p.as_posix(): p for p in left_out}
+    found = []
+    for path in project.files:
+        module = parse(read_source(path)[0], str(path))
+        index = index_of(module)
+        for node in iter_nodes(module):
+            value = getattr(node, "evaluated_value", None) if isinstance(node, cst.SimpleString) else None
+            if not isinstance(value, str):
+                continue
+            value = value.removeprefix("./")
+            hit = next((p for name, p in wanted.items() if value == name or value.startswith(name + "/")), None)
+            if hit is not None and all(hit != f[0] for f in found):
+                found.append((hit, path, index.line(node)))
+    return found
 
 
 def write_atomic(target: Path, data: bytes) -> None:

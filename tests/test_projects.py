@@ -221,3 +221,52 @@ def test_kaggle_evaluation_adds_up(runs):
     ref = [float(line.rsplit(" ", 1)[1]) for line in theirs.splitlines() if "valid loss" in line]
     assert len(mine) == len(ref) == 2
     assert all(abs(a - b) < 1e-4 for a, b in zip(mine, ref)), (mine, ref)
+
+
+def test_shared_module_is_converted_once(tmp_path):
+    """Two entry scripts share utils.py: converting the second in place leaves the helper as the
+    first conversion left it (its loader has its sampler already) and converts only the script."""
+    project = tmp_path / "proj"
+    shutil.copytree(PROJECTS / "cifar_utils", project)
+    shutil.copy(project / "train.py", project / "train_again.py")
+    first = ddpify("convert", "train.py", "--in-place", cwd=project)
+    assert first.returncode == 0, first.stderr
+    helper = (project / "utils.py").read_text()
+    assert "DistributedSampler(training" in helper
+    second = ddpify("convert", "train_again.py", "--in-place", cwd=project)
+    assert second.returncode == 0, second.stderr
+    assert (project / "utils.py").read_text() == helper
+    assert (project / "train_again.py").read_text() == (project / "train.py").read_text()
+    assert "utils.py" not in second.stdout
+
+
+def test_only_the_entry_changes_one_file_output_works(tmp_path):
+    """A project whose helper module is converted already: -o FILE.py and stdout still work."""
+    project = tmp_path / "proj"
+    shutil.copytree(PROJECTS / "cifar_utils", project)
+    shutil.copy(project / "train.py", project / "train_again.py")
+    assert ddpify("convert", "train.py", "--in-place", cwd=project).returncode == 0
+    to_file = ddpify("convert", "train_again.py", "-o", "train_again_ddp.py", cwd=project)
+    assert to_file.returncode == 0, to_file.stderr
+    assert (project / "train_again_ddp.py").read_text() == (project / "train.py").read_text()
+    to_stdout = ddpify("convert", "train_again.py", cwd=project)
+    assert to_stdout.returncode == 0 and to_stdout.stdout == (project / "train.py").read_text()
+
+
+def test_copy_names_the_data_the_code_reads(tmp_path):
+    """data/ is not copied; the summary says which line reads it, relative to where it runs."""
+    project = tmp_path / "proj"
+    shutil.copytree(PROJECTS / "cifar_utils", project)
+    (project / "data").mkdir()
+    (project / "data" / "train.csv").write_text("x\n")
+    train = project / "train.py"
+    train.write_text(train.read_text().replace(
+        '    parser.add_argument("-net", type=str, default="mlp")\n',
+        '    parser.add_argument("-net", type=str, default="mlp")\n    parser.add_argument("--data", default="./data/train.csv")\n',
+    ))  # fmt: skip
+    line = next(i for i, text in enumerate(train.read_text().splitlines(), 1) if "./data/train.csv" in text)
+    out = tmp_path / "out"
+    copy = ddpify("convert", "train.py", "-o", f"{out}/", cwd=project)
+    assert copy.returncode == 0, copy.stderr
+    assert not (out / "data").exists()
+    assert f"train.py:{line} reads data/ relative to where it runs" in copy.stdout
