@@ -37,6 +37,12 @@ class Project:
     checkpoint: str  # saved by rank 0 (the last save's path)
     model: tuple[str, str, tuple]  # (module, class, args): the original model the checkpoint loads into
     batch: str = "--batch-size"  # the option that sets the batch size
+    key: str | None = None  # the checkpoint keeps the model's state_dict under this key
+    unequal: str | None = None  # why the parameters cannot equal one process's at twice the batch
+    config: str | None = None  # a config file the entry reads (`-c FILE`), relative to the root
+
+    def options(self, root: Path) -> list[str]:
+        return ["-c", str(root / self.config)] if self.config else []
 
 
 CASES = {
@@ -56,6 +62,15 @@ CASES = {
     "cifar_utils": Project(
         "train.py", ("train.py", "utils.py"), 192, 2, ("test set: epoch 1,", "test set: epoch 2,"), "checkpoint/best.pth",
         ("models.mlp", "MLP", ()), batch="-b",
+    ),
+    # pytorch-template's shape: a JSON config, a BaseDataLoader (a DataLoader subclass) that
+    # splits off validation with SubsetRandomSampler, a BaseTrainer that saves and resumes, a
+    # Trainer subclass with the steps, DataParallel chosen by prepare_device(n_gpu)
+    "template_trainer": Project(
+        "train.py", ("base/base_data_loader.py", "base/base_trainer.py", "train.py"), 192, 2,
+        ("epoch 1: loss", "epoch 2: loss", "Saving checkpoint: saved/checkpoint-epoch2.pth"),
+        "saved/checkpoint-epoch2.pth", ("model.model", "RegressionModel", ()), key="state_dict",
+        unequal="SubsetRandomSampler draws its own random order (no shuffle option to turn off)", config="config.json",
     ),
 }  # fmt: skip
 
@@ -128,7 +143,7 @@ def runs(tmp_path_factory):
         result = ddpify("convert", str(PROJECTS / name / case.entry), "-o", f"{out}/", cwd=work)
         assert result.returncode == 0, result.stderr
         script, env = str(out / case.entry), {"PYTHONPATH": str(out)}
-        args = [case.batch, str(B)]
+        args = [case.batch, str(B), *case.options(out)]
         launches[name, "shuffled"] = run_plan(
             [{"label": "shuffled", "script": script, "args": args, "env": env}], work / f"{name}-shuffled", nproc=NPROC
         )
@@ -139,7 +154,7 @@ def runs(tmp_path_factory):
         )
         launches[name, "reference"] = run_plan(
             [{"label": "reference", "script": str(PROJECTS / name / case.entry), "env": {"PYTHONPATH": str(PROJECTS / name)},
-              "args": [case.batch, str(B * NPROC), "--no-shuffle"]}],
+              "args": [case.batch, str(B * NPROC), "--no-shuffle", *case.options(PROJECTS / name)]}],
             work / f"{name}-reference",
             nproc=None,
         )  # fmt: skip
@@ -161,14 +176,16 @@ def test_project_under_torchrun(runs, name):
     traces = _ran(launch, "shuffled")
     for rank, t in enumerate(traces):
         assert t["ddp_wrapped"] == 1 and t["init_process_group"], f"rank {rank}: no process group or no DDP model"
-    # disjoint shards that cover the training set, in a new order each epoch
-    train = [ld["id"] for ld in traces[0]["loaders"] if ld["dataset_len"] == case.samples]
-    assert len(train) == 1, traces[0]["loaders"]
-    passes = [[p["indices"] for p in t["passes"] if p["loader"] == train[0] and p["complete"]] for t in traces]
+    # disjoint shards that cover what one process trains on (the first loader: the training one), in
+    # a new order each epoch
+    reference = _ran(runs[name, "reference"], "reference", ranks=1)[0]
+    whole = next(set(p["indices"]) for p in reference["passes"] if p["loader"] == 0 and p["complete"])
+    assert len(whole) == case.samples
+    passes = [[p["indices"] for p in t["passes"] if p["loader"] == 0 and p["complete"]] for t in traces]
     assert all(len(p) == case.epochs for p in passes), passes
     for epoch in range(case.epochs):
         a, b = set(passes[0][epoch]), set(passes[1][epoch])
-        assert not a & b and a | b == set(range(case.samples)), f"epoch {epoch}: shards overlap or miss samples"
+        assert not a & b and a | b == whole, f"epoch {epoch}: shards overlap or miss samples"
     assert passes[0][0] != passes[0][1], "the same order every epoch: set_epoch missing"
     # one voice: each line printed once over all ranks; checkpoints by rank 0 only, loadable
     printed = [line for t in traces for line in t["stdout"].splitlines()]
@@ -184,15 +201,18 @@ def test_project_under_torchrun(runs, name):
         import torch
 
         model = getattr(importlib.import_module(module), cls)(*args)
-        model.load_state_dict(torch.load(launch.cwd / "shuffled" / case.checkpoint))
+        saved = torch.load(launch.cwd / "shuffled" / case.checkpoint)
+        model.load_state_dict(saved[case.key] if case.key else saved)
     finally:
         sys.path.remove(str(PROJECTS / name))
-        for loaded in [m for m in sys.modules if m == module or m.startswith(module.split(".")[0] + ".")]:
+        top = module.split(".")[0]
+        for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
             sys.modules.pop(loaded, None)
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if not case.unequal])
 def test_project_equals_one_process_at_twice_the_batch(runs, name):
+    """(Not for a case whose `unequal` says why: its own sampler draws a random order.)"""
     _ran(runs[name, "reference"], "reference", ranks=1)
     _ran(runs[name, "ordered"], "ordered")
     ours, theirs = runs[name, "ordered"].params("ordered", 0), runs[name, "reference"].params("reference", 0)

@@ -249,6 +249,7 @@ class FileIndex:
         self._withs: list[cst.With] = []
         self._root = module
         self._packages = packages
+        self._stars: dict[cst.Module, list[str]] = {}
         self._walk(module)
         for name, other in (others or {}).items():
             self.roots[other] = name
@@ -458,6 +459,7 @@ class FileIndex:
         if node.module is not None and not node.relative:
             self.imported_modules.append(base)
         if isinstance(node.names, cst.ImportStar):
+            self._stars.setdefault(self._root, []).append(base)  # `from .trainer import *` re-exports
             return
         for alias in node.names:
             name = dotted_name(alias.name) or ""
@@ -791,14 +793,7 @@ class FileIndex:
     def definitions(self) -> dict[str, cst.CSTNode]:
         """The functions and classes of a project's other modules, by qualified name
         (`engine.train_fn`, `trainer.trainer.Trainer`, `trainer.trainer.Trainer.run`)."""
-        return self.cached(
-            "definitions",
-            lambda index: {
-                index._qualname[node]: node
-                for node in (*index.all_functions, *index.classes)
-                if index._root_of(node) is not index.module and "<locals>" not in index._qualname[node]
-            },
-        )
+        return self.cached("definitions", _definitions)
 
     def cached(self, key: str, compute):
         """A fact derived from the index, computed once (``compute(index)``)."""
@@ -806,6 +801,29 @@ class FileIndex:
         if key not in store:
             store[key] = compute(self)
         return store[key]
+
+
+def _definitions(index: FileIndex) -> dict[str, cst.CSTNode]:
+    """Qualified name -> function or class of a project's other modules, re-exports included
+    (`trainer/__init__.py`: `from .trainer import *` makes `trainer.Trainer` the class of
+    `trainer.trainer`; `from .util import prepare_device` makes `utils.prepare_device`)."""
+    found = {
+        index._qualname[node]: node
+        for node in (*index.all_functions, *index.classes)
+        if index._root_of(node) is not index.module and "<locals>" not in index._qualname[node]
+    }
+    for _ in range(3):  # re-exports of re-exports
+        for root, name in list(index.roots.items())[1:]:
+            for local, bound in index._bindings.get(root, {}).items():
+                for kind, real in bound:
+                    if kind == _IMPORT and real in found:
+                        found.setdefault(f"{name}.{local}", found[real])
+            for base in index._stars.get(root, ()):
+                for qualified, node in list(found.items()):
+                    head, _, tail = qualified.rpartition(".")
+                    if head == base and not tail.startswith("_"):
+                        found.setdefault(f"{name}.{tail}", node)
+    return found
 
 
 _RECENT: "OrderedDict[int, tuple[cst.Module, FileIndex]]" = OrderedDict()  # nodes take no weak references

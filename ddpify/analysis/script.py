@@ -985,13 +985,34 @@ def kept_by_objects(script: Script, ref: str, scope: ScopeNode) -> list[tuple[st
         cls = script.class_called(call)
         init = script.methods(cls).get("__init__") if cls is not None else None
         param = param_receiving(init, call, ref) if init is not None and script.scope_of(call) is scope else None
-        if param is None:
+        if param is not None:
+            found += _kept_by_init(script, init, param)
+    return found
+
+
+def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int = 0) -> list[tuple[str, cst.FunctionDef]]:
+    """The `self.` attributes a constructor stores its parameter `param` in, its base classes'
+    constructors included (`super().__init__(model, ...)`, pytorch-template's BaseTrainer)."""
+    found = []
+    kept = m.Name(param) | m.Call(func=m.Attribute(value=m.Name(param), attr=m.Name("to") | m.Name("cuda")))
+    for assign in script.assigns.get(init, []):
+        target = ref_of(assign.targets[0].target)
+        if m.matches(assign.value, kept) and target and target.startswith("self."):
+            found.append((target, init))  # `self.model = model` or `self.model = model.to(gpu_id)`
+    cls = script.class_of(init)
+    if cls is None or depth > 3:
+        return found
+    for call in script.calls_in(init):
+        if not m.matches(call.func, m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__"))):
             continue
-        kept = m.Name(param) | m.Call(func=m.Attribute(value=m.Name(param), attr=m.Name("to") | m.Name("cuda")))
-        for assign in script.assigns.get(init, []):
-            target = ref_of(assign.targets[0].target)
-            if m.matches(assign.value, kept) and target and target.startswith("self."):
-                found.append((target, init))  # `self.model = model` or `self.model = model.to(gpu_id)`
+        for base in cls.bases:
+            parent = script.classes.get(base.value.value) if isinstance(base.value, cst.Name) else None
+            parent = parent or script.project_definition(base.value)
+            base_init = script.methods(parent).get("__init__") if isinstance(parent, cst.ClassDef) else None
+            passed = param_receiving(base_init, call, param) if base_init is not None else None
+            if passed is not None:
+                for target, where in _kept_by_init(script, base_init, passed, depth + 1):
+                    found += [(target, where), (target, init)]  # the subclass's methods read it too
     return found
 
 

@@ -27,6 +27,7 @@ from ddpify.convert import (
     shard_data,
     shard_hand_batches,
     shard_split_loaders,
+    shard_subset_samplers,
     skip_sync_on_accumulation,
     spread_model_over_gpus,
     teardown,
@@ -53,6 +54,7 @@ PASSES = (
     download_once,  # before shard_data: its barriers must enclose a dataset shard_data lifts out of a loader
     shard_data,
     shard_split_loaders,
+    shard_subset_samplers,
     shard_hand_batches,
     evaluate_distributed,
     reduce_train_metrics,

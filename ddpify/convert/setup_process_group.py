@@ -93,6 +93,7 @@ def run(ctx: Context) -> None:
     if late is not None and ctx.local_rank_visible(script.scope_of(late)):
         if not any(isinstance(v, cst.Call) for _, v in _assignments(late)):  # place_on_device does torch.device(...)
             _point_at_local_rank(ctx, late)  # inference after training: this process's GPU too
+    _rebound_device(ctx)
     _device_option(ctx)
     edits.need_import("os")
     edits.need_import("torch.distributed", asname="dist")
@@ -149,6 +150,30 @@ def _existing_setup(ctx: Context, found) -> bool:
             edits.insert_after(ctx.device_stmt, FIXUP.format(device=ctx.device, device_type=ctx.device_type, local_rank=ctx.local_rank))
     _device_option(ctx)
     return True
+
+
+def _rebound_device(ctx: Context) -> None:
+    """`device, device_ids = prepare_device(n_gpu)` after the setup: the script's own helper
+    picks "the GPU" (cuda:0 on every rank); this process's GPU replaces it right after."""
+    script, edits = ctx.script, ctx.edits
+    body = list(script.block_of(ctx.setup_scope).body)
+    for stmt in body[ctx.init_index :]:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)):
+            continue
+        assign = stmt.body[0]
+        targets = [assign.targets[0].target]
+        if isinstance(targets[0], (cst.Tuple, cst.List)):
+            targets = [e.value for e in targets[0].elements]
+        if not any(ref_of(t) == ctx.device for t in targets) or not isinstance(assign.value, cst.Call):
+            continue
+        if script.local_function(assign.value) is None:
+            continue
+        following = D.sibling(script, stmt, 1)
+        if following is not None and D.reads_rank(script, following) and mentions(following, ctx.device):
+            continue  # re-pointed already
+        device_type = f"torch.device({ctx.device}).type"
+        edits.insert_after(stmt, FIXUP.format(device=ctx.device, device_type=device_type, local_rank=ctx.local_rank))
+        edits.change(stmt, f"`{ctx.device}` from `{N.call_name(assign.value)}(...)` becomes this process's GPU")
 
 
 def _local_rank_variable(ctx: Context, scope: ScopeNode) -> str | None:

@@ -20,9 +20,18 @@ SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle}{extra})\n
 # Before the process group exists the sampler reads its place from torchrun's environment.
 
 
+def _evaluation_sampler(call: cst.Call) -> bool:
+    """Is the loader's sampler named for evaluation (`sampler=self.valid_sampler`)?"""
+    arg = N.keyword(call, "sampler")
+    name = (ref_of(arg.value) or "").lower() if arg is not None else ""
+    return any(word in name for word in ("valid", "val_", "test", "eval"))
+
+
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     for call in script.unplaced_loaders:
+        if _evaluation_sampler(call):
+            continue  # `return DataLoader(sampler=self.valid_sampler, ...)`: a validation split, whole on every rank
         stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
         edits.todo(stmt, call, "give the training DataLoader built here a DistributedSampler and call its set_epoch(epoch) every epoch")
     if script.loaders and not script.train_loaders:

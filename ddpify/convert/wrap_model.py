@@ -135,7 +135,7 @@ def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
             return True
         if script.local_function(call) in script.training_functions:
             return True  # a training helper (it may use the model as a global)
-        if isinstance(call.func, cst.Name) and call.func.value in script.classes and any(ref_of(a.value) == model for a in call.args):
+        if script.class_called(call) is not None and any(ref_of(a.value) == model for a in call.args):
             return True  # the object keeps the model and trains it later: it must get the DDP one
     return False
 
