@@ -290,3 +290,16 @@ def test_copy_names_the_data_the_code_reads(tmp_path):
     assert copy.returncode == 0, copy.stderr
     assert not (out / "data").exists()
     assert f"train.py:{line} reads data/ relative to where it runs" in copy.stdout
+
+
+def test_converted_helpers_serve_other_callers(runs):
+    """A converted helper module still works for a caller with no process group (a test script,
+    a notebook): the sampler reads its place from torchrun's environment, defaulting to one process."""
+    out = runs["cifar_utils", "out"]
+    code = "import utils; batches = list(utils.get_training_dataloader(batch_size=16)); print(len(batches))"
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=out, env=dict(os.environ, PYTHONPATH=str(out), OMP_NUM_THREADS="1"),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "12"  # all 192 samples: one process reads the whole set

@@ -60,6 +60,8 @@ class Context:
         scope = script.scope_of(stmt)
         if self.driver:
             return RANK0_BEFORE_INIT  # the group is another module's: it may not exist yet here
+        if self.setup_scope is not None and script.root_of(stmt) is not script.root_of(self.setup_scope):
+            return RANK0_BEFORE_INIT  # a project's other module: its other callers may have no group
         if isinstance(scope, cst.Module) and scope is not self.setup_scope:
             return RANK0_BEFORE_INIT  # module code runs at import, before setup
         if scope in self.called_before_init():
