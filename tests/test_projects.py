@@ -303,3 +303,27 @@ def test_converted_helpers_serve_other_callers(runs):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "12"  # all 192 samples: one process reads the whole set
+
+
+def test_check_follows_the_project(tmp_path):
+    """`check` sees the project as convert does: a rank-0 guard in train.py around a helper whose
+    collective is in utils.py hangs the other ranks; the finding is at the guarded call in
+    train.py and names the line in utils.py. utils.py alone is fine."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "utils.py").write_text(
+        "import torch.distributed as dist\n\n\ndef report(t):\n    dist.all_reduce(t)\n    return t\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\nimport utils\n\n"
+        "dist.init_process_group('gloo')\nt = torch.ones(1)\nif dist.get_rank() == 0:\n    utils.report(t)\n"
+        "dist.destroy_process_group()\n"
+    )
+    both = ddpify("check", "train.py", "utils.py", "--select", "DDP116", cwd=tmp_path)
+    assert both.returncode == 1, both.stdout + both.stderr
+    findings = [line for line in both.stdout.splitlines() if "DDP116" in line]
+    assert findings == [
+        "train.py:9:5: DDP116 collective inside a rank-0-only branch hangs the other ranks; call it on every rank,"
+        " outside the branch (the call leads to `dist.all_reduce(t)` in utils.py:5)"
+    ]
+    alone = ddpify("check", "utils.py", "--select", "DDP116", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stdout

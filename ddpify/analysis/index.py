@@ -697,6 +697,9 @@ class FileIndex:
             isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value in ("self", "cls")
         ):
             return self.functions.get(ci.name, [])
+        if len(self.roots) > 1:  # a project: `utils.report(...)` reaches utils.py's function
+            definitions = self.definitions()
+            return [d for q in ci.qnames if isinstance(d := definitions.get(q), cst.FunctionDef)]
         return []
 
     def call_sites(self, func: Func) -> list[CallInfo]:

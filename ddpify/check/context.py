@@ -9,6 +9,7 @@ same index, so both commands agree on names, rank 0 and the step loop.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Optional
 
@@ -53,14 +54,30 @@ __all__ = [
 ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ProjectModules:
+    """The project modules a checked file imports: dotted name -> module, their files, and which
+    of them are packages (a finding in one of them is reported at the call in the checked file)."""
+
+    modules: dict[str, cst.Module]
+    paths: dict[str, str]
+    packages: frozenset[str] = frozenset()
+
+
 class FileContext:
     """Everything rules need to know about one file, computed once."""
 
-    def __init__(self, path: str, source: str, module: Optional[cst.Module] = None) -> None:
+    def __init__(
+        self, path: str, source: str, module: Optional[cst.Module] = None, project: Optional["ProjectModules"] = None
+    ) -> None:
         self.path = path
         self.source = source
         self.module = module if module is not None else cst.parse_module(source)
-        self.index: FileIndex = index_of(self.module)
+        if project is not None and project.modules:  # the file with the project modules it imports
+            self.index: FileIndex = FileIndex(self.module, others=project.modules, packages=project.packages)
+        else:
+            self.index = index_of(self.module)
+        self.project = project
         index = self.index
         self.calls = index.calls
         self.call_info = index.call_info

@@ -80,6 +80,8 @@ class Rule:
     SEVERITY: ClassVar[str] = SEVERITY_ERROR
     # Only run on files that use torch.distributed / DDP.
     DISTRIBUTED_ONLY: ClassVar[bool] = True
+    # A report in another module of the project is shown at the checked file's call that leads there.
+    FOLLOWS_CALLS: ClassVar[bool] = False
     # Opinionated rules are off unless selected explicitly.
     DEFAULT: ClassVar[bool] = True
     FIXABLE: ClassVar[bool] = False

@@ -77,18 +77,19 @@ def _rules_for(codes: Iterable[str]) -> list[type[Rule]]:
 
 
 def analyse(
-    path: str, source: str, rules: list[type[Rule]], module: Optional[cst.Module] = None
+    path: str, source: str, rules: list[type[Rule]], module: Optional[cst.Module] = None, project=None
 ) -> tuple[list[Finding], Optional[cst.Module], list[tuple[cst.CSTNode, cst.CSTNode]]]:
     """Findings of ``rules`` on one source, its module, and the fixes offered (unsuppressed only).
 
-    ``module``: the source already parsed (e.g. by the converter, whose index is then reused)."""
+    ``module``: the source already parsed (e.g. by the converter, whose index is then reused);
+    ``project``: the project modules the file imports (`ProjectModules`), analysed with it."""
     try:
         module = module if module is not None else cst.parse_module(source)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
         if any(r.CODE == PARSE_ERROR for r in rules):
             return [_parse_error(path, exc)], None, []
         return [], None, []
-    ctx = FileContext(path, source, module)
+    ctx = FileContext(path, source, module, project)
     noqa = noqa_lines(source)
     findings: list[Finding] = []
     fixes: list[tuple] = []
@@ -97,7 +98,7 @@ def analyse(
             continue
         if rule_cls.DISTRIBUTED_ONLY and not ctx.is_distributed:
             continue
-        for report in rule_cls().check(ctx):
+        for report in _in_this_file(ctx, rule_cls, rule_cls().check(ctx)):
             finding = _finding(ctx, rule_cls, report)
             if _suppressed(finding, noqa):
                 continue
@@ -105,6 +106,43 @@ def analyse(
             fixes.extend(report.fixes)
     findings.sort(key=lambda f: (f.line, f.column, f.code))
     return findings, ctx.module, fixes
+
+
+def _in_this_file(ctx: FileContext, rule_cls: type[Rule], reports: Iterable[Report]) -> Iterable[Report]:
+    """The reports about the checked file. A report in another module of its project is that
+    module's own (it is reported when that file is checked), except for a rule that follows
+    calls (`FOLLOWS_CALLS`): it is reported at the call in this file that leads there, naming the
+    other file (a rank-0 guard here around a helper whose collective is in utils.py)."""
+    for report in reports:
+        root = _root(ctx, report.node)
+        if root is ctx.module:
+            yield report
+        elif rule_cls.FOLLOWS_CALLS and ctx.project is not None:
+            name = ctx.index.roots.get(root, "")
+            where = f"{ctx.project.paths.get(name, name)}:{ctx.line(report.node)}"
+            message = f"{report.message or rule_cls.MESSAGE} (the call leads to `{ctx.code(report.node).strip()}` in {where})"
+            for site in _sites_here(ctx, report.node):
+                yield Report(site, message)
+
+
+def _root(ctx: FileContext, node: cst.CSTNode) -> cst.CSTNode:
+    for node in ctx.ancestors(node):
+        pass
+    return node
+
+
+def _sites_here(ctx: FileContext, node: cst.CSTNode, depth: int = 0) -> list[cst.CSTNode]:
+    """The calls in the checked file that reach the function holding `node` (through others)."""
+    func = ctx.enclosing_func(node)
+    if func is None or depth > 4:
+        return []
+    found = []
+    for site in ctx.index.call_sites(func):
+        if _root(ctx, site.node) is ctx.module:
+            found.append(site.node)
+        else:
+            found += _sites_here(ctx, site.node, depth + 1)
+    return found
 
 
 def _finding(ctx: FileContext, rule_cls: type[Rule], report: Report) -> Finding:
@@ -128,12 +166,14 @@ def check_source(
     codes: Iterable[str] | None = None,
     fix: bool = False,
     module: Optional[cst.Module] = None,
+    project=None,
 ) -> FileResult:
     """Check one file's source; with ``fix``, apply safe fixes until the source is stable.
 
-    ``module``: ``source`` already parsed; its analysis is shared with whoever parsed it."""
+    ``module``: ``source`` already parsed; its analysis is shared with whoever parsed it;
+    ``project``: the project modules it imports (`project_modules`)."""
     rules = list(all_rules()) if codes is None else _rules_for(codes)
-    findings, module, fixes = analyse(path, source, rules, module)
+    findings, module, fixes = analyse(path, source, rules, module, project)
     result = FileResult(path=path, findings=findings)
     if not fix or not fixes:
         return result
@@ -147,7 +187,7 @@ def check_source(
             break
         cst.parse_module(new)  # a fix must never break the file: raises (internal error) if it did
         current = new
-        findings, module, fixes = analyse(path, current, rules)
+        findings, module, fixes = analyse(path, current, rules, project=project)
     if current != source:
         result.fixed_source = current
         result.findings = findings
@@ -199,12 +239,39 @@ def _check_path(args: tuple[str, tuple[str, ...], bool]) -> FileResult:
     except (OSError, UnicodeDecodeError) as exc:
         return FileResult(path=path, error=f"cannot read {path}: {exc}")
     try:
-        result = check_source(source, path, codes, fix)
+        result = check_source(source, path, codes, fix, project=project_modules(Path(path)))
     except Exception as exc:  # an internal error: report it, keep checking the others
         return FileResult(path=path, error=f"internal error while checking {path}: {exc!r}")
     if result.fixed_source is not None:
         Path(path).write_bytes(result.fixed_source.encode("utf-8"))
     return result
+
+
+_PARSED: dict[tuple[str, float], cst.Module] = {}  # (path, mtime) -> module, per worker process
+
+
+def project_modules(path: Path):
+    """The project modules `path` imports (found as `convert` finds them), parsed once per
+    process; None when it imports none or one of them cannot be read or parsed."""
+    from ddpify.analysis.project import find_project
+    from ddpify.check.context import ProjectModules
+
+    def parse(text: str, where: str) -> cst.Module:
+        key = (where, os.path.getmtime(where))
+        if key not in _PARSED:
+            _PARSED[key] = cst.parse_module(text)
+        return _PARSED[key]
+
+    try:
+        project = find_project(path, parse=parse)
+    except Exception:  # noqa: BLE001 - an unreadable or broken module: check the file alone
+        return None
+    if len(project.files) < 2:
+        return None
+    others = {name: parse(file.read_text(encoding="utf-8"), str(file)) for file, name in project.modules.items() if name != "__main__"}
+    paths = {name: os.path.relpath(file) for file, name in project.modules.items()}
+    packages = frozenset(name for file, name in project.modules.items() if file.name == "__init__.py")
+    return ProjectModules(others, paths, packages)
 
 
 def check_paths(

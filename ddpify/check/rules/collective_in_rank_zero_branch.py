@@ -38,6 +38,7 @@ class CollectiveInRankZeroBranch(Rule):
     """
 
     CODE = "DDP116"
+    FOLLOWS_CALLS = True
     NAME = "collective-in-rank-zero-branch"
     MESSAGE = "collective inside a rank-0-only branch hangs the other ranks; call it on every rank, outside the branch"
     VALID = [
