@@ -303,6 +303,20 @@ def test_converted_helpers_serve_other_callers(runs):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "12"  # all 192 samples: one process reads the whole set
+    # engine.eval_fn, whose sums are all-reduced now, evaluated by a caller with no process group
+    out = runs["kaggle_engine", "out"]
+    code = (
+        "import numpy as np, torch, dataset, engine, model\n"
+        "x = np.ones((8, 8), dtype='float32'); data = dataset.RegressionDataset(x, x[:, :1])\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=4)\n"
+        "print(engine.eval_fn(loader, model.Net(8), 'cpu') >= 0)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=out, env=dict(os.environ, PYTHONPATH=str(out), OMP_NUM_THREADS="1"),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True"
 
 
 def test_check_follows_the_project(tmp_path):

@@ -23,6 +23,13 @@ def all_reduce_sum(value):
         return total.to(value.device, value.dtype)
     return type(value)(total.item())
 '''
+# In a project's shared module, whose other callers may run without a process group.
+ALL_REDUCE_SUM_SHARED = ALL_REDUCE_SUM.replace(
+    '    """Sum a metric over all processes (each one saw its own part of the data)."""\n',
+    '    """Sum a metric over all processes (each one saw its own part of the data)."""\n'
+    "    if not dist.is_initialized():  # one process (a caller without a process group): nothing to add\n"
+    "        return value\n",
+)
 
 
 def per_rank_denominator(ctx: Context, loop: cst.For) -> bool:
@@ -108,5 +115,5 @@ def define_helper(ctx: Context, where: cst.CSTNode) -> None:
     module = ctx.script.root_of(where)
     if module is ctx.script.module and D.all_reduces(ctx.script, ctx.script.functions.get("all_reduce_sum")):
         return
-    define_function(ctx, "all_reduce_sum", ALL_REDUCE_SUM, where)
+    define_function(ctx, "all_reduce_sum", ALL_REDUCE_SUM if module is ctx.script.module else ALL_REDUCE_SUM_SHARED, where)
 
