@@ -77,6 +77,10 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
         trainers += 1
         if not converted.already_distributed and converted.code != text:
             result.changed[path] = (converted, text, encoding)
+    if loops_elsewhere or (not trainers and facts.builds_loaders - {"__main__"}):
+        # a loop over a model and data another module builds, or loaders a helper module builds
+        # (`utils.get_training_dataloader()`): the project as one program
+        return _convert_together(entry, options, root)
     text, encoding = sources[project.entry]
     try:
         converted = convert_source(text, str(project.entry), options, facts)
@@ -84,10 +88,6 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
         if not (trainers and exc.message.startswith("no model to convert")):
             raise
         converted = convert_source(text, str(project.entry), options, facts, driver=True)
-    if loops_elsewhere or (not trainers and facts.builds_loaders - {"__main__"}):
-        # a loop over a model and data another module builds, or loaders a helper module builds
-        # (`utils.get_training_dataloader()`): the project as one program
-        return _convert_together(entry, options, root)
     if not converted.already_distributed and converted.code != text:
         result.changed[project.entry] = (converted, text, encoding)
     return result
@@ -123,8 +123,6 @@ def _convert_together(entry: Path, options: ConvertOptions, root: Path | None) -
 
 def _verify_project(result: ProjectResult, options: ConvertOptions, facts, packages: frozenset[str]) -> None:
     """Every changed module compiles, and converting the converted project changes nothing."""
-    import libcst as cst
-
     from ddpify.convert import replan_modules
 
     project = result.project

@@ -131,9 +131,10 @@ def convert_modules(
     for module, name in script.index.roots.items():
         if module not in edited:
             continue
-        mine = lambda where, module=module: isinstance(where, int) and module is entry or (  # noqa: E731
-            not isinstance(where, int) and script.root_of(where) is module
-        )
+        def mine(where: cst.CSTNode | int, module: cst.Module = module) -> bool:
+            """Is a note about this module's code? (A bare line number is the entry's.)"""
+            return module is entry if isinstance(where, int) else script.root_of(where) is module
+
         converted = _imports(apply(module, edits, script.parent), edits, prune=True)
         results[name] = ConvertResult(
             converted.code,
