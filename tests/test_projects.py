@@ -341,3 +341,37 @@ def test_check_follows_the_project(tmp_path):
     ]
     alone = ddpify("check", "utils.py", "--select", "DDP116", cwd=tmp_path)
     assert alone.returncode == 0, alone.stdout
+
+
+def test_optimizer_built_by_name_from_config(tmp_path):
+    """pytorch-template builds its optimizer by name, `config.init_obj('optimizer', torch.optim,
+    params)`: a call handed the torch.optim module and the model's parameters builds the
+    optimizer, so the model is found and wrapped before the Trainer keeps it; trained under
+    torchrun, every rank ends with the same parameters and a shard of its own."""
+    project = tmp_path / "proj"
+    shutil.copytree(PROJECTS / "template_trainer", project)
+    train = project / "train.py"
+    train.write_text(
+        train.read_text()
+        .replace('torch.optim.SGD(trainable_params, lr=config["optimizer"]["lr"])', 'init_obj(config, "optimizer", torch.optim, trainable_params)')
+        .replace("from utils import prepare_device, read_json", "from utils import init_obj, prepare_device, read_json")
+    )  # fmt: skip
+    (project / "utils" / "util.py").write_text(
+        (project / "utils" / "util.py").read_text()
+        + "\n\ndef init_obj(config, name, module, *args, **kwargs):\n"
+        + '    return getattr(module, config[name]["type"])(*args, **dict(config[name]["args"], **kwargs))\n'
+    )
+    config = project / "config.json"
+    config.write_text(config.read_text().replace('"optimizer": {"lr": 0.05}', '"optimizer": {"type": "SGD", "args": {"lr": 0.05}}'))
+    out = tmp_path / "out"
+    result = ddpify("convert", "train.py", "-o", f"{out}/", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "model = DDP(model" in (out / "train.py").read_text()
+    launch = run_plan(
+        [{"label": "byname", "script": str(out / "train.py"), "args": ["-c", str(out / "config.json")], "env": {"PYTHONPATH": str(out)}}],
+        tmp_path / "run",
+        nproc=NPROC,
+    )  # fmt: skip
+    traces = _ran(launch, "byname")  # checks every rank's parameters agree
+    passes = [[set(p["indices"]) for p in t["passes"] if p["loader"] == 0 and p["complete"]] for t in traces]
+    assert passes[0] and all(not a & b for a, b in zip(passes[0], passes[1])), "ranks share training samples"

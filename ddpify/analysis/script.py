@@ -518,7 +518,8 @@ def _find_model(script: Script) -> None:
     for call in script.calls:
         qualified = script.names(call.func)
         factory = N.call_name(call) in script.facts.optimizer_methods and ref_of(N.receiver(call) or call)
-        if not factory and not any(
+        by_name = any("torch.optim" in script.names(a.value) for a in call.args)  # `init_obj(cfg, "optimizer", torch.optim, params)`
+        if not factory and not by_name and not any(
             q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
             for q in qualified
         ):
