@@ -59,7 +59,8 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
         read_source(entry)  # the engine's one-line error for a missing file or a folder
     project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
     sources = {path: read_source(path) for path in project.files}
-    facts = project_facts({project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()})
+    modules = {project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()}
+    facts = project_facts(modules)
     result = ProjectResult(project)
     loops_elsewhere: list[ConvertError] = []
     trainers = 0  # modules that run the training themselves (converted now or before)
@@ -80,7 +81,7 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
     if loops_elsewhere or (not trainers and facts.builds_loaders - {"__main__"}):
         # a loop over a model and data another module builds, or loaders a helper module builds
         # (`utils.get_training_dataloader()`): the project as one program
-        return _convert_together(entry, options, root)
+        return _convert_together(project, sources, modules, options, facts)
     text, encoding = sources[project.entry]
     try:
         converted = convert_source(text, str(project.entry), options, facts)
@@ -93,18 +94,15 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
     return result
 
 
-def _convert_together(entry: Path, options: ConvertOptions, root: Path | None) -> ProjectResult:
-    """Convert `entry` and the project modules it reaches as one program (the analysis follows
+def _convert_together(project: Project, sources, modules: dict[str, cst.Module], options: ConvertOptions, facts) -> ProjectResult:
+    """Convert the project's entry and modules (dotted name -> parsed) as one program (the analysis follows
     calls from module to module), and verify every changed file (it compiles; converting the
     converted project again changes nothing); raise ConvertError if it cannot be done safely."""
     from ddpify.analysis.script import AnalysisError
     from ddpify.convert import convert_modules
 
-    project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
-    sources = {path: read_source(path) for path in project.files}
     paths = {name: path for path, name in project.modules.items()}
-    modules = {name: parse(sources[path][0], str(path)) for name, path in paths.items()}
-    facts = project_facts(modules)
+    modules = dict(modules)
     entry_module = modules.pop("__main__")
     packages = frozenset(name for name, path in paths.items() if path.name == "__init__.py")
     try:
@@ -117,11 +115,11 @@ def _convert_together(entry: Path, options: ConvertOptions, root: Path | None) -
         text, encoding = sources[path]
         if outcome.code != text:
             result.changed[path] = (outcome, text, encoding)
-    _verify_project(result, options, facts, packages)
+    _verify_project(result, {"__main__": entry_module, **modules}, options, facts, packages)
     return result
 
 
-def _verify_project(result: ProjectResult, options: ConvertOptions, facts, packages: frozenset[str]) -> None:
+def _verify_project(result: ProjectResult, parsed: dict[str, cst.Module], options: ConvertOptions, facts, packages: frozenset[str]) -> None:
     """Every changed module compiles, and converting the converted project changes nothing."""
     from ddpify.convert import replan_modules
 
@@ -130,7 +128,7 @@ def _verify_project(result: ProjectResult, options: ConvertOptions, facts, packa
     modules = {}
     for path, code in codes.items():
         if code is None:
-            modules[project.modules[path]] = parse(read_source(path)[0], str(path))
+            modules[project.modules[path]] = parsed[project.modules[path]]  # unchanged: as parsed
             continue
         try:
             compile(code, str(path), "exec")

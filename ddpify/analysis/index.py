@@ -644,6 +644,14 @@ class FileIndex:
             return frozenset({"builtins." + base})
         return frozenset()
 
+    def root_of(self, node: cst.CSTNode) -> cst.Module:
+        """The module (of a project's) that holds `node`."""
+        if len(self.roots) == 1:
+            return self.module
+        for node in self.ancestors(node):
+            pass
+        return node if node.__class__ is cst.Module else self.module
+
     def _root_of(self, scope: cst.CSTNode) -> cst.CSTNode:
         """The module a scope is in."""
         while scope.__class__ is not cst.Module:

@@ -280,10 +280,7 @@ class Script:
 
     def root_of(self, node: cst.CSTNode) -> cst.Module:
         """The module (of the project) that holds `node`."""
-        found = node
-        for found in self.ancestors(node):
-            pass
-        return found if isinstance(found, cst.Module) else self.module
+        return self.index.root_of(node)
 
     def class_of(self, node: cst.CSTNode) -> cst.ClassDef | None:
         """The class whose method holds `node`."""

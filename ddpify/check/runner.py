@@ -114,7 +114,7 @@ def _in_this_file(ctx: FileContext, rule_cls: type[Rule], reports: Iterable[Repo
     calls (`FOLLOWS_CALLS`): it is reported at the call in this file that leads there, naming the
     other file (a rank-0 guard here around a helper whose collective is in utils.py)."""
     for report in reports:
-        root = _root(ctx, report.node)
+        root = ctx.index.root_of(report.node)
         if root is ctx.module:
             yield report
         elif rule_cls.FOLLOWS_CALLS and ctx.project is not None:
@@ -125,12 +125,6 @@ def _in_this_file(ctx: FileContext, rule_cls: type[Rule], reports: Iterable[Repo
                 yield Report(site, message)
 
 
-def _root(ctx: FileContext, node: cst.CSTNode) -> cst.CSTNode:
-    for node in ctx.ancestors(node):
-        pass
-    return node
-
-
 def _sites_here(ctx: FileContext, node: cst.CSTNode, depth: int = 0) -> list[cst.CSTNode]:
     """The calls in the checked file that reach the function holding `node` (through others)."""
     func = ctx.enclosing_func(node)
@@ -138,7 +132,7 @@ def _sites_here(ctx: FileContext, node: cst.CSTNode, depth: int = 0) -> list[cst
         return []
     found = []
     for site in ctx.index.call_sites(func):
-        if _root(ctx, site.node) is ctx.module:
+        if ctx.index.root_of(site.node) is ctx.module:
             found.append(site.node)
         else:
             found += _sites_here(ctx, site.node, depth + 1)
