@@ -1,3 +1,3 @@
-from ddpify.cli import app
+from ddpify.cli import main
 
-app()
+main()

@@ -18,6 +18,16 @@ if TYPE_CHECKING:  # the engine loads when a command runs
 # The engine (libcst, the analysis, the passes) is imported by the command that needs it, so
 # `ddpify --help` starts in about the time of `import typer`.
 
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+
+
 class Launcher(str, Enum):
     torchrun = "torchrun"
     spawn = "spawn"
@@ -196,6 +206,55 @@ def _summary(
     if launcher == Launcher.spawn:
         lines.append(f"    or: python {out} [script args]  (one process per GPU; NPROC_PER_NODE=N on CPU)")
     typer.echo("\n".join(lines), err=err)
+
+
+_SCRIPT_ARGS: list[str] = []  # what follows `--` on a `ddpify verify` command line
+
+
+@app.command()
+def verify(
+    original: Path = typer.Argument(..., help="The single-GPU training script.", show_default=False),
+    converted: Optional[Path] = typer.Argument(
+        None, help="A DDP version to check (default: convert ORIGINAL in memory).", show_default=False
+    ),
+    nproc: int = typer.Option(2, "--nproc", min=1, help="Processes under torchrun."),
+    steps: int = typer.Option(4, "--steps", min=1, help="Optimizer steps per epoch before a run moves on."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds each run may take; then it counts as hung."),
+    device: Device = typer.Option(Device.auto, "--device", help="auto: GPUs with NCCL when there are enough; cpu: gloo."),
+    output_format: Format = typer.Option(Format.text, "--format", help="text or json."),
+    python: Optional[str] = typer.Option(None, "--python", help="The Python with torch that runs the scripts."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the runs' folders and traces in this folder."),
+) -> None:
+    """Run the DDP version of ORIGINAL briefly under torchrun, and the original as one process,
+    and report which DDP invariants hold: exit 0 all hold, 1 one fails, 2 verification could not run.
+
+    Arguments after `--` go to the script: ddpify verify train.py -- --epochs 1
+    """
+    from ddpify.results import ConvertOptions
+    from ddpify.verify import report
+    from ddpify.verify.session import VerifyError, VerifyOptions, verify as run_verify
+
+    options = VerifyOptions(
+        nproc=nproc, steps=steps, timeout=timeout, device=device.value, python=python or sys.executable,
+        args=list(_SCRIPT_ARGS), convert_options=ConvertOptions(), keep=keep,
+    )  # fmt: skip
+    try:
+        result = run_verify(original, converted, options)
+    except VerifyError as exc:
+        _fail(str(exc), 2)
+        return
+    typer.echo(report.as_json(result) if output_format == Format.json else report.text(result))
+    raise typer.Exit(result.exit_code)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """The `ddpify` entry point: `ddpify verify ... -- ARGS` hands ARGS to the script untouched."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["verify"] and "--" in argv:
+        at = argv.index("--")
+        _SCRIPT_ARGS[:] = argv[at + 1 :]
+        argv = argv[:at]
+    app(args=argv, prog_name="ddpify")
 
 
 register_check(app)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE_RUN = ROOT / "tests" / "harness" / "trace_run.py"
+TRACE_RUN = ROOT / "ddpify" / "verify" / "tracer.py"
 
 # Every launched command gets a wall-clock limit; a hang fails the test instead of the suite.
 PYTHON_TIMEOUT_S = 180
@@ -119,7 +119,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None) -> Launch:
-    """Run tests/harness/trace_run.py over a plan, under torchrun with nproc processes or plain python (None).
+    """Run ddpify/verify/tracer.py over a plan, under torchrun with nproc processes or plain python (None).
 
     Each plan entry is {"label", "script", "args", "env", "cwd"}; a relative cwd is taken under workdir.
     An entry may add "diverges": "<why>" for a run whose ranks may legitimately end with different
@@ -173,7 +173,7 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
 
 
 def load_traces(workdir: Path, label: str | None, ranks: int) -> dict:
-    """{(label, rank): trace} of the trace files that exist (label None: trace_run.py without a plan)."""
+    """{(label, rank): trace} of the trace files that exist (label None: tracer.py without a plan)."""
     traces = {}
     for rank in range(ranks):
         path = workdir / f"trace-{_tag(label, rank)}.json"
@@ -194,7 +194,7 @@ def assert_replicas_identical(workdir: Path, label: str | None, traces: list[dic
 
     DDP averages the gradients before each optimizer step, so the replicas never part: a
     conversion that trains without gradient sync passes every other check and fails this one.
-    Compares params-<label>-<rank>.pt (each optimizer's parameters at the end, trace_run.py)
+    Compares params-<label>-<rank>.pt (each optimizer's parameters at the end, tracer.py)
     exactly, and the checksums in the traces: after every optimizer step (``optimizer_steps``),
     and of every DDP model before each training forward and at the end (``ddp_forwards``,
     ``ddp_final``: scripts that update parameters by hand have no optimizer). The AssertionError
@@ -222,7 +222,7 @@ def assert_replicas_identical(workdir: Path, label: str | None, traces: list[dic
 
 
 def _step_differences(a: dict, b: dict) -> list[str]:
-    """Where the two ranks' parameter checksums (trace_run.py) first differ: per optimizer, the
+    """Where the two ranks' parameter checksums (tracer.py) first differ: per optimizer, the
     first step (1-based) after which they do; per DDP model, the first training forward before
     which they do (scripts that update parameters by hand have no optimizer steps), or the end."""
     found = []

@@ -8,7 +8,7 @@ For every fixtures/corpus/*.py:
    refused with a matching message); its TODOs must be exactly those listed in its Spec;
 2. the output must compile;
 3. the converted script runs under ``python -m torch.distributed.run --standalone
-   --nproc-per-node=2`` on CPU (through tests/harness/trace_run.py, which records what each
+   --nproc-per-node=2`` on CPU (through ddpify/verify/tracer.py, which records what each
    process did), in a fresh working directory, with a timeout: exit 0, every process joined a
    2-process group and wrapped a model in DDP, only rank 0 called ``torch.save``;
 4. the once-per-run final message appears exactly once in the combined stdout;
@@ -46,7 +46,7 @@ from ddpify.engine import ConvertError, convert_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fixtures" / "corpus"
-TRACE_RUN = ROOT / "tests" / "harness" / "trace_run.py"
+TRACE_RUN = ROOT / "ddpify" / "verify" / "tracer.py"
 NPROC = 2
 PARALLEL = 2  # torchrun launches at a time (each is 3 processes; the machine has few cores)
 TIMEOUT_S = 150  # per launch; a hang fails the script instead of the suite
@@ -99,7 +99,7 @@ SPECS: dict[str, Spec] = {
     "transformer_classifier": Spec(once(r"Done training transformer classifier"), train_size=384),
     "nanogpt_style": Spec(once(r"training finished: best val loss")),
     "gan_tensor_types": Spec(once(r"PyTorch-GAN style training done"), train_size=512),
-    # an IterableDataset: its sampler yields None, which trace_run.py records as such (no shards to check)
+    # an IterableDataset: its sampler yields None, which tracer.py records as such (no shards to check)
     "iterable_stream": Spec(
         once(r"stream training complete"), todos=["streams an IterableDataset: give each rank its own part"]
     ),
@@ -141,7 +141,7 @@ class Outcome:
 
 
 def launch(name: str, script: Path, spec: Spec, work: Path) -> tuple[subprocess.CompletedProcess | None, str, float, bool]:
-    """torchrun over trace_run.py with a plan: every run of the spec, one after the other, in one cwd."""
+    """torchrun over tracer.py with a plan: every run of the spec, one after the other, in one cwd."""
     plan = [
         {"label": f"run{i}", "script": str(script), "args": list(args), "cwd": str(work / "cwd")}
         for i, args in enumerate(spec.runs)

@@ -2,10 +2,10 @@
 
 For every case in CASES, one module-scoped fixture launches
 
-* torchrun --standalone --nproc-per-node=2 over tests/harness/trace_run.py, running the converted
+* torchrun --standalone --nproc-per-node=2 over ddpify/verify/tracer.py, running the converted
   script twice in the same processes: shuffle on (run "shuffle") and shuffle off (run "ordered"),
   per-process batch B;
-* plain python over trace_run.py: the single-process reference with batch 2B and shuffle off
+* plain python over tracer.py: the single-process reference with batch 2B and shuffle off
   (run "baseline": the original script, or the converted one where the original needs a GPU),
   and the converted script as one process (run "plain", same knobs as the baseline),
 

@@ -6,7 +6,7 @@ fixtures/patterns/<case>.out.py  the converter's output (golden; `pytest --updat
 
 Golden tests: the conversion equals the golden, compiles, is a fixed point, and leaves exactly the
 TODOs listed in CASES. Integration tests: every runnable golden runs under ONE
-`torchrun --standalone --nproc-per-node=2` launch (tests/harness/trace_run.py plan), the
+`torchrun --standalone --nproc-per-node=2` launch (ddpify/verify/tracer.py plan), the
 single-process references run under ONE plain-python launch, and the --launcher spawn case runs
 once on its own (it starts its own processes); the tests then assert, per case, the invariants
 of PRODUCT.md that apply. Exclusions carry their reason in CASES (`runs`, `equivalence`).
@@ -791,7 +791,7 @@ def test_hand_batches_sequential_disjoint_rows(runs):
 def test_spawn_launcher(tmp_path):
     """`NPROC_PER_NODE=2 python converted.py`: the script starts its 2 processes itself.
 
-    Run through trace_run.py under plain python: the harness traces mp.spawn's children as ranks
+    Run through tracer.py under plain python: the harness traces mp.spawn's children as ranks
     0 and 1 (and the launching process as rank "launcher"), so the replicas are checked too."""
     args = ["--batch-size", str(B), "--epochs", "2"]
     plan = [{"label": "spawn", "script": str(golden("spawn_launcher")), "args": args, "env": {"NPROC_PER_NODE": str(NPROC)}}]

@@ -1,0 +1,576 @@
+"""The ten invariants of a DDP conversion, judged from the traces of the verification runs.
+
+Every check reads traces (JSON written by tracer.py) only, so nothing here imports torch. Each
+returns a Result: PASS, FAIL or N/A, a one-line summary a user can act on, and the evidence.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+
+TITLES = {
+    1: "process group",
+    2: "every trained model in DDP",
+    3: "disjoint shards, new order each epoch",
+    4: "replicas in sync",
+    5: "same mathematics as one process",
+    6: "one voice",
+    7: "portable checkpoints",
+    8: "evaluation adds up",
+    9: "no hang, no crash",
+    10: "runs as one process",
+}
+
+
+@dataclass
+class Result:
+    number: int
+    status: str
+    summary: str
+    evidence: list[str] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return TITLES[self.number]
+
+
+@dataclass
+class Runs:
+    """What the verification runs left: traces per rank, and how each launch ended."""
+
+    nproc: int
+    ddp: list  # trace per rank (None: missing) of the converted script under torchrun
+    ordered: list  # the same, unshuffled and seeded (compared with `reference`)
+    original: dict | None  # the single-process script as written (or the converted stand-in)
+    reference: dict | None  # the single-process reference: batch x nproc, unshuffled, seeded
+    plain: dict | None  # the converted script under plain python
+    stand_in: bool = False  # the original failed here: the converted script as one process stands in
+    stacks: dict = field(default_factory=dict)  # (label, rank) -> stacks of a stopped rank
+    hung: set = field(default_factory=set)  # labels of runs stopped at the timeout
+    stderr: str = ""  # torchrun's stderr, for a crash without a trace
+    original_error: str | None = None  # why the original failed here (stand_in)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _ok(trace: dict | None) -> bool:
+    return trace is not None and trace.get("exit_code") == 0
+
+
+def _where(item: dict | None) -> str:
+    return f" at {item['where']}" if item and item.get("where") else ""
+
+
+def _ranks(traces: list) -> str:
+    return ", ".join(str(r) for r in traces)
+
+
+def train_loader(trace: dict | None) -> int | None:
+    """The loader whose passes the optimizer steps happened in (most steps)."""
+    counts: Counter = Counter()
+    for p in (trace or {}).get("passes", []):
+        if p.get("steps") and p.get("loader") is not None:
+            counts[p["loader"]] += p["steps"]
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def training_passes(trace: dict, loader: int) -> list[dict]:
+    return [p for p in trace["passes"] if p["loader"] == loader and p.get("steps")]
+
+
+def batches(p: dict) -> list[list]:
+    out, at = [], 0
+    for size in p.get("sizes", []):
+        out.append(p["indices"][at : at + size])
+        at += size
+    return out
+
+
+def step_differences(a: dict, b: dict) -> list[str]:
+    """Where two ranks' parameter checksums first differ: per optimizer, the first step (1-based)
+    after which they do; per DDP model, the first training forward before which they do (scripts
+    that update parameters by hand have no optimizer steps), or the end."""
+    found = []
+    for key, what, when, steps in (
+        ("optimizer_steps", "optimizer", "after step", "optimizer steps"),
+        ("ddp_forwards", "DDP model", "before training forward", "training forwards"),
+    ):
+        seq_a, seq_b = a.get(key), b.get(key)
+        if seq_a is None or seq_b is None:
+            continue
+        if len(seq_a) != len(seq_b):
+            found.append(f"{len(seq_a)} vs {len(seq_b)} {what}s")
+            continue
+        for i, (sa, sb) in enumerate(zip(seq_a, seq_b)):
+            first = next((k for k, (x, y) in enumerate(zip(sa, sb)) if x != y), None)
+            if first is not None:
+                found.append(f"{what} {i}: ranks first differ {when} {first + 1} (of {len(sa)} / {len(sb)})")
+            elif len(sa) != len(sb):
+                found.append(f"{what} {i}: {len(sa)} vs {len(sb)} {steps} (identical for the first {min(len(sa), len(sb))})")
+    for key, what in (("ddp_final", "DDP model"), ("final_checksums", "optimizer")):
+        final_a, final_b = a.get(key), b.get(key)
+        if final_a and final_b and final_a != final_b and len(final_a) == len(final_b) and not found:
+            differ = [i for i, (x, y) in enumerate(zip(final_a, final_b)) if x != y]
+            found.append(f"{what} {', '.join(map(str, differ))}: parameters differ at the end of the run")
+    return found
+
+
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+def template(line: str) -> str:
+    return NUMBER.sub("#", line).strip()
+
+
+def _lines(trace: dict | None) -> list[tuple[str, str | None]]:
+    return [(text, where) for text, where in (trace or {}).get("lines", []) if text.strip()]
+
+
+def _missing_trace(runs: Runs, traces: list, label: str) -> Result | None:
+    if all(t is not None for t in traces):
+        return None
+    missing = [r for r, t in enumerate(traces) if t is None]
+    why = "it was stopped at the timeout (see 9)" if label in runs.hung else "it crashed or never started (see 9)"
+    return Result(0, NA, f"rank {_ranks(missing)} of the {label} run left no trace: {why}")
+
+
+# --- 1. process group --------------------------------------------------------------------------
+
+
+def process_group(runs: Runs) -> Result:
+    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    if missing:
+        return Result(1, NA, missing.summary)
+    groups = []
+    for rank, trace in enumerate(runs.ddp):
+        made = trace["init_process_group"]
+        if not made:
+            return Result(1, FAIL, f"rank {rank} never called init_process_group: each rank trains alone",
+                          ["call dist.init_process_group() (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR)"])  # fmt: skip
+        groups.append(made[-1])
+    sizes = {g["world_size"] for g in groups}
+    if sizes != {runs.nproc}:
+        return Result(1, FAIL, f"world size {', '.join(map(str, sorted(sizes)))}, not {runs.nproc}: the ranks made separate groups",
+                      [f"rank {r}: {g['backend']} group of {g['world_size']}{_where(g)}" for r, g in enumerate(groups)])  # fmt: skip
+    ranks = sorted(g["rank"] for g in groups)
+    if ranks != list(range(runs.nproc)):
+        return Result(1, FAIL, f"the processes took ranks {ranks}, not 0..{runs.nproc - 1}")
+    backends = {g["backend"] for g in groups}
+    if len(backends) > 1:
+        return Result(1, FAIL, f"the ranks use different backends: {', '.join(sorted(backends))}")
+    return Result(1, PASS, f"every rank joined one {backends.pop()} group of {runs.nproc}{_where(groups[0])}")
+
+
+# --- 2. every trained model is wrapped in DDP, before it trains -------------------------------
+
+
+def wrapped(runs: Runs) -> Result:
+    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    if missing:
+        return Result(2, NA, missing.summary)
+    trace = runs.ddp[0]
+    models, early = trace["ddp_models"], trace["unwrapped_forwards"]
+    for opt in trace["uncovered"]:
+        info = trace["optimizer_info"][opt["optimizer"]]
+        named = f" ({early[0]['module']} trained{_where(early[0])})" if early else ""
+        return Result(2, FAIL, f"optimizer {opt['optimizer']} ({info['type']}{_where(info)}) trains {opt['missing']} of its "
+                      f"{opt['of']} parameters outside DDP{named}: their gradients are never averaged; wrap that model in DDP")  # fmt: skip
+    if early:
+        first = early[0]
+        after = next((m for m in models if m["event"] > first["event"]), None)
+        return Result(2, FAIL, f"{first['module']} ran a training forward{_where(first)} before it was wrapped in DDP"
+                      f"{_where(after)}: wrap it before the first training step")  # fmt: skip
+    if not models:
+        if not trace["optimizers"]:
+            return Result(2, NA, "no optimizer and no DDP model in the run")
+        return Result(2, FAIL, "no model is wrapped in DistributedDataParallel: gradients are never averaged")
+    shown = [f"{m['module']} ({m['params']} parameters) wrapped{_where(m)}" for m in models]
+    return Result(2, PASS, f"{', '.join(m['module'] for m in models)} wrapped in DDP before training; every optimizer "
+                  "trains DDP parameters only", shown)  # fmt: skip
+
+
+# --- 3. the training data is sharded -----------------------------------------------------------
+
+
+def sharded(runs: Runs) -> Result:
+    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    if missing:
+        return Result(3, NA, missing.summary)
+    loader = train_loader(runs.ddp[0])
+    if loader is None:
+        if not runs.ddp[0]["loaders"]:
+            return Result(3, NA, "the script builds no DataLoader (batches made by hand): nothing to shard")
+        return Result(3, NA, "no optimizer step happened while a DataLoader was read")
+    info = runs.ddp[0]["loaders"][loader]
+    epochs = [training_passes(t, loader) for t in runs.ddp]
+    n_epochs = min(len(e) for e in epochs)
+    universe = _universe(runs.original, info)
+    evidence = [f"training loader{_where(info)}: {info['dataset_len']} samples, sampler {epochs[0][0]['sampler']}"]
+    for e in range(n_epochs):
+        passes = [epochs[r][e] for r in range(runs.nproc)]
+        known = all(p.get("planned") is not None for p in passes)
+        sets = [set(p["planned"]) if p.get("planned") is not None else set(p["indices"]) for p in passes]
+        if universe and runs.nproc > 1:
+            whole = [r for r, s in enumerate(sets) if known and len(s) >= len(universe)]
+            if whole:
+                return Result(3, FAIL, f"every rank reads the whole training set ({len(universe)} samples, sampler "
+                              f"{passes[0]['sampler']}){_where(info)}: give the loader a DistributedSampler", evidence)  # fmt: skip
+        pad = _padding(passes[0], len(universe) if universe else None, runs.nproc)
+        for a in range(runs.nproc):
+            for b in range(a + 1, runs.nproc):
+                both = len(sets[a] & sets[b])
+                if both > pad:
+                    return Result(3, FAIL, f"ranks {a} and {b} both read {both} of the same samples in epoch {e + 1}"
+                                  f"{_where(info)}: give the loader a DistributedSampler", evidence)  # fmt: skip
+        if known and universe:
+            left = len(universe - set().union(*sets))
+            if left > (runs.nproc - 1 if passes[0]["sampler"] == "DistributedSampler" else 0):
+                return Result(3, FAIL, f"{left} of {len(universe)} training samples are read by no rank in epoch {e + 1}", evidence)
+        sizes = "/".join(str(len(s)) for s in sets)
+        evidence.append(f"epoch {e + 1}: ranks read {sizes} samples{', disjoint, together all of them' if known else ', disjoint so far'}")
+    return _order(runs, epochs, n_epochs, evidence)
+
+
+def _universe(original: dict | None, info: dict) -> set | None:
+    loader = train_loader(original)
+    if original is not None and loader is not None:
+        first = training_passes(original, loader)[0]
+        if first.get("planned") is not None:
+            return set(first["planned"])
+    return set(range(info["dataset_len"])) if info.get("dataset_len") is not None else None
+
+
+def _padding(p: dict, n: int | None, nproc: int) -> int:
+    """Samples a DistributedSampler repeats to give every rank as many (it pads, it does not drop)."""
+    if p["sampler"] != "DistributedSampler" or n is None:
+        return 0
+    return nproc * math.ceil(n / nproc) - n
+
+
+def _order(runs: Runs, epochs: list, n_epochs: int, evidence: list[str]) -> Result:
+    shuffled = _original_shuffles(runs.original)
+    if shuffled is False:
+        return Result(3, PASS, "each rank reads its own part of the training set every epoch (the original does not shuffle)", evidence)
+    if n_epochs < 2:
+        return Result(3, PASS, "each rank reads its own part of the training set (one epoch ran: the order across epochs "
+                      "is not checked; let the script run two)", evidence)  # fmt: skip
+    first, second = (_sequence(epochs[0][0]), _sequence(epochs[0][1]))
+    if first == second:
+        return Result(3, FAIL, "rank 0 reads its shard in the same order in epochs 1 and 2: call "
+                      "sampler.set_epoch(epoch) at the start of every epoch", evidence)  # fmt: skip
+    return Result(3, PASS, "each rank reads its own part of the training set, in a new order every epoch", evidence)
+
+
+def _sequence(p: dict) -> list:
+    return p["planned"] if p.get("planned") is not None and p.get("planned_in_order") else p["indices"]
+
+
+def _original_shuffles(original: dict | None) -> bool | None:
+    loader = train_loader(original)
+    if loader is None:
+        return None
+    passes = training_passes(original, loader)
+    if passes[0].get("shuffle"):
+        return True
+    if len(passes) > 1:
+        return passes[0]["indices"] != passes[1]["indices"]
+    return passes[0]["indices"] != sorted(passes[0]["indices"], key=lambda i: (i is None, i))
+
+
+# --- 4. replicas in sync -----------------------------------------------------------------------
+
+
+def in_sync(runs: Runs) -> Result:
+    traces = [t for t in runs.ddp if t is not None]
+    if len(traces) < runs.nproc:
+        return Result(4, NA, _missing_trace(runs, runs.ddp, "torchrun").summary)
+    steps = [len(s) for s in traces[0]["optimizer_steps"]]
+    forwards = [len(f) for f in traces[0]["ddp_forwards"]]
+    if not any(steps) and not any(forwards):
+        return Result(4, NA, "no optimizer step and no DDP training forward ran")
+    problems = []
+    for r in range(1, len(traces)):
+        problems += [f"rank 0 vs rank {r}: {p}" for p in step_differences(traces[0], traces[r])]
+    if problems:
+        hint = "gradients are not averaged"
+        if traces[0]["no_sync_steps"]:
+            hint = f"{traces[0]['no_sync_steps']} optimizer steps ran inside model.no_sync(), so their gradients were never averaged"
+        elif not traces[0]["ddp_models"]:
+            hint = "no model is wrapped in DDP, so gradients are never averaged"
+        return Result(4, FAIL, f"the ranks' parameters part: {problems[0].split(': ', 1)[1]} ({hint})", problems[:8])
+    what = f"{sum(steps)} optimizer steps" if any(steps) else f"{sum(forwards)} training forwards"
+    return Result(4, PASS, f"every rank holds the same parameters after each of {what}")
+
+
+# --- 5. the same mathematics as one process with the global batch ------------------------------
+
+
+def same_math(runs: Runs) -> Result:
+    reference, ordered = runs.reference, runs.ordered
+    if not _ok(reference):
+        return Result(5, NA, "the single-process reference run failed" + (f": {_last_line(reference)}" if reference else ""))
+    if not all(_ok(t) for t in ordered):
+        return Result(5, NA, "the unshuffled torchrun run did not finish (see 9)")
+    diff = ordered[0].get("reference_diff") or {}
+    ref_losses = reference["losses"]
+    rank_losses = [t["losses"] for t in ordered]
+    n = min([len(ref_losses)] + [len(x) for x in rank_losses])
+    mean = [sum(x[i] for x in rank_losses) / len(rank_losses) for i in range(n)]
+    curves = [f"losses, one process at {runs.nproc}x batch: {_numbers(ref_losses[:n])}",
+              f"losses, mean over {runs.nproc} ranks:        {_numbers(mean)}"]  # fmt: skip
+    data = _same_batches(reference, ordered)
+    if data is not None:
+        return Result(5, NA, f"the ranks' unshuffled batches are not the reference's ({data}), so the runs cannot be compared", curves)
+    apart = next((i for i in range(n) if not math.isclose(ref_losses[i], mean[i], rel_tol=1e-4, abs_tol=1e-6)), None)
+    if diff.get("error"):
+        return Result(5, FAIL, f"the converted script trains other parameters than the original: {diff['error']}", curves)
+    if apart is None and diff.get("allclose") and n:
+        return Result(5, PASS, f"the first {n} losses and the parameters after training equal one process at "
+                      f"{runs.nproc}x the batch (max |difference| {diff['max_abs']:.2g})", curves)  # fmt: skip
+    random = sorted(set(reference["randomness"]) | {r for t in ordered for r in t["randomness"]})
+    if random:
+        return Result(5, NA, f"{'; '.join(random)}: the runs differ by construction, so they are not compared", curves)
+    if apart is not None:
+        return Result(5, FAIL, f"the losses part at step {apart + 1}: {ref_losses[apart]:.6g} (one process at {runs.nproc}x "
+                      f"the batch) vs {mean[apart]:.6g} (mean over ranks): the ranks do not compute the global batch's "
+                      "gradient", curves)  # fmt: skip
+    if not n:
+        return Result(5, NA, "no loss was seen (no backward() of a scalar loss)")
+    return Result(5, FAIL, f"the parameters after training differ from one process at {runs.nproc}x the batch by "
+                  f"{diff.get('max_abs', float('nan')):.3g} ({diff.get('where')})", curves)  # fmt: skip
+
+
+def _same_batches(reference: dict, ordered: list) -> str | None:
+    """Why the ranks' first batches (together) are not the reference's, or None when they are."""
+    loader, ranks_loader = train_loader(reference), train_loader(ordered[0])
+    if loader is None or ranks_loader is None:
+        return None
+    ref = batches(training_passes(reference, loader)[0])
+    mine = [batches(training_passes(t, ranks_loader)[0]) for t in ordered]
+    for i, together in enumerate(zip(*mine)):
+        if i >= len(ref):
+            break
+        if sorted(x for b in together for x in b if x is not None) != sorted(x for x in ref[i] if x is not None):
+            return f"batch {i + 1} differs"
+    return None
+
+
+def _numbers(values: list[float], most: int = 8) -> str:
+    shown = " ".join(f"{v:.5g}" for v in values[:most])
+    return shown + (" ..." if len(values) > most else "")
+
+
+def _last_line(trace: dict | None) -> str:
+    error = (trace or {}).get("error") or ""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no trace"
+
+
+# --- 6. one voice: prints and files ------------------------------------------------------------
+
+
+def one_voice(runs: Runs) -> Result:
+    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    if missing:
+        return Result(6, NA, missing.summary)
+    problems, evidence = [], []
+    original = Counter(template(text) for text, _ in _lines(runs.original))
+    per_rank = [Counter(template(text) for text, _ in _lines(t)) for t in runs.ddp]
+    where = {template(text): w for t in runs.ddp for text, w in _lines(t) if w}
+    for line, count in sorted(original.items()):
+        printed = [r for r, c in enumerate(per_rank) if c[line]]
+        total = sum(c[line] for c in per_rank)
+        if len(printed) > 1 and total > count:
+            problems.append(f"`{line}`{_at(where.get(line))} is printed by ranks {_ranks(printed)} ({total} times; "
+                            f"the original prints it {count}): print on rank 0 only")  # fmt: skip
+    extra = {line for c in per_rank[1:] for line in c if not original[line]}
+    for line in sorted(extra):
+        if sum(1 for c in per_rank if c[line]) > 1:
+            problems.append(f"`{line}`{_at(where.get(line))} is printed by several ranks: print on rank 0 only")
+    lost = [line for line in original if not any(c[line] for c in per_rank)]
+    if lost and runs.original is not None and not runs.stand_in:
+        evidence.append(f"printed by the original, by no rank: {', '.join(f'`{x}`' for x in lost[:3])}")
+    problems += _files(runs, evidence)
+    if problems:
+        return Result(6, FAIL, problems[0], problems[1:] + evidence)
+    printed = sum(per_rank[0].values())
+    evidence.insert(0, f"rank 0 printed {printed} lines, the other ranks {sum(sum(c.values()) for c in per_rank[1:])}")
+    return Result(6, PASS, "each message and each file comes from one rank", evidence)
+
+
+def _at(where: str | None) -> str:
+    return f" ({where})" if where else ""
+
+
+def _relative(path: str, trace: dict) -> str:
+    """A file as seen from the run's folder (each run has its own copy)."""
+    root = trace.get("cwd") or ""
+    return path[len(root) + 1 :] if root and path.startswith(root + "/") else path
+
+
+def _files(runs: Runs, evidence: list[str]) -> list[str]:
+    writers: dict = defaultdict(dict)  # path -> rank -> first write
+    readers: dict = defaultdict(dict)
+    for rank, trace in enumerate(runs.ddp):
+        for f in trace["files"]:
+            book = writers if f["mode"] == "w" else readers
+            book[_relative(f["path"], trace)].setdefault(rank, f)
+    problems = []
+    for path, ranks in sorted(writers.items()):
+        if len(ranks) > 1:
+            first = ranks[min(ranks)]
+            problems.append(f"{path} is written by ranks {_ranks(sorted(ranks))}{_at(first.get('where'))}: write it on rank 0 only")
+            continue
+        (writer, write), = ranks.items()
+        for reader, read in readers.get(path, {}).items():
+            if reader != writer and read["sync"] <= write["sync"]:
+                problems.append(f"rank {reader} reads {path}{_at(read.get('where'))} while rank {writer} writes it"
+                                f"{_at(write.get('where'))}, with no barrier between: wait (dist.barrier()) before reading")  # fmt: skip
+    original_writes = {template(_relative(f["path"], runs.original)) for f in (runs.original or {}).get("files", []) if f["mode"] == "w"}
+    written = {template(p) for p in writers}
+    if runs.original is not None and not runs.stand_in:
+        lost = sorted(original_writes - written)
+        if lost:
+            problems.append(f"the original writes {', '.join(lost[:3])}; no rank does")
+    if writers:
+        evidence.append(f"files written: {', '.join(sorted(writers)[:6])}{' ...' if len(writers) > 6 else ''}")
+    return problems
+
+
+# --- 7. portable checkpoints --------------------------------------------------------------------
+
+
+def checkpoints(runs: Runs) -> Result:
+    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    if missing:
+        return Result(7, NA, missing.summary)
+    trace = next((t for t in runs.ddp if t["saves"]), runs.ddp[0])
+    models = trace["ddp_models"]
+    good = []
+    for save in trace["saves"]:
+        if save.get("keys") is None:
+            continue
+        if save["loads_into"] is not None:
+            good.append(f"{save['path']}{_at(save.get('where'))} loads into {models[save['loads_into']]['module']}")
+        elif save["module_prefix"] and save.get("unprefixed_loads_into") is not None:
+            model = models[save["unprefixed_loads_into"]]["module"]
+            return Result(7, FAIL, f"{save['path']}{_at(save.get('where'))} holds the DDP wrapper's state_dict: its keys start "
+                          f"with `module.`, so {model} cannot load it; save model.module.state_dict()")  # fmt: skip
+    if not good:
+        stopped = f" (the run was stopped {trace['stopped']}: a save after training happens only when the script ends)" if trace.get("stopped") else ""
+        return Result(7, NA, f"no model state_dict was saved during the run{stopped}")
+    return Result(7, PASS, f"{len(good)} saved state_dict(s) load into the original model", good[:6])
+
+
+# --- 8. evaluation adds up ----------------------------------------------------------------------
+
+EVALUATION = re.compile(r"(?i)(val|test|eval|acc|ppl|perplexity|score|top-?\d|f1|metric)")
+
+
+def evaluation(runs: Runs, math_result: Result | None = None) -> Result:
+    if not _ok(runs.reference) or not all(_ok(t) for t in runs.ordered):
+        return Result(8, NA, "the runs that compare results did not finish (see 5 and 9)")
+    mine = [(text, w) for text, w in _lines(runs.ordered[0]) if EVALUATION.search(text)]
+    theirs = [(text, w) for text, w in _lines(runs.reference) if EVALUATION.search(text)]
+    if not theirs:
+        return Result(8, NA, "the script prints no evaluation results (no line mentions val/test/accuracy)")
+    if math_result is not None and math_result.status != PASS:
+        return Result(8, NA, "the trained models differ from the reference (see 5), so their metrics cannot be compared")
+    by_template: dict = defaultdict(list)
+    for text, w in mine:
+        by_template[template(text)].append((text, w))
+    seen: Counter = Counter()
+    compared = 0
+    for text, _ in theirs:
+        key = template(text)
+        if seen[key] >= len(by_template[key]):
+            continue
+        other, where = by_template[key][seen[key]]
+        seen[key] += 1
+        compared += 1
+        if not _numbers_agree(text, other):
+            return Result(8, FAIL, f"rank 0 reports `{other.strip()}`{_at(where)}; one process on the same data reports "
+                          f"`{text.strip()}`: the metric covers one rank's shard; all-reduce its sums across ranks", [])  # fmt: skip
+    if not compared:
+        return Result(8, NA, "the converted script prints none of the original's evaluation lines")
+    return Result(8, PASS, f"{compared} evaluation line(s) printed by rank 0 equal one process's on the same data")
+
+
+def _numbers_agree(a: str, b: str) -> bool:
+    xs, ys = NUMBER.findall(a), NUMBER.findall(b)
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        digits = len(x.split(".")[1].split("e")[0].split("E")[0]) if "." in x else 0
+        slack = max(10.0 ** -digits, 10.0 ** -(len(y.split(".")[1]) if "." in y else 0))
+        if not math.isclose(float(x), float(y), rel_tol=1e-4, abs_tol=slack * 1.01):
+            return False
+    return True
+
+
+# --- 9. no hang, no crash; 10. plain python -----------------------------------------------------
+
+
+def finished(runs: Runs) -> Result:
+    for key, label, traces in (("ddp", "torchrun", runs.ddp), ("ordered", "unshuffled torchrun", runs.ordered)):
+        if key in runs.hung:
+            stacks = [f"rank {r}: {_stack_summary(runs.stacks[(key, r)])}" for r in range(runs.nproc) if (key, r) in runs.stacks]
+            return Result(9, FAIL, f"the {label} run hung and was stopped at the timeout; " + (stacks[0] if stacks else "no stacks"), stacks)
+        for rank, trace in enumerate(traces):
+            if trace is not None and trace["exit_code"] != 0:
+                return Result(9, FAIL, f"rank {rank} of the {label} run failed: {_last_line(trace)}",
+                              (trace.get("error") or "").splitlines()[-12:])  # fmt: skip
+        lost = [r for r, t in enumerate(traces) if t is None]
+        if lost and key == "ddp":
+            stacks = [f"rank {r}: {_stack_summary(runs.stacks[(key, r)])}" for r in range(runs.nproc) if (key, r) in runs.stacks]
+            return Result(9, FAIL, f"rank {_ranks(lost)} of the {label} run died without a trace", stacks + runs.stderr.splitlines()[-12:])
+    stopped = runs.ddp[0].get("stopped") if runs.ddp[0] else None
+    return Result(9, PASS, "every run finished" + (f" (stopped by verify {stopped})" if stopped else ""))
+
+
+def _stack_summary(text: str) -> str:
+    """Where a stopped process was (faulthandler's dump): the script's innermost frames, and the
+    library call it was in."""
+    for block in text.strip().split("\n\n"):
+        frames = [_frame(line.strip()) for line in block.splitlines() if line.strip().startswith("File ")]
+        own = [f for f, mine in frames if mine]
+        if own:
+            inside = f" (in {frames[0][0]})" if not frames[0][1] else ""
+            return ", from ".join(own[:3]) + inside
+    return "no frames of the script"
+
+
+def _frame(line: str) -> tuple[str, bool]:
+    """`file:line in function`, and whether it is the script's own code."""
+    m = re.match(r'File "([^"]+)", line (\d+) in (\S+)', line)
+    if not m:
+        return line, False
+    path = m.group(1)
+    mine = not any(part in path for part in ("site-packages", "tracer.py", "/lib/python", "<frozen"))
+    return f"{path.rsplit('/', 1)[-1]}:{m.group(2)} in {m.group(3)}", mine
+
+
+def plain_python(runs: Runs) -> Result:
+    trace = runs.plain
+    if trace is None:
+        return Result(10, FAIL, "the converted script under plain python left no trace (it crashed or hung)")
+    if trace["exit_code"] != 0:
+        return Result(10, FAIL, f"`python converted.py` fails: {_last_line(trace)}", (trace.get("error") or "").splitlines()[-8:])
+    sizes = {g["world_size"] for g in trace["init_process_group"]}
+    if sizes - {1}:
+        return Result(10, FAIL, f"under plain python it made a group of {sizes}, not one process")
+    steps = sum(len(s) for s in trace["optimizer_steps"])
+    return Result(10, PASS, f"`python converted.py` trains as one process ({steps} optimizer steps)")
+
+
+def check_all(runs: Runs) -> list[Result]:
+    """The ten verdicts, in order (8 reads 5's)."""
+    five = same_math(runs)
+    return [process_group(runs), wrapped(runs), sharded(runs), in_sync(runs), five, one_voice(runs),
+            checkpoints(runs), evaluation(runs, five), finished(runs), plain_python(runs)]  # fmt: skip

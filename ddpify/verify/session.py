@@ -1,0 +1,199 @@
+"""`ddpify verify`: convert (or take) a DDP script, run it and the original briefly, judge the invariants.
+
+Runs, each in its own copy of the working folder (launch.py, workspace.py):
+* one process (plain python): the original as written (``original``), the original seeded and
+  unshuffled with the training batch times N (``reference``), and the converted script
+  (``plain``; ``plain-reference`` stands in for the reference when the original cannot run here);
+* torchrun with N processes: the converted script as written (``ddp``), and seeded and
+  unshuffled (``ordered``, compared with ``reference``).
+Every run stops itself after K optimizer steps per epoch and two epochs (tracer.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpify.verify.invariants import FAIL, Result, Runs, check_all
+from ddpify.verify.launch import run_plan
+from ddpify.verify.workspace import stage
+
+PROBE = "import json, torch; print(json.dumps({'torch': torch.__version__, 'gpus': torch.cuda.device_count()}))"
+STARTUP_S = 120  # torchrun's start and the interpreters' imports, on top of the runs' own limits
+
+
+class VerifyError(Exception):
+    """Verification cannot run (usage, environment, or an original that fails on its own): exit 2."""
+
+
+@dataclass
+class VerifyOptions:
+    nproc: int = 2
+    steps: int = 4
+    epochs: int = 2
+    timeout: float = 120.0  # seconds per run
+    device: str = "auto"  # "cpu": never the GPUs
+    python: str = sys.executable
+    args: list[str] = field(default_factory=list)
+    convert_options: object = None  # ddpify.results.ConvertOptions for the in-memory conversion
+    keep: Path | None = None  # keep the runs' folders and traces here
+
+
+@dataclass
+class Verification:
+    script: str
+    converted: str  # what was verified: "converted in memory", a path, or "as written"
+    device: str
+    options: VerifyOptions
+    results: list[Result]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Result]:
+        return [r for r in self.results if r.status == FAIL]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failures else 0
+
+
+def verify(original: Path, converted: Path | None = None, options: VerifyOptions | None = None) -> Verification:
+    """Run the verification and judge the ten invariants; raise VerifyError when it cannot run."""
+    options = options or VerifyOptions()
+    start = time.monotonic()
+    for path in (original, converted):
+        if path is not None and not path.is_file():
+            raise VerifyError(f"{path}: no such file")
+    gpus = _probe(options.python)
+    source = original.resolve()
+    root = Path.cwd().resolve()
+    if root not in source.parents:
+        root = source.parent
+    texts, what, notes = _converted_files(source, converted, root, options)
+    runs_at = source if converted is None else _placed(converted.resolve(), source, root)
+    on_gpus = options.device != "cpu" and gpus >= options.nproc
+    device = f"nccl on {options.nproc} GPUs" if on_gpus else "gloo on CPU"
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if not on_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    work = Path(tempfile.mkdtemp(prefix="ddpify-verify-")) if options.keep is None else options.keep
+    work.mkdir(parents=True, exist_ok=True)
+    traces = work / "traces"
+    linked: list[Path] = []
+    try:
+        folders = {}
+        for label in ("original", "reference", "plain", "plain-reference", "ddp", "ordered"):
+            folders[label] = work / label
+            shutil.rmtree(folders[label], ignore_errors=True)
+            stage(root, folders[label], {} if label in ("original", "reference") else texts, linked if label == "ddp" else None)
+        runs = _run(options, root, folders, traces, source, runs_at, env)
+    finally:
+        if options.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    if linked:
+        notes.append("linked into the runs' folders, not copied (the runs read them from your folder): "
+                     + ", ".join(str(p.relative_to(root)) for p in linked[:5]))  # fmt: skip
+    if runs.stand_in:
+        notes.append("the original fails on this machine, so the converted script as one process is the reference: "
+                     + _last_error(runs.original_error))  # fmt: skip
+    return Verification(str(original), what, device, options, check_all(runs), time.monotonic() - start, notes)
+
+
+def _probe(python: str) -> int:
+    """The number of GPUs torch sees in `python`; VerifyError when it has no torch."""
+    try:
+        done = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise VerifyError(f"cannot run {python}: {exc}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VerifyError(f"no torch in {python} ({last}): install torch there, or pass --python PYTHON") from None
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["gpus"])
+
+
+def _converted_files(source: Path, converted: Path | None, root: Path, options: VerifyOptions):
+    """{path under root: converted bytes}, how the converted script came about, and notes."""
+    if converted is not None:
+        return {_placed(converted.resolve(), source, root): converted.read_bytes()}, str(converted), []
+    from ddpify.engine import ConvertError, convert_file
+    from ddpify.projects import convert_project, trains_elsewhere
+
+    try:
+        if trains_elsewhere(source):
+            changed = convert_project(source, options.convert_options).changed
+            outside = [p for p in changed if root not in p.parents]
+            if outside:
+                raise VerifyError(f"{outside[0]}: a module the conversion changes lies outside {root}; run verify from the project root")
+            return {p: r.code.encode(enc) for p, (r, _, enc) in changed.items()}, "converted in memory (project)", []
+        result, encoding = convert_file(source, options.convert_options)
+    except ConvertError as exc:
+        raise VerifyError(f"{exc.path}:{exc.line}: {exc.message}" if exc.line else f"{exc.path}: {exc.message}") from None
+    if result.already_distributed:
+        return {}, "as written (already distributed)", ["the script is already distributed: it is verified as written"]
+    return {source: result.code.encode(encoding)}, "converted in memory", []
+
+
+def _placed(converted: Path, source: Path, root: Path) -> Path:
+    """Where the converted script runs: where it is if under root, else beside the original."""
+    return converted if root in converted.parents else source.parent / converted.name
+
+
+def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source: Path, runs_at: Path, env: dict) -> Runs:
+    def entry(label: str, script: Path, **extra) -> dict:
+        folder = folders[label]
+        return dict(label=label, script=str(folder / script.relative_to(root)), args=list(options.args), cwd=str(folder),
+                    limit=limit, timeout=options.timeout, **extra)  # fmt: skip
+
+    limit = {"steps": options.steps, "epochs": options.epochs}
+    scaled = {"seed": 0, "batch_scale": options.nproc}
+    single = run_plan(
+        [
+            entry("original", source),
+            entry("reference", source, reference={**scaled, "train_loader_from": "original"}, only_if_ok="original"),
+            entry("plain", runs_at),
+            entry("plain-reference", runs_at, reference={**scaled, "train_loader_from": "plain"}, only_if_failed="original"),
+        ],
+        traces, None, python=options.python, limit_s=4 * options.timeout + STARTUP_S, env=env, keep_going=True,
+    )  # fmt: skip
+    original, plain = single.traces.get(("original", 0)), single.traces.get(("plain", 0))
+    original_ok = original is not None and original["exit_code"] == 0
+    if not original_ok and not (plain and plain["exit_code"] == 0):
+        error = (original or {}).get("error") or single.stderr[-4000:]
+        raise VerifyError(f"{source.name} fails on its own as one process, before verification can start:\n{error.rstrip()}")
+    reference_label = "reference" if original_ok else "plain-reference"
+    ordered = {"seed": 0, "batch_scale": 1, "sequential": True}
+    compare = traces / f"params-{reference_label}-0.pt"
+    multi = run_plan(
+        [entry("ddp", runs_at), entry("ordered", runs_at, reference=ordered, compare_params=str(compare))],
+        traces, options.nproc, python=options.python, limit_s=2 * options.timeout + STARTUP_S, env=env, keep_going=True,
+    )  # fmt: skip
+    hung = {label for (label, _), text in multi.stacks.items() if text.startswith("Timeout (")} | {
+        label for label in ("ddp", "ordered") if multi.timed_out and not all((label, r) in multi.traces for r in range(options.nproc))
+    }
+    runs = Runs(
+        nproc=options.nproc,
+        ddp=[multi.traces.get(("ddp", r)) for r in range(options.nproc)],
+        ordered=[multi.traces.get(("ordered", r)) for r in range(options.nproc)],
+        original=original if original_ok else plain,
+        reference=single.traces.get((reference_label, 0)),
+        plain=plain,
+        stand_in=not original_ok,
+        stacks=multi.stacks,
+        hung=hung,
+        stderr=multi.stderr,
+        original_error=(original or {}).get("error"),
+    )
+    return runs
+
+
+def _last_error(error: str | None) -> str:
+    lines = [line for line in (error or "").strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no trace"

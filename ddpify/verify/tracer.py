@@ -1,0 +1,969 @@
+"""Run a training script unchanged and record what it did (`ddpify verify` and the test suite).
+
+    python tracer.py SCRIPT [ARGS...]
+    torchrun --standalone --nproc-per-node=2 tracer.py SCRIPT [ARGS...]
+    torchrun ... tracer.py --plan PLAN.json
+
+This file runs in the processes that run the script, so it imports torch; it imports nothing of
+ddpify (it is started by path, also with another environment's Python). The script is executed
+with ``runpy.run_path(SCRIPT, run_name="__main__")`` and ``sys.argv`` set as if it had been
+started directly. Nothing in the script is edited and torch.distributed is real; the tracer only
+wraps a few torch entry points to take notes, always calling the original:
+
+* ``DataLoader.__init__``: every loader gets an id (creation order) and its dataset length,
+  sampler class, batch size and drop_last are noted.
+* ``_BaseDataLoaderIter.__init__`` / ``_next_index``: every ``iter(loader)`` starts a *pass*;
+  each index (or batch of indices) the loader's sampler hands out in this process is appended
+  to it (None for what is not an int), with the size of each batch; a pass counts the optimizer
+  steps taken while it was the last one read (a training pass has some). For samplers whose
+  epoch can be listed without side effects (DistributedSampler, SequentialSampler, a
+  RandomSampler's set, a SubsetRandomSampler's indices) ``planned`` holds every index this rank
+  would read in the pass. A pass is ``complete`` once its sampler is exhausted.
+* ``torch.save`` / ``torch.load`` and ``open()``: the files each process writes and reads, with
+  the script line and the number of collectives it had passed (a read after the writer's
+  barrier is ordered after the write). A state_dict saved is compared with every DDP model's
+  unwrapped module: ``loads_into`` names the one it loads into.
+* ``torch.optim.Optimizer.__init__`` and a global step post-hook: after every ``optimizer.step()``
+  a checksum of that optimizer's parameters (blake2b of their bytes) is appended to
+  ``optimizer_steps[<optimizer index>]``; DDP keeps them bitwise identical on every rank.
+  The parameters at the end are written to ``params-<tag>.pt``.
+* ``Tensor.backward``: the value of every scalar loss (``losses``).
+* every module's forward (global hooks): the first training forward of a model whose parameters
+  an optimizer trains, when no DDP model holds them yet (``unwrapped_forwards``); dropout and
+  batch statistics in training mode and data loading that draws random numbers (``randomness``).
+* ``torch.distributed``: ``init_process_group`` / ``destroy_process_group`` (backend, world
+  size, rank), the collectives the script calls, and the ``DistributedDataParallel``
+  constructor; a forward pre-hook on every DDP model notes the integer first input of each
+  training forward (``trained_tokens``) and a checksum of its parameters (``ddp_forwards``;
+  ``ddp_final`` at the end): the replica check for scripts that update parameters by hand.
+* ``torch.multiprocessing.spawn``: a script that starts its own processes has each child
+  traced as rank ``i`` (the launcher writes its own files as rank ``launcher``).
+* ``sys.stdout``: what this process printed, and each line's script line (``lines``).
+
+A plan (a JSON list of runs) runs scripts one after the other in the same processes, to pay for
+torchrun's start-up once. A run is ``{"label", "script", "args", "env", "cwd"}`` plus, for
+``ddpify verify``: ``limit`` ``{"steps": K, "epochs": E}`` (a training pass ends after K optimizer
+steps; the run stops at the start of pass E+1, or after E*K steps without a loader),
+``reference`` ``{"seed", "batch_scale", "train_loader_from", "sequential"}`` (a reproducible
+run: seeded, no loader workers, random_split seeded, no shuffling; the training loader, found in
+the earlier run ``train_loader_from``, gets ``batch_scale`` times its batch), ``compare_params``
+(a params file of an earlier run: ``reference_diff`` says how far this run ends from it),
+``timeout`` (seconds: then every thread's stack goes to ``stacks-<tag>.txt`` and the process
+exits), ``only_if_ok`` / ``only_if_failed`` (run only if that earlier run did / did not succeed). ``--keep-going`` runs the rest
+of a plan after a failing run. Under torchrun every run of a plan gets its own rendezvous store:
+rank 0 picks a free port, publishes it in torchrun's store, and each run sees ``MASTER_PORT`` =
+that port with ``TORCHELASTIC_USE_AGENT_STORE=False``. The rendezvous itself stays real.
+
+Output, in ``$DDPIFY_TRACE_DIR`` (default: the working directory), with ``<tag>`` = ``<RANK>`` or
+``<label>-<RANK>`` for a plan: ``trace-<tag>.json``, ``params-<tag>.pt`` and ``pid-<tag>``. They
+are written even when the script fails; the runner then exits with the script's status.
+"""
+
+from __future__ import annotations
+
+import builtins
+import faulthandler
+import functools
+import hashlib
+import inspect
+import io
+import json
+import os
+import random
+import runpy
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torch.utils.data.dataloader as dataloader_module
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+)
+
+_original_save, _original_load, _original_open = torch.save, torch.load, builtins.open
+_HERE = os.path.abspath(__file__)
+_trace: dict = {}
+_optimizers: list = []
+_ddp_models: list = []
+_state: dict = {}  # per run: config, counters, the current pass
+_done: dict = {}  # label -> trace of the earlier runs of a plan
+PLANNED_LIMIT = 5_000_000  # indices listed per pass at most
+
+
+class StopRun(BaseException):
+    """Raised into the script when a verification run has seen enough epochs (not an Exception:
+    the script's own `except Exception` must not swallow it)."""
+
+
+def _new_trace(label: str | None, script: str, args: list[str], config: dict | None = None) -> None:
+    _optimizers.clear()
+    _ddp_models.clear()
+    _trace.clear()
+    _trace.update(
+        label=label,
+        script=script,
+        argv=args,
+        env_rank=int(os.environ.get("RANK", 0)),
+        env_world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        init_process_group=[],
+        destroy_process_group=0,
+        ddp_wrapped=0,
+        ddp_models=[],
+        ddp_forwards=[],
+        ddp_final=[],
+        trained_tokens=[],
+        loaders=[],
+        passes=[],
+        saves=[],
+        files=[],
+        collectives=0,
+        optimizers=0,
+        optimizer_info=[],
+        optimizer_steps=[],
+        final_checksums=[],
+        unwrapped_forwards=[],
+        uncovered=[],
+        losses=[],
+        randomness=[],
+        no_sync_steps=0,
+        reference_diff=None,
+        spawned=0,
+        stopped=None,
+        dist_initialized_at_exit=None,
+        exit_code=None,
+        error=None,
+        stdout="",
+        lines=[],
+    )
+    _state.clear()
+    _state.update(
+        active=True,
+        config=config or {},
+        root=None,
+        current_pass=None,
+        loaderless_steps=0,
+        seen_modules=set(),
+        depth=0,
+        ddp_params=set(),
+        optimizer_params=set(),
+        in_no_sync=0,
+    )
+
+
+def _config() -> dict:
+    return _state.get("config") or {}
+
+
+def _user_frame() -> str | None:
+    """`file:line` of the innermost frame of the script's own code (under its folder or cwd)."""
+    roots = _state.get("roots") or ()
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != _HERE and name.startswith(roots) and "site-packages" not in name:
+            return f"{os.path.relpath(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+class _Tee:
+    """sys.stdout for the run: writes through, keeps a copy, and notes the script line of each line."""
+
+    def __init__(self, stream):
+        self._stream, self.parts, self._pending = stream, [], None
+
+    def write(self, text):
+        self.parts.append(text)
+        if text:
+            if self._pending is None:
+                self._pending = ["", _user_frame()]
+            self._pending[0] += text
+            *whole, rest = self._pending[0].split("\n")
+            for line in whole:
+                _trace["lines"].append([line, self._pending[1]])
+            self._pending = [rest, self._pending[1]] if rest else None
+        return self._stream.write(text)
+
+    def close_line(self):
+        if self._pending is not None:
+            _trace["lines"].append(self._pending)
+            self._pending = None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _wrap(owner, name, make_wrapper):
+    original = getattr(owner, name)
+    setattr(owner, name, make_wrapper(original))
+
+
+# --- DataLoader: loaders, passes and the indices of each pass --------------------------------
+
+
+def _reference_loader_args(self, args, kwargs, original):
+    """A reference run: no workers; the training loader without shuffling, its batch scaled."""
+    reference = _config().get("reference")
+    if not reference:
+        return args, kwargs
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    arguments = bound.arguments
+    if arguments.get("num_workers"):
+        arguments["num_workers"] = 0
+        for key in ("prefetch_factor", "persistent_workers"):
+            arguments.pop(key, None)
+    if len(_trace["loaders"]) == _state.get("train_loader"):
+        scale = int(reference.get("batch_scale", 1))
+        batch_sampler = arguments.get("batch_sampler")
+        if isinstance(batch_sampler, BatchSampler):
+            inner = batch_sampler.sampler
+            if isinstance(inner, RandomSampler):
+                inner = SequentialSampler(inner.data_source)
+            arguments["batch_sampler"] = BatchSampler(inner, batch_sampler.batch_size * scale, batch_sampler.drop_last)
+        elif batch_sampler is None:
+            if arguments.get("batch_size", 1) is not None:
+                arguments["batch_size"] = arguments.get("batch_size", 1) * scale
+            if arguments.get("shuffle"):
+                arguments["shuffle"] = False
+            if isinstance(arguments.get("sampler"), RandomSampler):
+                arguments["sampler"] = SequentialSampler(arguments["sampler"].data_source)
+    return bound.args[1:], bound.kwargs
+
+
+def _loader_init(original):
+    def __init__(self, *args, **kwargs):
+        args, kwargs = _reference_loader_args(self, args, kwargs, original)
+        original(self, *args, **kwargs)
+        try:
+            dataset_len = len(self.dataset)
+        except TypeError:
+            dataset_len = None
+        self._ddpify_trace_id = len(_trace["loaders"])
+        _trace["loaders"].append(
+            dict(
+                id=self._ddpify_trace_id,
+                dataset_len=dataset_len,
+                dataset_type=type(self.dataset).__name__,
+                sampler=type(self.sampler).__name__,
+                batch_size=self.batch_size,
+                drop_last=self.drop_last,
+                where=_user_frame(),
+            )
+        )
+
+    return __init__
+
+
+def _index_sampler(loader):
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    return sampler.sampler if isinstance(sampler, BatchSampler) else sampler
+
+
+def _planned(sampler) -> tuple[list | None, bool]:
+    """Every index the sampler hands this rank in the pass about to start, when that can be
+    known without drawing random numbers; and whether the list is in reading order."""
+    try:
+        if isinstance(sampler, DistributedSampler):
+            return list(iter(sampler)), True  # seeded by its own seed + epoch: no side effect
+        if isinstance(sampler, SequentialSampler):
+            return list(range(len(sampler.data_source))), True
+        if isinstance(sampler, RandomSampler) and not sampler.replacement and sampler.num_samples == len(sampler.data_source):
+            return list(range(len(sampler.data_source))), False
+        if isinstance(sampler, SubsetRandomSampler):
+            return [int(i) for i in sampler.indices], False
+    except TypeError:
+        pass
+    return None, False
+
+
+def _training_passes(loader_id) -> int:
+    return sum(1 for p in _trace["passes"] if p["loader"] == loader_id and p["steps"])
+
+
+def _iter_init(original):
+    def __init__(self, loader, *args, **kwargs):
+        loader_id = getattr(loader, "_ddpify_trace_id", None)
+        limit = _config().get("limit")
+        if limit and loader_id is not None and _training_passes(loader_id) >= limit.get("epochs", 2):
+            _trace["stopped"] = f"after {_training_passes(loader_id)} epochs of {limit.get('steps')} steps"
+            raise StopRun
+        sampler = _index_sampler(loader)
+        planned, ordered = _planned(sampler)
+        record = dict(
+            loader=loader_id,
+            indices=[],
+            sizes=[],
+            complete=False,
+            steps=0,
+            truncated=False,
+            sampler=type(sampler).__name__,
+            shuffle=getattr(sampler, "shuffle", isinstance(sampler, (RandomSampler, SubsetRandomSampler))),
+            num_replicas=getattr(sampler, "num_replicas", None),
+            epoch=getattr(sampler, "epoch", None),
+            planned=planned if planned is not None and len(planned) <= PLANNED_LIMIT else None,
+            planned_in_order=ordered,
+        )
+        self._ddpify_pass = record
+        _trace["passes"].append(record)
+        original(self, loader, *args, **kwargs)
+
+    return __init__
+
+
+def _as_index(i):
+    """An int, or None for what is not one (an IterableDataset's sampler yields None)."""
+    try:
+        return int(i)
+    except (TypeError, ValueError):
+        return None
+
+
+def _next_index(original):
+    def _next_index(self):
+        record = getattr(self, "_ddpify_pass", None)
+        limit = _config().get("limit")
+        if record is not None and limit and record["steps"] >= limit.get("steps", 4):
+            record["truncated"] = True
+            raise StopIteration
+        try:
+            index = original(self)
+        except StopIteration:
+            if record is not None:
+                record["complete"] = True
+            raise
+        if record is not None:
+            _state["current_pass"] = record
+            if isinstance(index, (list, tuple)):
+                record["indices"].extend(_as_index(i) for i in index)
+                record["sizes"].append(len(index))
+            else:
+                record["indices"].append(_as_index(index))
+                record["sizes"].append(1)
+        return index
+
+    return _next_index
+
+
+def _next_data(original):
+    """Data loading in this process: did fetching a batch draw random numbers (augmentation)?"""
+
+    def _next_data(self):
+        if not _config().get("reference"):
+            return original(self)
+        before = (torch.random.get_rng_state(), random.getstate())
+        data = original(self)
+        if not torch.equal(before[0], torch.random.get_rng_state()) or before[1] != random.getstate():
+            _note_randomness("loading a batch draws random numbers (data augmentation)")
+        return data
+
+    return _next_data
+
+
+def _note_randomness(reason: str) -> None:
+    if reason not in _trace["randomness"]:
+        _trace["randomness"].append(reason)
+
+
+def _dropout(original):
+    def dropout(input, p=0.5, training=True, *args, **kwargs):
+        if training and p:
+            _note_randomness("the model uses dropout in training")
+        return original(input, p, training, *args, **kwargs)
+
+    return dropout
+
+
+def _batch_norm(original):
+    def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, *args, **kwargs):
+        if training:
+            _note_randomness("the model normalises with batch statistics (BatchNorm in training)")
+        return original(input, running_mean, running_var, weight, bias, training, *args, **kwargs)
+
+    return batch_norm
+
+
+def _random_split(original):
+    def random_split(dataset, lengths, *args, **kwargs):
+        if _config().get("reference") and not args and "generator" not in kwargs:
+            kwargs["generator"] = torch.Generator().manual_seed(0)  # as ddpify's conversion seeds it
+        return original(dataset, lengths, *args, **kwargs)
+
+    return random_split
+
+
+def _distributed_sampler_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if (_config().get("reference") or {}).get("sequential"):
+            self.shuffle = False
+
+    return __init__
+
+
+# --- files: torch.save, torch.load, open() ------------------------------------------------------
+
+
+def _tensor_mapping(obj):
+    if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj
+    if isinstance(obj, Mapping):
+        for value in obj.values():
+            if isinstance(value, Mapping) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+                return value
+    return None
+
+
+def _shape_map(state) -> dict:
+    return {str(k): list(v.shape) for k, v in state.items()}
+
+
+def _loads_into(state) -> int | None:
+    """The index of the DDP model whose unwrapped module would load `state` (same keys and shapes)."""
+    shapes = _shape_map(state)
+    for i, model in enumerate(_ddp_models):
+        if _shape_map(model.module.state_dict()) == shapes:
+            return i
+    return None
+
+
+def _note_file(path, mode: str) -> None:
+    if not _state.get("active"):
+        return
+    try:
+        name = os.fspath(path)
+    except TypeError:
+        return
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    if name.startswith(("/dev/", "/proc/", "/sys/")) or "site-packages" in name:
+        return
+    _trace["files"].append(
+        dict(path=os.path.normpath(os.path.abspath(name)), mode=mode, sync=_trace["collectives"], where=_user_frame())
+    )
+
+
+def _save(original):
+    def save(obj, f, *args, **kwargs):
+        state = _tensor_mapping(obj)
+        prefixed = state is not None and any(str(k).startswith("module.") for k in state)
+        stripped = {str(k)[len("module."):]: v for k, v in state.items()} if prefixed else None
+        _trace["saves"].append(
+            dict(
+                path=os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__,
+                obj_type=type(obj).__name__,
+                keys=list(state) if state is not None else None,
+                shapes={k: list(v.shape) for k, v in state.items()} if state is not None else None,
+                module_prefix=prefixed if state is not None else None,
+                loads_into=_loads_into(state) if state is not None else None,
+                unprefixed_loads_into=_loads_into(stripped) if stripped else None,
+                where=_user_frame(),
+            )
+        )
+        if isinstance(f, (str, os.PathLike)):
+            _note_file(f, "w")
+        return original(obj, f, *args, **kwargs)
+
+    return save
+
+
+def _load(original):
+    def load(f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            _note_file(f, "r")
+        return original(f, *args, **kwargs)
+
+    return load
+
+
+def _open(original):
+    def open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and _state.get("active"):
+            _note_file(file, "w" if any(c in mode for c in "wax+") else "r")
+        return original(file, mode, *args, **kwargs)
+
+    return open
+
+
+# --- optimizers, models and torch.distributed ------------------------------------------------
+
+
+def _optimizer_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._ddpify_trace_index = len(_optimizers)
+        _optimizers.append(self)
+        params = _optimizer_params(self)
+        _state["optimizer_params"].update(id(p) for p in params)
+        _trace["optimizers"] += 1
+        _trace["optimizer_steps"].append([])
+        _trace["optimizer_info"].append(dict(type=type(self).__name__, params=len(params), where=_user_frame()))
+
+    return __init__
+
+
+def _optimizer_params(optimizer) -> list:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def params_checksum(params) -> str:
+    """blake2b of the parameters' bytes: equal on two ranks iff their parameters are bitwise equal."""
+    digest = hashlib.blake2b(digest_size=8)
+    for p in params:
+        t = p.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous().reshape(-1)
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def _after_step(optimizer, args, kwargs):
+    """Global optimizer step post-hook: the checksum of this optimizer's parameters after the step."""
+    index = getattr(optimizer, "_ddpify_trace_index", None)
+    if index is None or index >= len(_optimizers) or _optimizers[index] is not optimizer:
+        return  # an optimizer of an earlier run of the plan
+    _trace["optimizer_steps"][index].append(params_checksum(_optimizer_params(optimizer)))
+    if _state["in_no_sync"]:
+        _trace["no_sync_steps"] += 1
+    current, limit = _state["current_pass"], _config().get("limit")
+    if _state.setdefault("step_optimizer", index) != index:
+        return  # steps are counted on the first optimizer that steps (a GAN steps two per batch)
+    if current is not None:
+        current["steps"] += 1
+    elif limit:
+        _state["loaderless_steps"] += 1
+        if _state["loaderless_steps"] >= limit.get("steps", 4) * limit.get("epochs", 2):
+            _trace["stopped"] = f"after {_state['loaderless_steps']} optimizer steps (no DataLoader)"
+            raise StopRun
+
+
+def _init_process_group(original):
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _trace["init_process_group"].append(
+            dict(backend=str(dist.get_backend()), world_size=dist.get_world_size(), rank=dist.get_rank(), where=_user_frame())
+        )
+        return result
+
+    return init_process_group
+
+
+def _destroy_process_group(original):
+    def destroy_process_group(*args, **kwargs):
+        _trace["destroy_process_group"] += 1
+        return original(*args, **kwargs)
+
+    return destroy_process_group
+
+
+def _collective(original):
+    def collective(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _trace["collectives"] += 1
+        return result
+
+    return collective
+
+
+COLLECTIVES = (
+    "barrier", "all_reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object",
+    "all_gather_into_tensor", "reduce", "gather", "gather_object", "scatter", "reduce_scatter", "all_to_all",
+)  # fmt: skip
+
+
+def _ddp_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _trace["ddp_wrapped"] += 1
+        self._ddpify_trace_index = len(_ddp_models)
+        _ddp_models.append(self)
+        _state["ddp_params"].update(id(p) for p in self.parameters())
+        _trace["ddp_models"].append(
+            dict(module=type(self.module).__name__, params=sum(1 for _ in self.parameters()), where=_user_frame(), event=_event())
+        )
+        _trace["ddp_forwards"].append([])
+        self.register_forward_pre_hook(_record_tokens)
+        self.register_forward_pre_hook(_record_forward_params)
+
+    return __init__
+
+
+def _no_sync(original):
+    def no_sync(self):
+        inner = original(self)
+
+        class _Counted:
+            def __enter__(self_):
+                _state["in_no_sync"] += 1
+                return inner.__enter__()
+
+            def __exit__(self_, *exc):
+                _state["in_no_sync"] -= 1
+                return inner.__exit__(*exc)
+
+        return _Counted()
+
+    return no_sync
+
+
+def _event() -> int:
+    _state["events"] = _state.get("events", 0) + 1
+    return _state["events"]
+
+
+def _record_forward_params(module, inputs):
+    """Checksum of a DDP model's parameters before each training forward (also for scripts that
+    update parameters by hand, without a torch optimizer): DDP keeps them identical on every rank."""
+    if not (module.training and torch.is_grad_enabled()):
+        return
+    index = getattr(module, "_ddpify_trace_index", None)
+    if index is not None and index < len(_ddp_models) and _ddp_models[index] is module:
+        _trace["ddp_forwards"][index].append(params_checksum(module.parameters()))
+
+
+def _record_tokens(module, inputs):
+    """Integer inputs of training forwards (token ids): which data this rank trained on."""
+    first = inputs[0] if inputs else None
+    if not (module.training and torch.is_grad_enabled() and isinstance(first, torch.Tensor)):
+        return
+    if first.is_floating_point() or first.is_complex() or first.numel() > 100_000:
+        return
+    _trace["trained_tokens"].append(first.detach().flatten().tolist())
+
+
+def _any_forward_pre(module, inputs):
+    """Every module's forward: the first training forward of a top-level model an optimizer
+    trains, when no DDP model holds its parameters yet."""
+    _state["depth"] = _state.get("depth", 0) + 1
+    if _state["depth"] != 1 or isinstance(module, DistributedDataParallel) or not module.training:
+        return
+    if id(module) in _state["seen_modules"] or not torch.is_grad_enabled():
+        return
+    _state["seen_modules"].add(id(module))
+    params = {id(p) for p in module.parameters() if p.requires_grad}
+    trained = params & _state["optimizer_params"]
+    if not trained:
+        _state["seen_modules"].discard(id(module))  # no optimizer trains it (yet)
+    elif not trained <= _state["ddp_params"]:
+        _trace["unwrapped_forwards"].append(dict(module=type(module).__name__, where=_user_frame(), event=_event()))
+
+
+def _any_forward(module, inputs, output):
+    _state["depth"] = max(_state.get("depth", 1) - 1, 0)
+
+
+def _backward(original):
+    def backward(self, *args, **kwargs):
+        if self.numel() == 1 and self.requires_grad and _state.get("active"):
+            try:
+                _trace["losses"].append(float(self.detach().float().item()))
+            except RuntimeError:
+                pass
+        return original(self, *args, **kwargs)
+
+    return backward
+
+
+# --- mp.spawn: trace the processes a script starts itself ---------------------------------------
+
+
+def _start_processes(original):
+    def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
+        _trace["spawned"] += nprocs
+        child = functools.partial(_spawned_entry, fn, _trace["label"], _trace["script"], _trace["argv"], _state["config"])
+        return original(child, args, nprocs, *rest, **kwargs)
+
+    return start_processes
+
+
+def _spawned_entry(fn, label, script, argv, config, index, *args):
+    """What a child of mp.spawn runs (pickled by reference to this module): fn, traced as rank `index`."""
+    install_hooks()
+    _traced(label, script, argv, lambda: fn(index, *args), rank=index, reraise=True, config=config)
+
+
+_installed = False
+
+
+def install_hooks() -> None:
+    global _installed
+    if _installed:  # a forked child inherits its parent's hooks
+        return
+    _installed = True
+    _wrap(DataLoader, "__init__", _loader_init)
+    _wrap(dataloader_module._BaseDataLoaderIter, "__init__", _iter_init)
+    _wrap(dataloader_module._BaseDataLoaderIter, "_next_index", _next_index)
+    _wrap(dataloader_module._SingleProcessDataLoaderIter, "_next_data", _next_data)
+    _wrap(DistributedSampler, "__init__", _distributed_sampler_init)
+    _wrap(torch, "save", _save)
+    _wrap(torch, "load", _load)
+    _wrap(builtins, "open", _open)
+    io.open = builtins.open
+    _wrap(torch.Tensor, "backward", _backward)
+    _wrap(torch.optim.Optimizer, "__init__", _optimizer_init)
+    _wrap(dist, "init_process_group", _init_process_group)
+    _wrap(dist, "destroy_process_group", _destroy_process_group)
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            _wrap(dist, name, _collective)
+    _wrap(DistributedDataParallel, "__init__", _ddp_init)
+    _wrap(DistributedDataParallel, "no_sync", _no_sync)
+    for name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"):
+        if hasattr(F, name):
+            _wrap(F, name, _dropout)
+    _wrap(F, "batch_norm", _batch_norm)
+    import torch.utils.data as data_module
+    import torch.utils.data.dataset as dataset_module
+
+    _wrap(dataset_module, "random_split", _random_split)
+    data_module.random_split = dataset_module.random_split
+    register_optimizer_step_post_hook(_after_step)
+    register_module_forward_pre_hook(_any_forward_pre)
+    register_module_forward_hook(_any_forward, always_call=True)
+    import torch.multiprocessing as mp
+
+    spawn_module = sys.modules["torch.multiprocessing.spawn"]  # the name `spawn` is the function there
+    _wrap(spawn_module, "start_processes", _start_processes)  # mp.spawn calls it from this module
+    mp.start_processes = spawn_module.start_processes
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+def run_one(script: str, args: list[str], label: str | None = None, env: dict | None = None, cwd: str | None = None,
+            config: dict | None = None) -> int:  # fmt: skip
+    """Run one script in this process and write its trace; return its exit status."""
+    folder = os.path.dirname(os.path.abspath(script))
+
+    def body():
+        sys.argv = [script, *args]
+        sys.path[0] = folder  # as `python SCRIPT` would have it
+        extra = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[1:1] = extra  # a project's root, as `PYTHONPATH=ROOT python SCRIPT` would have it
+        runpy.run_path(script, run_name="__main__")
+
+    try:
+        return _traced(label, script, args, body, env=env, cwd=cwd, config=config)
+    finally:
+        _forget_modules(folder, cwd)
+
+
+def _forget_modules(*folders) -> None:
+    """Drop the modules a run imported from its folders: the next run of a plan imports its own."""
+    roots = tuple(os.path.abspath(f) + os.sep for f in folders if f)
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if path.startswith(roots) and path != _HERE:
+            del sys.modules[name]
+
+
+def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=False, config=None) -> int:
+    """Run body() with a fresh trace, write the trace and parameters; return its exit status.
+
+    rank: the tag's rank (a child of mp.spawn), else RANK from the environment. reraise: raise
+    the body's exception after writing the trace (mp.spawn reports it to the parent).
+    """
+    config = dict(config or {})
+    _new_trace(label, script, args, config)
+    if rank is not None:
+        _trace["env_rank"] = rank
+    out_dir = os.environ.get("DDPIFY_TRACE_DIR", os.getcwd())
+    tag_rank = "launcher" if _trace["spawned"] else _trace["env_rank"]
+    tag = f"{label}-{tag_rank}" if label else str(tag_rank)
+    with _original_open(os.path.join(out_dir, f"pid-{tag}"), "w") as fh:
+        fh.write(str(os.getpid()))
+    stacks = _watch(config.get("timeout"), os.path.join(out_dir, f"stacks-{tag}.txt"))
+    reference = config.get("reference") or {}
+    if reference:
+        _state["train_loader"] = _train_loader_of(_done.get(reference.get("train_loader_from")))
+        seed = int(reference.get("seed", 0))
+        torch.manual_seed(seed)
+        random.seed(seed)
+        try:
+            import numpy
+
+            numpy.random.seed(seed)
+        except ImportError:
+            pass
+    saved_argv, saved_env, saved_cwd, saved_stdout = sys.argv, dict(os.environ), os.getcwd(), sys.stdout
+    sys.stdout = tee = _Tee(sys.stdout)
+    os.environ.update(env or {})
+    if cwd:
+        os.makedirs(cwd, exist_ok=True)
+        os.chdir(cwd)
+    _trace["cwd"] = os.getcwd()
+    _state["roots"] = tuple(
+        os.path.abspath(p) + os.sep for p in {os.getcwd(), os.path.dirname(os.path.abspath(script))}
+    )
+    code, failure = 0, None
+    try:
+        body()
+    except StopRun:
+        pass
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            _trace["error"] = f"SystemExit({exc.code!r})"
+            failure = exc
+    except BaseException as exc:  # noqa: BLE001 - reported in the trace and on stderr, status 1
+        traceback.print_exc()
+        _trace["error"] = traceback.format_exc()
+        code, failure = 1, exc
+    finally:
+        tee.close_line()
+        sys.stdout = saved_stdout
+        _trace["stdout"] = "".join(tee.parts)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if stacks is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+    _trace["exit_code"] = code
+    _trace["dist_initialized_at_exit"] = dist.is_initialized()
+    if _trace["stopped"] and dist.is_initialized():
+        dist.destroy_process_group()  # the run was cut short before the script's own teardown
+    params = [[p.detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers]
+    _trace["final_checksums"] = [params_checksum(group) for group in params]
+    _trace["ddp_final"] = [params_checksum(model.parameters()) for model in _ddp_models]
+    _trace["uncovered"] = _uncovered()
+    if config.get("compare_params"):
+        _trace["reference_diff"] = _compare(params, config["compare_params"])
+    _original_save(params, os.path.join(out_dir, f"params-{tag}.pt"))
+    with _original_open(os.path.join(out_dir, f"trace-{tag}.json"), "w") as fh:
+        json.dump(_trace, fh)
+    if label:
+        _done[label] = json.loads(json.dumps(_trace))
+    _optimizers.clear()
+    _ddp_models.clear()
+    _state["active"] = False
+    if reraise and failure is not None:
+        raise failure
+    return code
+
+
+def _watch(timeout, path):
+    """After `timeout` seconds, or on SIGTERM (torchrun stopping a rank, or ddpify verify), write
+    every thread's stack to `path`; at the timeout the process then exits."""
+    if not timeout:
+        return None
+    fh = _original_open(path, "w")
+    faulthandler.dump_traceback_later(float(timeout), exit=True, file=fh)
+    if hasattr(signal, "SIGTERM") and hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGTERM, file=fh, all_threads=True, chain=True)
+    return fh
+
+
+def _train_loader_of(trace: dict | None) -> int | None:
+    """The loader (creation index) whose passes the optimizer steps happened in."""
+    if not trace:
+        return None
+    counts: dict = {}
+    for p in trace["passes"]:
+        if p["steps"] and p["loader"] is not None:
+            counts[p["loader"]] = counts.get(p["loader"], 0) + p["steps"]
+    return max(counts, key=counts.get) if counts else None
+
+
+def _uncovered() -> list[dict]:
+    """Optimizers whose trained parameters no DDP model holds (the run had a process group)."""
+    found = []
+    for i, optimizer in enumerate(_optimizers):
+        params = [p for p in _optimizer_params(optimizer) if p.requires_grad]
+        missing = [p for p in params if id(p) not in _state["ddp_params"]]
+        if missing and params:
+            found.append(dict(optimizer=i, missing=len(missing), of=len(params)))
+    return found
+
+
+def _compare(params: list, path: str) -> dict:
+    """How far these parameters are from those in `path` (a params file of an earlier run)."""
+    try:
+        other = _original_load(path)
+    except (OSError, RuntimeError) as exc:
+        return dict(error=f"cannot read {path}: {exc}")
+    if [len(g) for g in params] != [len(g) for g in other]:
+        return dict(error=f"{[len(g) for g in params]} vs {[len(g) for g in other]} parameters per optimizer")
+    worst, where, close = 0.0, None, True
+    for i, (mine, theirs) in enumerate(zip(params, other)):
+        for j, (a, b) in enumerate(zip(mine, theirs)):
+            if a.shape != b.shape:
+                return dict(error=f"optimizer {i} parameter {j}: shape {list(a.shape)} vs {list(b.shape)}")
+            if not a.numel():
+                continue
+            diff = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
+            close = close and torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+            if diff > worst or where is None:
+                worst, where = max(diff, worst), f"optimizer {i} parameter {j} (shape {list(a.shape)})"
+    return dict(max_abs=worst, where=where, allclose=close)
+
+
+def fresh_rendezvous(run_index: int) -> dict:
+    """Under torchrun: environment that gives one plan run a store of its own (see the docstring)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return {}
+    addr, agent_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = dist.TCPStore(addr, agent_port, is_master=False, timeout=timedelta(seconds=120))
+    key = f"ddpify_trace_run/{run_index}/master_port"
+    if int(os.environ["RANK"]) == 0:
+        with socket.socket() as probe:
+            probe.bind((addr, 0))
+            agent_store.set(key, str(probe.getsockname()[1]))
+    port = agent_store.get(key).decode()
+    return {"MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "False"}
+
+
+CONFIG_KEYS = ("limit", "reference", "compare_params", "timeout")
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    install_hooks()
+    keep_going = "--keep-going" in argv
+    argv = [a for a in argv if a != "--keep-going"]
+    if argv[0] == "--plan":
+        with _original_open(argv[1]) as fh:
+            plan = json.load(fh)
+        status = 0
+        for index, run in enumerate(plan):
+            ok = {label: trace.get("exit_code") == 0 for label, trace in _done.items()}
+            if run.get("only_if_failed") and ok.get(run["only_if_failed"], False):
+                continue
+            if run.get("only_if_ok") and not ok.get(run["only_if_ok"], False):
+                continue
+            env = {**run.get("env", {}), **fresh_rendezvous(index)}
+            config = {k: run[k] for k in CONFIG_KEYS if k in run}
+            code = run_one(run["script"], run.get("args", []), run["label"], env, run.get("cwd"), config)
+            status = status or code
+            if code and not keep_going:
+                return code
+        return status
+    return run_one(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    # Run as the module `tracer`, not `__main__`: the children of mp.spawn unpickle
+    # _spawned_entry by reference, and their `__main__` is the training script.
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    import tracer
+
+    sys.exit(tracer.main(sys.argv[1:]))
