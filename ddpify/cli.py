@@ -224,6 +224,10 @@ def verify(
     output_format: Format = typer.Option(Format.text, "--format", help="text or json."),
     python: Optional[str] = typer.Option(None, "--python", help="The Python with torch that runs the scripts."),
     keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the runs' folders and traces in this folder."),
+    sync_batchnorm: bool = typer.Option(False, "--sync-batchnorm", help="Convert as `convert --sync-batchnorm` would."),
+    global_batch: bool = typer.Option(False, "--global-batch", help="Convert as `convert --global-batch` would."),
+    eval_on_rank0: bool = typer.Option(False, "--eval-on-rank0", help="Convert as `convert --eval-on-rank0` would."),
+    launcher: Launcher = typer.Option(Launcher.torchrun, "--launcher", help="Convert as `convert --launcher` would."),
 ) -> None:
     """Run the DDP version of ORIGINAL briefly under torchrun, and the original as one process,
     and report which DDP invariants hold: exit 0 all hold, 1 one fails, 2 verification could not run.
@@ -236,7 +240,9 @@ def verify(
 
     options = VerifyOptions(
         nproc=nproc, steps=steps, timeout=timeout, device=device.value, python=python or sys.executable,
-        args=list(_SCRIPT_ARGS), convert_options=ConvertOptions(), keep=keep,
+        args=list(_SCRIPT_ARGS), keep=keep,
+        convert_options=ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch,
+                                       eval_on_rank0=eval_on_rank0, launcher=launcher.value),
     )  # fmt: skip
     try:
         result = run_verify(original, converted, options)

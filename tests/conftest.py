@@ -5,18 +5,16 @@ the replica check every multi-rank run gets (assert_replicas_identical).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from ddpify.verify.invariants import step_differences
+from ddpify.verify.launch import run_plan as launch_plan
+
 ROOT = Path(__file__).resolve().parent.parent
-TRACE_RUN = ROOT / "ddpify" / "verify" / "tracer.py"
 
 # Every launched command gets a wall-clock limit; a hang fails the test instead of the suite.
 PYTHON_TIMEOUT_S = 180
@@ -98,28 +96,9 @@ class Launch:
             raise AssertionError(self.replicas[label])
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below pid (from /proc), deepest first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found: list[int] = []
-    stack = list(children.get(pid, []))
-    while stack:
-        child = stack.pop()
-        found.append(child)
-        stack.extend(children.get(child, []))
-    return found[::-1]
-
-
 def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None) -> Launch:
-    """Run ddpify/verify/tracer.py over a plan, under torchrun with nproc processes or plain python (None).
+    """Run ddpify/verify/tracer.py over a plan, under torchrun with nproc processes or plain python (None),
+    with the product's launcher (ddpify.verify.launch, as `ddpify verify` runs it).
 
     Each plan entry is {"label", "script", "args", "env", "cwd"}; a relative cwd is taken under workdir.
     An entry may add "diverges": "<why>" for a run whose ranks may legitimately end with different
@@ -128,47 +107,16 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     each run has (default nproc, or 1 under python; NPROC for a script that calls mp.spawn).
     Traces land in workdir. Never raises on failure: the caller asserts on the Launch.
     """
-    workdir.mkdir(parents=True, exist_ok=True)
     plan = [dict(run, cwd=str(workdir / run.get("cwd", run["label"]))) for run in plan]
-    plan_file = workdir / "plan.json"
-    plan_file.write_text(json.dumps(plan, indent=1))
-    if nproc is None:
-        cmd = [sys.executable, str(TRACE_RUN), "--plan", str(plan_file)]
-        limit = PYTHON_TIMEOUT_S
-    else:
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--standalone", f"--nproc-per-node={nproc}",
-            str(TRACE_RUN), "--plan", str(plan_file),
-        ]  # fmt: skip
-        limit = TORCHRUN_TIMEOUT_S
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDPIFY_TRACE_DIR=str(workdir), CUDA_VISIBLE_DEVICES="")
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    timed_out = False
-    try:
-        stdout, stderr = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        # torchrun starts its workers in sessions of their own: find them before killing the agent
-        for pid in [*_descendants(proc.pid), proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        stdout, stderr = proc.communicate()
     ranks = ranks or nproc or 1
-    launch = Launch(cmd, workdir, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out, ranks=ranks)
+    done = launch_plan(
+        plan, workdir, nproc, python=sys.executable, ranks=ranks,
+        limit_s=PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S,
+        env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    launch = Launch(done.cmd, workdir, done.returncode, done.stdout, done.stderr, done.seconds, done.timed_out, ranks=ranks)
+    launch.traces = done.traces
     launch.may_diverge = {run["label"]: run["diverges"] for run in plan if run.get("diverges")}
-    for run in plan:
-        launch.traces.update(load_traces(workdir, run["label"], ranks))
     return launch
 
 
@@ -208,7 +156,7 @@ def assert_replicas_identical(workdir: Path, label: str | None, traces: list[dic
     params = [torch.load(workdir / f"params-{_tag(label, r)}.pt") for r in range(len(traces))]
     problems = []
     for r in range(1, len(traces)):
-        steps, final = _step_differences(traces[0], traces[r]), _param_differences(params[0], params[r])
+        steps, final = step_differences(traces[0], traces[r]), _param_differences(params[0], params[r])
         if final and not steps and any(traces[0].get("optimizer_steps") or []):
             steps = ["identical after every optimizer step: they parted after the last one (a load or edit on some ranks)"]
         problems += [f"rank 0 vs rank {r}: {p}" for p in steps + final]
@@ -219,34 +167,6 @@ def assert_replicas_identical(workdir: Path, label: str | None, traces: list[dic
             "each optimizer step; training without gradient sync, or an edit on some ranks only, parts them):\n  "
             + "\n  ".join(shown)
         )
-
-
-def _step_differences(a: dict, b: dict) -> list[str]:
-    """Where the two ranks' parameter checksums (tracer.py) first differ: per optimizer, the
-    first step (1-based) after which they do; per DDP model, the first training forward before
-    which they do (scripts that update parameters by hand have no optimizer steps), or the end."""
-    found = []
-    for key, what, when, steps in (
-        ("optimizer_steps", "optimizer", "after step", "optimizer steps"),
-        ("ddp_forwards", "DDP model", "before training forward", "training forwards"),
-    ):
-        seq_a, seq_b = a.get(key), b.get(key)
-        if seq_a is None or seq_b is None:
-            continue  # a trace without checksums: the final parameters are still compared
-        if len(seq_a) != len(seq_b):
-            found.append(f"{len(seq_a)} vs {len(seq_b)} {what}s")
-            continue
-        for i, (sa, sb) in enumerate(zip(seq_a, seq_b)):
-            first = next((k for k, (x, y) in enumerate(zip(sa, sb)) if x != y), None)
-            if first is not None:
-                found.append(f"{what} {i}: ranks first differ {when} {first + 1} (of {len(sa)} / {len(sb)})")
-            elif len(sa) != len(sb):
-                found.append(f"{what} {i}: {len(sa)} vs {len(sb)} {steps} (identical for the first {min(len(sa), len(sb))})")
-    final_a, final_b = a.get("ddp_final"), b.get("ddp_final")
-    if final_a is not None and final_b is not None and final_a != final_b and len(final_a) == len(final_b):
-        differ = [i for i, (x, y) in enumerate(zip(final_a, final_b)) if x != y]
-        found.append(f"DDP model {', '.join(map(str, differ))}: parameters differ at the end of the run")
-    return found
 
 
 def _param_differences(a: list, b: list) -> list[str]:

@@ -40,7 +40,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _descendants, assert_replicas_identical
+from conftest import assert_replicas_identical
+
+from ddpify.verify.launch import descendants
 
 from ddpify.engine import ConvertError, convert_source
 
@@ -166,7 +168,7 @@ def launch(name: str, script: Path, spec: Spec, work: Path) -> tuple[subprocess.
     except subprocess.TimeoutExpired:
         timed_out = True
         # torchrun starts its workers in sessions of their own: kill everything below it (conftest)
-        for pid in [*_descendants(proc.pid), proc.pid]:
+        for pid in [*descendants(proc.pid), proc.pid]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

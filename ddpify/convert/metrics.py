@@ -41,13 +41,29 @@ def per_rank_denominator(ctx: Context, loop: cst.For) -> bool:
     index = None
     if isinstance(loop.iter, cst.Call) and N.call_name(loop.iter) == "enumerate" and isinstance(loop.target, cst.Tuple):
         index = ref_of(loop.target.elements[0].value)
-    later = [node for node in _names_and_calls(script.body_of(scope)) if script.after(node, loop)]
+    body = script.body_of(scope)
+    counted = _counts_of(body, loader) if loader is not None else set()
+    later = [node for node in _names_and_calls(body) if script.after(node, loop)]
     for node in later:
-        if isinstance(node, cst.Call) and N.call_name(node) == "len" and node.args and ref_of(node.args[0].value) == loader:
+        if isinstance(node, cst.Call) and _is_len_of(node, loader):
             return loader is not None
-        if isinstance(node, cst.Name) and index is not None and node.value == index:
+        if isinstance(node, cst.Name) and (node.value == index or node.value in counted):
             return True
     return False
+
+
+def _is_len_of(node: cst.Call, loader) -> bool:
+    return N.call_name(node) == "len" and bool(node.args) and ref_of(node.args[0].value) == loader
+
+
+def _counts_of(body: cst.CSTNode, loader) -> set[str]:
+    """Names assigned from this rank's batch count: `steps_per_epoch = math.ceil(len(train_loader) / accum)`."""
+    found = set()
+    for node in iter_nodes(body):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            if any(isinstance(c, cst.Call) and _is_len_of(c, loader) for c in iter_nodes(node.value)):
+                found.add(node.targets[0].target.value)
+    return found
 
 
 

@@ -84,7 +84,7 @@ def run_plan(
 
 def stop(proc: subprocess.Popen, workdir: Path) -> None:
     """SIGTERM every process of the launch (the tracer dumps its stacks on it), then SIGKILL."""
-    pids = [*_traced_pids(workdir), *_descendants(proc.pid), proc.pid]
+    pids = [*_traced_pids(workdir), *descendants(proc.pid), proc.pid]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -105,7 +105,7 @@ def _traced_pids(workdir: Path) -> list[int]:
     return pids
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below pid (from /proc where there is one), deepest first."""
     children: dict[int, list[int]] = {}
     proc = Path("/proc")

@@ -169,7 +169,7 @@ def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source
         error = (original or {}).get("error") or single.stderr[-4000:]
         raise VerifyError(f"{source.name} fails on its own as one process, before verification can start:\n{error.rstrip()}")
     reference_label = "reference" if original_ok else "plain-reference"
-    ordered = {"seed": 0, "batch_scale": 1, "sequential": True}
+    ordered = {"seed": 0, "batch_scale": 1}
     compare = traces / f"params-{reference_label}-0.pt"
     multi = run_plan(
         [entry("ddp", runs_at), entry("ordered", runs_at, reference=ordered, compare_params=str(compare))],

@@ -1,0 +1,142 @@
+"""`ddpify verify` proves a conversion by what the ranks did, and names the invariant a broken one breaks.
+
+tests/data/verify/train.py is a single-GPU script; ddp_train.py is our hand-written DDP version of
+it, and BREAK=<name> in its environment breaks it in one of the ways DDP scripts go wrong. Each
+broken version must make exactly its invariant FAIL (the ones that follow from it are N/A, naming
+it), with a message that says what to do. Every run is real: torchrun with 2 CPU processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpify.verify.invariants import FAIL, NA, PASS
+from ddpify.verify.session import VerifyError, VerifyOptions, verify
+
+DATA = Path(__file__).resolve().parent / "data" / "verify"
+TRAIN, DDP_TRAIN = DATA / "train.py", DATA / "ddp_train.py"
+
+
+def statuses(result) -> dict[int, str]:
+    return {r.number: r.status for r in result.results}
+
+
+def failed(result) -> list[int]:
+    return [r.number for r in result.results if r.status == FAIL]
+
+
+@pytest.fixture
+def in_data(monkeypatch):
+    monkeypatch.chdir(DATA)
+    before = sorted(p.name for p in DATA.iterdir())
+    yield
+    assert sorted(p.name for p in DATA.iterdir()) == before, "verify wrote into the user's folder"
+
+
+def test_the_conversion_of_train_py_passes_every_invariant(in_data):
+    result = verify(TRAIN, None, VerifyOptions(timeout=60))
+    assert result.converted == "converted in memory"
+    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
+    three = result.results[2]
+    assert "epoch 2: ranks read 128/128 samples, disjoint, together all of them" in three.evidence
+    assert result.exit_code == 0
+
+
+def test_a_hand_written_ddp_script_passes_every_invariant(in_data):
+    result = verify(TRAIN, DDP_TRAIN, VerifyOptions(timeout=60))
+    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
+    assert "equal one process at 2x the batch" in result.results[4].summary
+
+
+# (BREAK, the invariant that fails, words of its message the user acts on)
+BROKEN = [
+    ("group", 1, "world size 1, not 2"),
+    ("late_wrap", 2, "ran a training forward at ddp_train.py:83 before it was wrapped in DDP"),
+    ("sampler", 3, "every rank reads the whole training set (256 samples, sampler RandomSampler)"),
+    ("set_epoch", 3, "call sampler.set_epoch(epoch) at the start of every epoch"),
+    ("no_sync", 4, "optimizer steps ran inside model.no_sync()"),
+    ("summed", 5, "the losses part at step 1"),
+    ("save_all", 6, "model.pt is written by ranks 0, 1 (ddp_train.py:93): write it on rank 0 only"),
+    ("prefix", 7, "its keys start with `module.`, so Sequential cannot load it; save model.module.state_dict()"),
+    ("shard_eval", 8, "the metric covers one rank's shard"),
+    ("env", 10, "KeyError: 'RANK'"),
+]
+
+
+@pytest.mark.parametrize("name,number,message", BROKEN, ids=[b[0] for b in BROKEN])
+def test_each_broken_ddp_script_fails_exactly_its_invariant(in_data, monkeypatch, name, number, message):
+    monkeypatch.setenv("BREAK", name)
+    result = verify(TRAIN, DDP_TRAIN, VerifyOptions(timeout=60))
+    assert failed(result) == [number], [(r.number, r.status, r.summary) for r in result.results]
+    summary = next(r.summary for r in result.results if r.number == number)
+    assert message in summary, summary
+    assert result.exit_code == 1
+    for r in result.results:  # what follows from the failure names it
+        if r.summary.startswith("follows from"):
+            assert r.status == NA and r.summary.startswith(f"follows from {number} ")
+
+
+def test_a_hang_is_stopped_at_the_timeout_and_shows_where_each_rank_was(in_data, monkeypatch):
+    monkeypatch.setenv("BREAK", "hang")
+    start = time.monotonic()
+    result = verify(TRAIN, DDP_TRAIN, VerifyOptions(timeout=20))
+    assert time.monotonic() - start < 150
+    assert failed(result) == [9], [(r.number, r.status, r.summary) for r in result.results]
+    nine = result.results[8]
+    assert "hung and was stopped at the timeout" in nine.summary
+    assert "rank 0: ddp_train.py:90 in main" in nine.summary and "in barrier" in nine.summary, nine.summary
+    assert any(line.startswith("rank 1: ") for line in nine.evidence), nine.evidence
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+
+def ddpify(*args, cwd=DATA, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "ddpify", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )  # fmt: skip
+
+
+def test_cli_passes_script_arguments_after_the_double_dash_and_prints_json():
+    done = ddpify("verify", "train.py", "--format", "json", "--", "--epochs", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "PASS" and report["first_failure"] is None
+    three = report["invariants"][2]
+    assert "one epoch ran" in three["summary"], three  # --epochs 1 reached the script
+
+
+def test_cli_first_line_names_the_failure_and_exit_1():
+    done = ddpify("verify", "train.py", "ddp_train.py", env={"BREAK": "set_epoch"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("ddpify verify: FAIL 3 disjoint shards, new order each epoch: rank 0 reads its shard in the same order")
+
+
+def test_cli_exit_2_without_torch_or_with_a_script_that_fails_on_its_own(tmp_path):
+    done = ddpify("verify", "train.py", "--python", "/bin/false")
+    assert done.returncode == 2 and done.stderr.startswith("error: no torch in /bin/false"), done.stderr
+    assert "Traceback" not in done.stderr
+    done = ddpify("verify", "missing.py")
+    assert done.returncode == 2 and done.stderr.strip() == "error: missing.py: no such file"
+    broken = tmp_path / "broken.py"
+    broken.write_text((TRAIN.read_text()).replace("    args = parser.parse_args()\n", "    args = parser.parse_args()\n    open('no/such/file.csv')\n"))
+    done = ddpify("verify", "broken.py", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "fails on its own as one process" in done.stderr and "FileNotFoundError" in done.stderr, done.stderr
+
+
+def test_verify_error_for_a_conversion_that_cannot_be_done(tmp_path, monkeypatch):
+    script = tmp_path / "empty.py"
+    script.write_text("print('no training here')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(VerifyError, match="empty.py"):
+        verify(script, None, VerifyOptions(timeout=30))
