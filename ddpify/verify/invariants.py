@@ -122,10 +122,21 @@ def step_differences(a: dict, b: dict) -> list[str]:
 
 
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+# Clock readings differ from run to run: timestamps, durations, throughput.
+TIMES = re.compile(
+    r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?"
+    r"|\b\d{1,2}:\d\d(?::\d\d)?(?:[.,]\d+)?"
+    r"|(?i:\b(?:time|elapsed|took|eta|duration)\b\W*[\d.]+(?:e[-+]?\d+)?\s*(?:ms|s|sec|secs|seconds|min|m)?\b)"
+    r"|(?i:[\d.]+\s*(?:ms|s|sec|secs|seconds|it/s|s/it|samples/s|img/s)\b)"
+)
 
 
 def template(line: str) -> str:
-    return NUMBER.sub("#", line).strip()
+    return NUMBER.sub("#", without_times(line)).strip()
+
+
+def without_times(line: str) -> str:
+    return TIMES.sub("<time>", line)
 
 
 def _lines(trace: dict | None) -> list[tuple[str, str | None]]:
@@ -209,13 +220,16 @@ def sharded(runs: Runs) -> Result:
         return Result(3, NA, "no optimizer step happened while a DataLoader was read")
     info = runs.ddp[0]["loaders"][loader]
     epochs = [training_passes(t, loader) for t in runs.ddp]
+    if all(i is None for e in epochs for p in e for i in p["indices"]):
+        return Result(3, NA, f"the training data is an iterable dataset ({info['dataset_type']}){_where(info)}: it has no "
+                      "indices to shard; how it splits the stream over ranks is its own code")  # fmt: skip
     n_epochs = min(len(e) for e in epochs)
     universe = _universe(runs.original, info)
     evidence = [f"training loader{_where(info)}: {info['dataset_len']} samples, sampler {epochs[0][0]['sampler']}"]
     for e in range(n_epochs):
         passes = [epochs[r][e] for r in range(runs.nproc)]
         known = all(p.get("planned") is not None for p in passes)
-        sets = [set(p["planned"]) if p.get("planned") is not None else set(p["indices"]) for p in passes]
+        sets = [set(p["planned"]) if p.get("planned") is not None else set(p["indices"]) - {None} for p in passes]
         if universe and runs.nproc > 1:
             whole = [r for r, s in enumerate(sets) if known and len(s) >= len(universe)]
             if whole:
@@ -510,7 +524,7 @@ def evaluation(runs: Runs, math_result: Result | None = None) -> Result:
 
 
 def _numbers_agree(a: str, b: str) -> bool:
-    xs, ys = NUMBER.findall(a), NUMBER.findall(b)
+    xs, ys = NUMBER.findall(without_times(a)), NUMBER.findall(without_times(b))
     if len(xs) != len(ys):
         return False
     for x, y in zip(xs, ys):

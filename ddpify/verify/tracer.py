@@ -320,6 +320,7 @@ def _iter_init(original):
         self._ddpify_pass = record
         _trace["passes"].append(record)
         original(self, loader, *args, **kwargs)
+        _state.pop("rng", None)  # a new pass draws its base seed: the next step starts a new comparison
 
     return __init__
 
