@@ -336,8 +336,8 @@ def same_math(runs: Runs) -> Result:
     rank_losses = [t["losses"] for t in ordered]
     n = min([len(ref_losses)] + [len(x) for x in rank_losses])
     mean = [sum(x[i] for x in rank_losses) / len(rank_losses) for i in range(n)]
-    curves = [f"losses, one process at {runs.nproc}x batch: {_numbers(ref_losses[:n])}",
-              f"losses, mean over {runs.nproc} ranks:        {_numbers(mean)}"]  # fmt: skip
+    curves = [f"{f'losses, one process, {runs.nproc}x batch:':<32}{_numbers(ref_losses[:n])}",
+              f"{'losses, mean over the ranks:':<32}{_numbers(mean)}"]  # fmt: skip
     data = _same_batches(reference, ordered)
     if data is not None:
         return Result(5, NA, f"the ranks' unshuffled batches are not the reference's ({data}), so the runs cannot be compared", curves)
@@ -370,6 +370,8 @@ def _same_batches(reference: dict, ordered: list) -> str | None:
         return None
     ref = batches(training_passes(reference, loader)[0])
     mine = [batches(training_passes(t, ranks_loader)[0]) for t in ordered]
+    if all(i is None for b in ref for i in b):
+        return "an iterable dataset's batches have no indices to match"
     for i, together in enumerate(zip(*mine)):
         if i >= len(ref):
             break

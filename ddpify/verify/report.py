@@ -21,7 +21,8 @@ def text(v: Verification) -> str:
     o = v.options
     lines = [
         headline(v),
-        f"{v.script} ({v.converted}): {o.nproc} processes, {v.device}, {o.steps} steps per epoch, {o.epochs} epochs; "
+        f"{v.script} ({v.converted}): {_count(o.nproc, 'process', 'processes')}, {v.device}, "
+        f"{_count(o.steps, 'step')} per epoch, {_count(o.epochs, 'epoch')}; "
         f"{v.seconds:.0f} s",
         "",
     ]
@@ -30,6 +31,10 @@ def text(v: Verification) -> str:
         lines += [f"{'':>11}{line}" for line in r.evidence]
     lines += [f"note: {n}" for n in v.notes]
     return "\n".join(lines)
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def as_json(v: Verification) -> str:

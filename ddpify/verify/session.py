@@ -80,7 +80,7 @@ def verify(original: Path, converted: Path | None = None, options: VerifyOptions
     texts, what, notes = _converted_files(source, converted, root, options)
     runs_at = source if converted is None else _placed(converted.resolve(), source, root)
     on_gpus = options.device != "cpu" and gpus >= options.nproc
-    device = f"nccl on {options.nproc} GPUs" if on_gpus else "gloo on CPU"
+    device = f"nccl on {options.nproc} GPU{'s' if options.nproc > 1 else ''}" if on_gpus else "gloo on CPU"
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if not on_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -150,6 +150,7 @@ def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source
     def entry(label: str, script: Path, **extra) -> dict:
         folder = folders[label]
         return dict(label=label, script=str(folder / script.relative_to(root)), args=list(options.args), cwd=str(folder),
+                    env={"PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))},
                     limit=limit, timeout=options.timeout, **extra)  # fmt: skip
 
     limit = {"steps": options.steps, "epochs": options.epochs}

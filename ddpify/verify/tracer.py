@@ -333,13 +333,24 @@ def _as_index(i):
         return None
 
 
-def _next_index(original):
-    def _next_index(self):
+def _next(original):
+    """A verification run ends a training pass after K optimizer steps (exact also with loader
+    workers, which ask for indices ahead)."""
+
+    def __next__(self):
         record = getattr(self, "_ddpify_pass", None)
         limit = _config().get("limit")
         if record is not None and limit and record["steps"] >= limit.get("steps", 4):
             record["truncated"] = True
             raise StopIteration
+        return original(self)
+
+    return __next__
+
+
+def _next_index(original):
+    def _next_index(self):
+        record = getattr(self, "_ddpify_pass", None)
         try:
             index = original(self)
         except StopIteration:
@@ -365,16 +376,27 @@ def _next_data(original):
     def _next_data(self):
         if not _config().get("reference"):
             return original(self)
-        before = (torch.random.get_rng_state(), random.getstate())
+        before = _rng_states()
         data = original(self)
-        after = torch.random.get_rng_state()
-        if not torch.equal(before[0], after) or before[1] != random.getstate():
+        after = _rng_states()
+        if before != after:
             _note_randomness("loading a batch draws random numbers (data augmentation)")
             if "rng" in _state:
                 _state["rng"] = after  # reported as augmentation, not as the step's own draws
         return data
 
     return _next_data
+
+
+def _rng_states() -> tuple:
+    """torch's, Python's and (if loaded) numpy's global random states, comparable with ==."""
+    numpy = sys.modules.get("numpy")
+    drawn = numpy.random.get_state() if numpy is not None else None
+    return (
+        torch.random.get_rng_state().numpy().tobytes(),
+        random.getstate(),
+        (drawn[1].tobytes(), drawn[2]) if drawn is not None else None,
+    )
 
 
 def _note_randomness(reason: str) -> None:
@@ -572,8 +594,8 @@ def _after_step(optimizer, args, kwargs):
         return  # an optimizer of an earlier run of the plan
     _trace["optimizer_steps"][index].append(params_checksum(_optimizer_params(optimizer)))
     if _config().get("reference") and index == _state.get("step_optimizer", index):
-        rng = torch.random.get_rng_state()
-        if "rng" in _state and not torch.equal(_state["rng"], rng):
+        rng = _rng_states()
+        if "rng" in _state and _state["rng"] != rng:
             _note_randomness("the training step draws random numbers (noise, random batches or masks)")
         _state["rng"] = rng
     if _state.get("backward_in_no_sync"):
@@ -747,6 +769,7 @@ def install_hooks() -> None:
     _wrap(DataLoader, "__init__", _loader_init)
     _wrap(dataloader_module._BaseDataLoaderIter, "__init__", _iter_init)
     _wrap(dataloader_module._BaseDataLoaderIter, "_next_index", _next_index)
+    _wrap(dataloader_module._BaseDataLoaderIter, "__next__", _next)
     _wrap(dataloader_module._SingleProcessDataLoaderIter, "_next_data", _next_data)
     _wrap(DistributedSampler, "__init__", _distributed_sampler_init)
     _wrap(torch, "save", _save)
@@ -878,8 +901,8 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
 
     _trace["exit_code"] = code
     _trace["dist_initialized_at_exit"] = dist.is_initialized()
-    if _trace["stopped"] and dist.is_initialized():
-        dist.destroy_process_group()  # the run was cut short before the script's own teardown
+    if dist.is_initialized():
+        dist.destroy_process_group()  # cut short before the script's teardown, or left up: the next run makes its own
     params = [[p.detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers]
     _trace["final_checksums"] = [params_checksum(group) for group in params]
     _trace["ddp_final"] = [params_checksum(model.parameters()) for model in _ddp_models]
