@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -39,12 +40,50 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"ddpify {version('ddpify')}")
+        except PackageNotFoundError:
+            typer.echo("ddpify (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Turn single-GPU PyTorch training scripts into DDP scripts, and lint DDP pitfalls."""
 
 
 def _fail(message: str, code: int = 1) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def _write(target: Path, data: bytes) -> None:
+    """An atomic write, or one line naming the target and why it failed (exit 1)."""
+    from ddpify.files import write_atomic
+
+    try:
+        write_atomic(target, data)
+    except OSError as exc:
+        _fail(f"{target}: {exc.strerror or exc}")
+
+
+def _stdout(data: bytes) -> None:
+    """The script to stdout in its own encoding (a latin-1 file stays latin-1 under its cookie)."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
 
 
 @app.command()
@@ -73,8 +112,8 @@ def convert(
     """
     if sum(bool(x) for x in (output, in_place, diff)) > 1:
         _fail("use only one of -o/--output, --in-place and --diff", 2)
-    if output is not None and src.exists() and output.exists() and output.resolve() == src.resolve():
-        _fail(f"{src}: refusing to overwrite the input; pass --in-place to do that", 2)
+    if output is not None and src.exists() and output.exists() and os.path.samefile(output, src):
+        _fail(f"{src}: refusing to overwrite the input ({output} is the same file); pass --in-place to do that", 2)
     from ddpify.engine import ConvertError, ConvertOptions, convert_file
     from ddpify.projects import trains_elsewhere
 
@@ -90,7 +129,11 @@ def convert(
         return
     if result.already_distributed:
         note = result.changes[0]
-        typer.echo(f"{src}:{note.line}: already distributed; nothing to convert, nothing written", err=True)
+        if output is not None:  # an identical copy, as black leaves a file it does not change
+            _write(output, src.read_bytes())
+        elif not (in_place or diff):
+            _stdout(src.read_bytes())  # unchanged, so `ddpify convert x.py > y.py` still gives a script
+        typer.echo(f"{src}:{note.line}: already distributed; nothing to convert", err=True)
         for name, line, what in result.pending:  # what a conversion would still add: the user decides
             typer.echo(f"{src}:{line}: note: not converted: {what} ({name})", err=True)
         return
@@ -103,10 +146,10 @@ def convert(
         raise typer.Exit(1 if result.code != source else 0)
     target = src if in_place else output
     if target is None:
-        sys.stdout.write(result.code)
+        _stdout(result.code.encode(encoding))
         _summary(src, None, result, global_batch, launcher, err=True)
     else:
-        target.write_bytes(result.code.encode(encoding))
+        _write(target, result.code.encode(encoding))
         _summary(src, target, result, global_batch, launcher, err=False)
     if strict and result.todos:
         raise typer.Exit(1)
@@ -115,7 +158,7 @@ def convert(
 def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher) -> None:
     """The entry and the project modules it imports: one diff, a copy of the project in a
     folder, or the changed modules rewritten in place."""
-    from ddpify.projects import convert_project, copy_project, reads_left_out, write_atomic
+    from ddpify.projects import convert_project, copy_project, reads_left_out
 
     result = convert_project(src, options)
     project, changed = result.project, result.changed
@@ -136,9 +179,9 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
             return
         converted, _, encoding = changed[entry]
         if output is None:
-            sys.stdout.write(converted.code)
+            _stdout(converted.code.encode(encoding))
         else:
-            write_atomic(output, converted.code.encode(encoding))
+            _write(output, converted.code.encode(encoding))
         _summary(src, output, converted, global_batch, launcher, err=output is None)
         if strict and converted.todos:
             raise typer.Exit(1)
@@ -152,7 +195,7 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         )
     if in_place:
         for path, (converted, _, encoding) in changed.items():
-            write_atomic(path, converted.code.encode(encoding))
+            _write(path, converted.code.encode(encoding))
         targets = {path: shown[path] for path in changed}
     else:
         if output.resolve() == project.root:

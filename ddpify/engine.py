@@ -4,34 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import io
-import tokenize
 from pathlib import Path
 
 import libcst as cst
 
 from ddpify.analysis.script import AnalysisError
+from ddpify.files import read_source
 from ddpify.results import ConvertError, ConvertOptions, ConvertResult, Note
 
 __all__ = ["ConvertError", "ConvertOptions", "ConvertResult", "Note", "convert_source", "read_source", "convert_file"]
-
-
-def read_source(path: Path) -> tuple[str, str]:
-    """The text of a script and its encoding (PEP 263 cookie or UTF-8)."""
-    name = str(path)
-    if not path.exists():
-        raise ConvertError(name, 0, "no such file")
-    if not path.is_file():
-        raise ConvertError(name, 0, "not a file")
-    raw = path.read_bytes()
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-        return raw.decode(encoding), encoding
-    except (SyntaxError, LookupError) as exc:
-        raise ConvertError(name, 1, f"unknown encoding: {exc}") from None
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConvertError(name, line, f"cannot decode as {encoding}: not a Python source file?") from None
 
 
 def parse(source: str, path: str) -> cst.Module:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import libcst as cst
 
 from ddpify.analysis.project import Project, find_project, project_facts
 from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_source, parse, read_source
+from ddpify.files import write_atomic
 
 # Not copied into a project's converted copy: data, caches, environments, version control.
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".mypy_cache",
@@ -159,7 +159,7 @@ def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> lis
             path = (here / name).resolve()
             target = out / path.relative_to(project.root)
             if path in converted:
-                write_atomic(target, converted[path].encode("utf-8"))
+                write_atomic(target, converted[path].encode("utf-8"), make_parents=True)
             elif path.stat().st_size > LARGE:
                 left_out.append(path.relative_to(project.root))
             else:
@@ -187,20 +187,3 @@ def reads_left_out(project: Project, left_out: list[Path]) -> list[tuple[Path, P
             if hit is not None and all(hit != f[0] for f in found):
                 found.append((hit, path, index.line(node)))
     return found
-
-
-def write_atomic(target: Path, data: bytes) -> None:
-    """Write through a temporary file beside `target`, then rename: never a half-written file.
-    An existing target keeps its permissions."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    mode = target.stat().st_mode if target.exists() else None
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

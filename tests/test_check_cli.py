@@ -223,3 +223,36 @@ def test_main_cli_registers_commands():
 
     r = runner.invoke(app, ["rules"])
     assert r.exit_code == 0 and "DDP101" in r.output
+
+
+def test_check_reads_coding_cookies_and_fix_keeps_encoding_and_bom(tmp_path):
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + BAD.encode())
+    bom = tmp_path / "bom.py"
+    bom.write_bytes(b"\xef\xbb\xbf" + BAD.encode())
+    r = run("check", "--fix", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert latin.read_bytes().startswith(b"# -*- coding: latin-1 -*-\n# caf\xe9\n")
+    assert bom.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert 'map_location="cpu"' in latin.read_bytes().decode("latin-1") and 'map_location="cpu"' in bom.read_text("utf-8-sig")
+
+
+def test_fix_with_a_file_it_cannot_write_reports_it_in_one_line_and_fixes_the_others(tmp_path, monkeypatch):
+    import ddpify.check.runner as runner_module
+
+    locked, free = tmp_path / "locked.py", tmp_path / "free.py"
+    locked.write_text(BAD)
+    free.write_text(BAD)
+    real = runner_module.write_atomic
+
+    def write_atomic(path, data):  # a read-only file (this suite may run as root, who writes anyway)
+        if path == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(runner_module, "write_atomic", write_atomic)
+    r = run("check", "--fix", "--jobs", "1", str(tmp_path))
+    assert "Traceback" not in r.output
+    assert 'map_location="cpu"' in free.read_text() and locked.read_text() == BAD
+    assert f"{locked}: cannot write the fixes: Permission denied" in r.output, r.output
+    assert r.exit_code == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,12 +74,84 @@ def test_diff_prints_a_unified_diff_and_exits_1(script: Path) -> None:
     assert script.read_bytes() == before
 
 
-def test_already_distributed_script_is_left_alone(tmp_path: Path) -> None:
+def test_already_distributed_script_is_passed_through_unchanged(tmp_path: Path) -> None:
+    """As black does for a file it leaves alone: -o gets an identical copy, stdout the input,
+    so `ddpify convert x.py > y.py` in a pipeline still gives a script."""
     out = tmp_path / "out.py"
     result = ddpify("convert", str(NOOP_DDP), "-o", str(out))
     assert result.returncode == 0
     assert "already distributed" in result.stderr and f"{NOOP_DDP}:" in result.stderr
-    assert not out.exists()
+    assert out.read_bytes() == NOOP_DDP.read_bytes()
+    piped = subprocess.run([sys.executable, "-m", "ddpify", "convert", str(NOOP_DDP)], capture_output=True, timeout=120)
+    assert piped.returncode == 0 and piped.stdout == NOOP_DDP.read_bytes()
+
+
+def test_a_hard_link_to_the_input_is_the_input(script: Path, tmp_path: Path) -> None:
+    link = tmp_path / "out.py"
+    link.hardlink_to(script)
+    before = script.read_bytes()
+    result = ddpify("convert", str(script), "-o", str(link))
+    assert result.returncode == 2 and "refusing to overwrite the input" in result.stderr, result.stderr
+    assert script.read_bytes() == before
+
+
+@pytest.mark.parametrize("where", ["missing/out.py", "folder", "a_file/out.py"])
+def test_output_that_cannot_be_written_is_one_line(script: Path, tmp_path: Path, where: str) -> None:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "a_file").write_text("")  # a file where a folder should be: unwritable even for root
+    result = ddpify("convert", str(script), "-o", str(tmp_path / where))
+    _one_line_error(result, str(tmp_path / where))
+    assert "Traceback" not in result.stderr
+
+
+def test_writes_are_atomic_and_keep_permissions(script: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.py"
+    out.write_text("old\n")
+    out.chmod(0o640)
+    assert ddpify("convert", str(script), "-o", str(out)).returncode == 0
+    assert out.stat().st_mode & 0o777 == 0o640 and "init_process_group" in out.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.py", "train.py"]  # no temporary left behind
+    fresh = tmp_path / "fresh.py"
+    assert ddpify("convert", str(script), "-o", str(fresh)).returncode == 0
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def test_a_write_killed_midway_leaves_the_old_file_whole(tmp_path: Path) -> None:
+    """A process killed while it writes (SIGKILL, between the temporary file and the rename)."""
+    target = tmp_path / "train.py"
+    target.write_text("the old script\n")
+    code = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "import ddpify.files as files\n"
+        "real = os.replace\n"
+        "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"files.write_atomic(Path({str(target)!r}), b'x' * 10_000_000)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == -9
+    assert target.read_text() == "the old script\n"
+
+
+def test_stdout_keeps_the_source_encoding(tmp_path: Path) -> None:
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + FLAT.read_text()).encode("latin-1"))
+    result = subprocess.run([sys.executable, "-m", "ddpify", "convert", str(latin)], capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert b"# caf\xe9\n" in result.stdout  # latin-1 bytes under the latin-1 cookie
+    compile(result.stdout, "out.py", "exec")
+
+
+def test_version_and_short_help() -> None:
+    version = ddpify("--version")
+    assert version.returncode == 0 and version.stdout.startswith("ddpify ")
+    assert ddpify("-h").returncode == 0 and ddpify("convert", "-h").stdout == ddpify("convert", "--help").stdout
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _one_line_error(result: subprocess.CompletedProcess, where: str) -> None:

@@ -15,6 +15,8 @@ from ddpify.check.config import DEFAULT_EXCLUDE, Config
 from ddpify.check.context import FileContext
 from ddpify.check.fix import apply_replacements
 from ddpify.check.rule import Finding, Report, Rule, all_rules
+from ddpify.files import read_source, write_atomic
+from ddpify.results import ConvertError
 
 PARSE_ERROR = "DDP000"
 MAX_FIX_ROUNDS = 10
@@ -229,15 +231,18 @@ def iter_python_files(paths: Iterable[Path], config: Config) -> list[Path]:
 def _check_path(args: tuple[str, tuple[str, ...], bool]) -> FileResult:
     path, codes, fix = args
     try:
-        source = Path(path).read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return FileResult(path=path, error=f"cannot read {path}: {exc}")
+        source, encoding = read_source(Path(path))
+    except ConvertError as exc:  # the reader convert uses: cookies, BOM, binary files
+        return FileResult(path=path, error=f"{path}:{exc.line}: {exc.message}" if exc.line else f"{path}: {exc.message}")
     try:
         result = check_source(source, path, codes, fix, project=project_modules(Path(path)))
     except Exception as exc:  # an internal error: report it, keep checking the others
         return FileResult(path=path, error=f"internal error while checking {path}: {exc!r}")
     if result.fixed_source is not None:
-        Path(path).write_bytes(result.fixed_source.encode("utf-8"))
+        try:
+            write_atomic(Path(path), result.fixed_source.encode(encoding))
+        except (OSError, UnicodeEncodeError) as exc:
+            result.error = f"{path}: cannot write the fixes: {getattr(exc, 'strerror', None) or exc}"
     return result
 
 
