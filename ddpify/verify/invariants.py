@@ -143,21 +143,22 @@ def _lines(trace: dict | None) -> list[tuple[str, str | None]]:
     return [(text, where) for text, where in (trace or {}).get("lines", []) if text.strip()]
 
 
-def _missing_trace(runs: Runs, traces: list, label: str) -> Result | None:
+def _missing(runs: Runs, traces: list, label: str) -> str | None:
+    """Why a run's invariants cannot be judged (a rank left no trace), or None."""
     if all(t is not None for t in traces):
         return None
     missing = [r for r, t in enumerate(traces) if t is None]
     why = "it hung and was stopped (see 9)" if "ddp" in runs.hung else "it crashed or never started (see 9)"
-    return Result(0, NA, f"rank {_ranks(missing)} of the {label} run left no trace: {why}")
+    return f"rank {_ranks(missing)} of the {label} run left no trace: {why}"
 
 
 # --- 1. process group --------------------------------------------------------------------------
 
 
 def process_group(runs: Runs) -> Result:
-    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    missing = _missing(runs, runs.ddp, "torchrun")
     if missing:
-        return Result(1, NA, missing.summary)
+        return Result(1, NA, missing)
     groups = []
     for rank, trace in enumerate(runs.ddp):
         made = trace["init_process_group"]
@@ -182,12 +183,13 @@ def process_group(runs: Runs) -> Result:
 
 
 def wrapped(runs: Runs) -> Result:
-    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    missing = _missing(runs, runs.ddp, "torchrun")
     if missing:
-        return Result(2, NA, missing.summary)
+        return Result(2, NA, missing)
     trace = runs.ddp[0]
     models, early = trace["ddp_models"], trace["unwrapped_forwards"]
-    for opt in trace["uncovered"]:
+    if trace["uncovered"]:
+        opt = trace["uncovered"][0]
         info = trace["optimizer_info"][opt["optimizer"]]
         named = f" ({early[0]['module']} trained{_where(early[0])})" if early else ""
         return Result(2, FAIL, f"optimizer {opt['optimizer']} ({info['type']}{_where(info)}) trains {opt['missing']} of its "
@@ -210,9 +212,9 @@ def wrapped(runs: Runs) -> Result:
 
 
 def sharded(runs: Runs) -> Result:
-    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    missing = _missing(runs, runs.ddp, "torchrun")
     if missing:
-        return Result(3, NA, missing.summary)
+        return Result(3, NA, missing)
     loader = train_loader(runs.ddp[0])
     if loader is None:
         if not runs.ddp[0]["loaders"]:
@@ -303,7 +305,7 @@ def _original_shuffles(original: dict | None) -> bool | None:
 def in_sync(runs: Runs) -> Result:
     traces = [t for t in runs.ddp if t is not None]
     if len(traces) < runs.nproc:
-        return Result(4, NA, _missing_trace(runs, runs.ddp, "torchrun").summary)
+        return Result(4, NA, _missing(runs, runs.ddp, "torchrun"))
     steps = [len(s) for s in traces[0]["optimizer_steps"]]
     forwards = [len(f) for f in traces[0]["ddp_forwards"]]
     if not any(steps) and not any(forwards):
@@ -395,9 +397,9 @@ def _last_line(trace: dict | None) -> str:
 
 
 def one_voice(runs: Runs) -> Result:
-    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    missing = _missing(runs, runs.ddp, "torchrun")
     if missing:
-        return Result(6, NA, missing.summary)
+        return Result(6, NA, missing)
     problems, evidence = [], []
     original = Counter(template(text) for text, _ in _lines(runs.original))
     per_rank = [Counter(template(text) for text, _ in _lines(t)) for t in runs.ddp]
@@ -468,9 +470,9 @@ def _files(runs: Runs, evidence: list[str]) -> list[str]:
 
 
 def checkpoints(runs: Runs) -> Result:
-    missing = _missing_trace(runs, runs.ddp, "torchrun")
+    missing = _missing(runs, runs.ddp, "torchrun")
     if missing:
-        return Result(7, NA, missing.summary)
+        return Result(7, NA, missing)
     trace = next((t for t in runs.ddp if t["saves"]), runs.ddp[0])
     models = trace["ddp_models"]
     good = []

@@ -138,7 +138,8 @@ def _converted_files(source: Path, converted: Path | None, root: Path, options: 
         raise VerifyError(f"{exc.path}:{exc.line}: {exc.message}" if exc.line else f"{exc.path}: {exc.message}") from None
     if result.already_distributed:
         return {}, "as written (already distributed)", ["the script is already distributed: it is verified as written"]
-    return {source: result.code.encode(encoding)}, "converted in memory", []
+    lines = f"line numbers in {source.name} are those of the converted script (`ddpify convert {source.name}` prints it)"
+    return {source: result.code.encode(encoding)}, "converted in memory", [lines]
 
 
 def _placed(converted: Path, source: Path, root: Path) -> Path:
