@@ -377,7 +377,10 @@ def test_f_plain_python_is_one_process(results):
     if case.original_runs_on_cpu:  # the converted script alone behaves like the original
         diff = max_param_diff(results.single.params("plain", 0), results.single.params("baseline", 0))
         assert diff <= ATOL, f"converted under python differs from the original by {diff:g}"
-        assert t["saves"] == results.single.trace("baseline", 0)["saves"]
+        same = ("path", "obj_type", "keys", "shapes", "module_prefix")  # not the line that saved it
+        assert [{k: s[k] for k in same} for s in t["saves"]] == [
+            {k: s[k] for k in same} for s in results.single.trace("baseline", 0)["saves"]
+        ]
 
 
 # --- the harness itself: it accepts a hand-written DDP script and rejects an unconverted one ------

@@ -845,8 +845,7 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
     if rank is not None:
         _trace["env_rank"] = rank
     out_dir = os.environ.get("DDPIFY_TRACE_DIR", os.getcwd())
-    tag_rank = "launcher" if _trace["spawned"] else _trace["env_rank"]
-    tag = f"{label}-{tag_rank}" if label else str(tag_rank)
+    tag = _tag(label, _trace["env_rank"])
     with _original_open(os.path.join(out_dir, f"pid-{tag}"), "w") as fh:
         fh.write(str(os.getpid()))
     stacks = _watch(config.get("timeout"), os.path.join(out_dir, f"stacks-{tag}.txt"))
@@ -910,6 +909,7 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
     _unwritten_appends()
     if config.get("compare_params"):
         _trace["reference_diff"] = _compare(params, config["compare_params"])
+    tag = _tag(label, "launcher" if _trace["spawned"] else _trace["env_rank"])  # mp.spawn's children wrote the ranks'
     _original_save(params, os.path.join(out_dir, f"params-{tag}.pt"))
     with _original_open(os.path.join(out_dir, f"trace-{tag}.json"), "w") as fh:
         json.dump(_trace, fh)
@@ -921,6 +921,10 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
     if reraise and failure is not None:
         raise failure
     return code
+
+
+def _tag(label, rank) -> str:
+    return f"{label}-{rank}" if label else str(rank)
 
 
 def _watch(timeout, path):
