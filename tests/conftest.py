@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpify.verify.invariants import step_differences
+from ddpify.verify.launch import Launch as ProductLaunch
 from ddpify.verify.launch import run_plan as launch_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,28 +38,11 @@ def update_goldens(request) -> bool:
 
 
 @dataclass
-class Launch:
-    """One finished command: what ran, its status and output, and where its traces are."""
+class Launch(ProductLaunch):
+    """The product's launch (ddpify.verify.launch) plus the replica check every multi-rank run gets."""
 
-    cmd: list[str]
-    cwd: Path
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-    timed_out: bool
-    traces: dict = field(default_factory=dict)  # (label, rank) -> trace dict
-    ranks: int = 1  # processes per run (torchrun's nproc, or the children of an mp.spawn script)
     may_diverge: dict = field(default_factory=dict)  # label -> why its ranks may end apart (plan "diverges")
     replicas: dict = field(default_factory=dict)  # label -> None (checked, identical) or the failure message
-
-    def log(self) -> str:
-        """The whole story, for failure messages."""
-        return (
-            f"$ (cd {self.cwd} && {' '.join(self.cmd)})\n"
-            f"exit {self.returncode}{' (TIMED OUT)' if self.timed_out else ''} after {self.seconds:.1f}s\n"
-            f"----- stdout -----\n{self.stdout}\n----- stderr -----\n{self.stderr[-12000:]}"
-        )
 
     def params(self, label: str, rank: int):
         """One rank's optimizers' parameters at the end of run `label` (replicas checked as by trace())."""
@@ -114,8 +98,7 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
         limit_s=PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S,
         env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
-    launch = Launch(done.cmd, workdir, done.returncode, done.stdout, done.stderr, done.seconds, done.timed_out, ranks=ranks)
-    launch.traces = done.traces
+    launch = Launch(**vars(done))
     launch.may_diverge = {run["label"]: run["diverges"] for run in plan if run.get("diverges")}
     return launch
 
