@@ -5,10 +5,12 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import traceback
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+import click
 import typer
 
 from ddpify.check.cli import register as register_check
@@ -34,8 +36,51 @@ class Launcher(str, Enum):
     spawn = "spawn"
 
 
+class PlainHelp(typer.core.TyperCommand):
+    """Help as black and ruff print it: `SRC`, not `{SRC}`; a metavar instead of a type label
+    (`-o FILE`, not `<path>`); no `[x>=1]`."""
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = _metavar(param)
+                pieces.append((name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else ""))
+        return pieces
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        params = [p for p in self.get_params(ctx) if not getattr(p, "hidden", False)]
+        arguments = [(_metavar(p), p.help or "") for p in params if p.param_type_name == "argument"]
+        options = [_option_row(p) for p in params if p.param_type_name == "option"]
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def _metavar(param: click.Parameter) -> str:
+    if param.metavar:
+        return param.metavar
+    choices = getattr(getattr(param, "type_descriptor", None), "choices", None)  # typer's own types
+    if choices:
+        return "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
+    return (param.name or "value").upper()
+
+
+def _option_row(option: click.Option) -> tuple[str, str]:
+    names = ", ".join(sorted(option.opts, key=len))
+    if option.secondary_opts:
+        names += " / " + ", ".join(option.secondary_opts)
+    if not option.is_flag:
+        names += " " + _metavar(option)
+    default = getattr(option.default, "value", option.default)
+    extra = f"  [default: {default}]" if option.show_default and default not in (None, False, "", ()) else ""
+    return names, (option.help or "") + extra
+
+
 app = typer.Typer(
     name="ddpify",
+    rich_markup_mode=None,
     help="Turn single-GPU PyTorch training scripts into DDP scripts, and lint DDP pitfalls.",
     no_args_is_help=True,
     add_completion=False,
@@ -60,6 +105,7 @@ def _main(
     show_version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the traceback of an internal error."),
 ) -> None:
     """Turn single-GPU PyTorch training scripts into DDP scripts, and lint DDP pitfalls."""
 
@@ -89,7 +135,7 @@ def _stdout(data: bytes) -> None:
 @app.command()
 def convert(
     src: Path = typer.Argument(..., help="The single-GPU training script.", show_default=False),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the DDP script here."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Write the DDP script here."),
     in_place: bool = typer.Option(False, "--in-place", help="Overwrite SRC with the DDP script."),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff instead; exit 1 if it is not empty."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the conversion left TODOs."),
@@ -260,13 +306,13 @@ def verify(
     converted: Optional[Path] = typer.Argument(
         None, help="A DDP version to check (default: convert ORIGINAL in memory).", show_default=False
     ),
-    nproc: int = typer.Option(2, "--nproc", min=1, help="Processes under torchrun."),
-    steps: int = typer.Option(4, "--steps", min=1, help="Optimizer steps per epoch before a run moves on."),
-    timeout: float = typer.Option(120.0, "--timeout", min=1, help="Seconds each run may take; then it counts as hung."),
+    nproc: int = typer.Option(2, "--nproc", min=1, metavar="N", help="Processes under torchrun."),
+    steps: int = typer.Option(4, "--steps", min=1, metavar="K", help="Optimizer steps per epoch before a run moves on."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1, metavar="SECONDS", help="Seconds each run may take; then it counts as hung."),
     device: Device = typer.Option(Device.auto, "--device", help="auto: GPUs with NCCL when there are enough; cpu: gloo."),
     output_format: Format = typer.Option(Format.text, "--format", help="text or json."),
     python: Optional[str] = typer.Option(None, "--python", help="The Python with torch that runs the scripts."),
-    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the runs' folders and traces in this folder."),
+    keep: Optional[Path] = typer.Option(None, "--keep", metavar="DIR", help="Keep the runs' folders and traces in this folder."),
     sync_batchnorm: bool = typer.Option(False, "--sync-batchnorm", help="Convert as `convert --sync-batchnorm` would."),
     global_batch: bool = typer.Option(False, "--global-batch", help="Convert as `convert --global-batch` would."),
     eval_on_rank0: bool = typer.Option(False, "--eval-on-rank0", help="Convert as `convert --eval-on-rank0` would."),
@@ -297,13 +343,31 @@ def verify(
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """The `ddpify` entry point: `ddpify verify ... -- ARGS` hands ARGS to the script untouched."""
+    """The `ddpify` entry point: `ddpify verify ... -- ARGS` hands ARGS to the script untouched;
+    an internal error is one line (the traceback with --verbose, anywhere before `--`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["verify"] and "--" in argv:
         at = argv.index("--")
         _SCRIPT_ARGS[:] = argv[at + 1 :]
         argv = argv[:at]
-    app(args=argv, prog_name="ddpify")
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
+    try:
+        app(args=argv, prog_name="ddpify")
+    except Exception as exc:  # noqa: BLE001 - a bug in ddpify: never a traceback unless asked
+        if verbose:
+            traceback.print_exc()
+        where = "" if verbose else "; run again with --verbose for the traceback"
+        typer.echo(f"error: internal error ({type(exc).__name__}: {_first_line(exc)}){where}", err=True)
+        typer.echo("This is a bug in ddpify: please report it, with the input.", err=True)
+        sys.exit(2)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 register_check(app)
+for _info in app.registered_commands:
+    _info.cls = PlainHelp

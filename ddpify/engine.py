@@ -10,25 +10,18 @@ import libcst as cst
 
 from ddpify.analysis.script import AnalysisError
 from ddpify.files import read_source
+from ddpify.parsing import parse_module, runs_deep
 from ddpify.results import ConvertError, ConvertOptions, ConvertResult, Note
 
 __all__ = ["ConvertError", "ConvertOptions", "ConvertResult", "Note", "convert_source", "read_source", "convert_file"]
 
 
 def parse(source: str, path: str) -> cst.Module:
-    """Compile (for CPython's precise message) then parse with libcst; errors become ConvertError."""
-    hint = "" if path.endswith((".py", ".pyw", "<string>")) else " (is this a Python file?)"
-    try:
-        compile(source, path, "exec", dont_inherit=True)
-        return cst.parse_module(source)
-    except SyntaxError as exc:
-        raise ConvertError(path, exc.lineno or 1, f"syntax error: {exc.msg}{hint}") from None
-    except cst.ParserSyntaxError as exc:
-        raise ConvertError(path, exc.raw_line, f"syntax error: {str(exc).splitlines()[0]}{hint}") from None
-    except ValueError as exc:  # e.g. null bytes
-        raise ConvertError(path, 1, f"not Python source: {exc}{hint}") from None
+    """CPython decides what is Python (its precise message), then libcst parses; ConvertError otherwise."""
+    return parse_module(source, path)
 
 
+@runs_deep
 def convert_source(
     source: str, path: str = "<string>", options: ConvertOptions | None = None, facts=None, driver: bool = False
 ) -> ConvertResult:

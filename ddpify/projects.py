@@ -21,6 +21,7 @@ import libcst as cst
 
 from ddpify.analysis.project import Project, find_project, project_facts
 from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_source, parse, read_source
+from ddpify.parsing import runs_deep
 from ddpify.files import write_atomic
 
 # Not copied into a project's converted copy: data, caches, environments, version control.
@@ -38,6 +39,7 @@ class ProjectResult:
     changed: dict[Path, tuple[ConvertResult, str, str]] = field(default_factory=dict)  # file -> (result, source, encoding)
 
 
+@runs_deep
 def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
     """Does a module of the entry's project besides the entry run a backward pass or build a
     DataLoader? (Then the entry is converted as part of its project.)"""
@@ -52,6 +54,7 @@ def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
     return bool(facts.runs_backward or facts.builds_loaders)
 
 
+@runs_deep
 def convert_project(entry: Path, options: ConvertOptions | None = None, root: Path | None = None) -> ProjectResult:
     """Convert `entry` and the project modules it reaches; raise ConvertError if unsafe."""
     options = options or ConvertOptions()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
@@ -16,6 +17,7 @@ from ddpify.check.context import FileContext
 from ddpify.check.fix import apply_replacements
 from ddpify.check.rule import Finding, Report, Rule, all_rules
 from ddpify.files import read_source, write_atomic
+from ddpify.parsing import SyntaxProblem, parse_module, runs_deep
 from ddpify.results import ConvertError
 
 PARSE_ERROR = "DDP000"
@@ -58,18 +60,15 @@ def _suppressed(f: Finding, noqa: dict[int, Optional[set[str]]]) -> bool:
     return False
 
 
-def _parse_error(path: str, exc: Exception) -> Finding:
-    line = getattr(exc, "raw_line", None) or getattr(exc, "lineno", None) or 1
-    col = (getattr(exc, "raw_column", None) or 0) + 1
-    message = getattr(exc, "message", None) or str(exc).splitlines()[0]
+def _parse_error(path: str, exc: SyntaxProblem) -> Finding:
     return Finding(
         path=path,
-        line=line,
-        column=col,
-        end_line=line,
-        end_column=col,
+        line=exc.line,
+        column=1,
+        end_line=exc.line,
+        end_column=1,
         code=PARSE_ERROR,
-        message=f"cannot parse file: {message}; fix the syntax error so the file can be checked",
+        message=f"cannot parse file: {exc.message}; fix it so the file can be checked",
     )
 
 
@@ -86,8 +85,8 @@ def analyse(
     ``module``: the source already parsed (e.g. by the converter, whose index is then reused);
     ``project``: the project modules the file imports (`ProjectModules`), analysed with it."""
     try:
-        module = module if module is not None else cst.parse_module(source)
-    except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
+        module = module if module is not None else parse_module(source, path)
+    except SyntaxProblem as exc:  # not Python: a finding; other parse failures are the file's error
         if any(r.CODE == PARSE_ERROR for r in rules):
             return [_parse_error(path, exc)], None, []
         return [], None, []
@@ -156,6 +155,7 @@ def _finding(ctx: FileContext, rule_cls: type[Rule], report: Report) -> Finding:
     )
 
 
+@runs_deep
 def check_source(
     source: str,
     path: str = "<string>",
@@ -228,6 +228,7 @@ def iter_python_files(paths: Iterable[Path], config: Config) -> list[Path]:
     return out
 
 
+@runs_deep
 def _check_path(args: tuple[str, tuple[str, ...], bool]) -> FileResult:
     path, codes, fix = args
     try:
@@ -236,8 +237,10 @@ def _check_path(args: tuple[str, tuple[str, ...], bool]) -> FileResult:
         return FileResult(path=path, error=f"{path}:{exc.line}: {exc.message}" if exc.line else f"{path}: {exc.message}")
     try:
         result = check_source(source, path, codes, fix, project=project_modules(Path(path)))
-    except Exception as exc:  # an internal error: report it, keep checking the others
-        return FileResult(path=path, error=f"internal error while checking {path}: {exc!r}")
+    except ConvertError as exc:  # read by CPython, but too deep, or beyond libcst's parser
+        return FileResult(path=path, error=f"{path}:{exc.line}: {exc.message}")
+    except Exception as exc:  # noqa: BLE001 - an internal error: report it, keep checking the others
+        return FileResult(path=path, error=f"{path}: internal error ({type(exc).__name__}: {exc}); please report it")
     if result.fixed_source is not None:
         try:
             write_atomic(Path(path), result.fixed_source.encode(encoding))
@@ -258,7 +261,7 @@ def project_modules(path: Path):
     def parse(text: str, where: str) -> cst.Module:
         key = (where, os.path.getmtime(where))
         if key not in _PARSED:
-            _PARSED[key] = cst.parse_module(text)
+            _PARSED[key] = parse_module(text, where)
         return _PARSED[key]
 
     try:
@@ -282,5 +285,16 @@ def check_paths(
     if jobs <= 1 or len(tasks) < 4:
         return [_check_path(t) for t in tasks]
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-        chunk = max(1, len(tasks) // (jobs * 4))
-        return list(pool.map(_check_path, tasks, chunksize=chunk))
+        futures = [pool.submit(_check_path, t) for t in tasks]
+        wait(futures)
+    # a worker that died (a crash in native code) breaks the pool: what it left is checked alone
+    return [f.result() if f.exception() is None else _check_alone(t) for f, t in zip(futures, tasks)]
+
+
+def _check_alone(task: tuple[str, tuple[str, ...], bool]) -> FileResult:
+    """One file in a process of its own, so a crash there is that file's error alone."""
+    try:
+        with ProcessPoolExecutor(max_workers=1) as pool:
+            return pool.submit(_check_path, task).result()
+    except BrokenProcessPool:
+        return FileResult(path=task[0], error=f"{task[0]}: the checker's process crashed on this file; please report it")
