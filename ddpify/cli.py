@@ -280,6 +280,7 @@ def _summary(
     lines = [f"{src} -> {out}: {len(result.changes)} change(s), {len(result.todos)} TODO(s)"]
     lines += [f"  {src}:{n.line}: {n.message}" for n in result.changes]
     lines += [f"  {out if n.in_output else src}:{n.line}: TODO(ddpify): {n.message}" for n in result.todos]
+    lines += [f"  {src}:{n.line}: note: {n.message}" for n in result.notes]
     if not launch:
         typer.echo("\n".join(lines), err=err)
         return

@@ -41,6 +41,7 @@ class ConvertResult:
     code: str
     changes: list[Note] = field(default_factory=list)
     todos: list[Note] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)  # what the user should know: options left without effect
     already_distributed: bool = False
     planned: list[tuple[str, int, str]] = field(default_factory=list)  # shortcut off: (pass, line, edit) of every code change
     pending: list[tuple[str, int, str]] = field(default_factory=list)  # already distributed: what was left undone

@@ -7,6 +7,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
+from ddpify.analysis.options import dead_options
 from ddpify.analysis.project import ProjectFacts
 from ddpify.analysis.script import Script, analyze, fully_distributed
 from ddpify.convert import (
@@ -103,10 +104,12 @@ def convert_module(
         return ConvertResult(module.code, notes, already_distributed=True, pending=pending)
     script, edits = _plan(wrapper, options, script, driver=driver)
     converted = _imports(apply(wrapper.module, edits, script.parent), edits)
+    dead = [Note(line, note) for line, note in dead_options(wrapper.module, converted, script.line)]
     return ConvertResult(
         converted.code,
         sorted(dict.fromkeys(edits.changes), key=lambda n: n.line),  # by line, then in the order the passes run
         sorted(dict.fromkeys(edits.todos), key=lambda n: n.line),
+        notes=dead,
         # the edits' own list, where a test asks for it (its end lines cost a code generation)
         planned=[] if shortcut else edits.planned,
     )
