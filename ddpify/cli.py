@@ -138,6 +138,9 @@ def convert(
     output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Write the DDP script here."),
     in_place: bool = typer.Option(False, "--in-place", help="Overwrite SRC with the DDP script."),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff instead; exit 1 if it is not empty."),
+    check: bool = typer.Option(
+        False, "--check", help="Write nothing: exit 1 with a diff when OUTPUT is not what converting SRC gives now."
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the conversion left TODOs."),
     sync_batchnorm: bool = typer.Option(
         False, "--sync-batchnorm", help="Convert BatchNorm layers to SyncBatchNorm before wrapping."
@@ -158,6 +161,8 @@ def convert(
     """
     if sum(bool(x) for x in (output, in_place, diff)) > 1:
         _fail("use only one of -o/--output, --in-place and --diff", 2)
+    if check and output is None:
+        _fail("--check compares the converted script with -o OUTPUT; pass -o", 2)
     if output is not None and src.exists() and output.exists() and os.path.samefile(output, src):
         _fail(f"{src}: refusing to overwrite the input ({output} is the same file); pass --in-place to do that", 2)
     from ddpify.engine import ConvertError, ConvertOptions, convert_file
@@ -166,13 +171,16 @@ def convert(
     options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0, launcher=launcher.value)
     try:
         if trains_elsewhere(src):
-            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher)
+            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check)
             return
         result, encoding = convert_file(src, options)
     except ConvertError as exc:
         location = f"{exc.path}:{exc.line}" if exc.line else exc.path
         _fail(f"{location}: {exc.message}")
         return
+    if check:
+        expected = src.read_bytes() if result.already_distributed else result.code.encode(encoding)
+        _up_to_date({output: expected}, encoding)
     if result.already_distributed:
         note = result.changes[0]
         if output is not None:  # an identical copy, as black leaves a file it does not change
@@ -201,7 +209,26 @@ def convert(
         raise typer.Exit(1)
 
 
-def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher) -> None:
+def _up_to_date(expected: dict[Path, bytes], encoding: str) -> None:
+    """`--check`: a diff for each file that is not what the conversion gives now, then exit 1;
+    exit 0 when every one is."""
+    stale = []
+    for target, data in expected.items():
+        current = target.read_bytes() if target.is_file() else b""
+        if current != data:
+            stale.append(target)
+            sys.stdout.write("".join(difflib.unified_diff(
+                current.decode(encoding, "replace").splitlines(keepends=True),
+                data.decode(encoding).splitlines(keepends=True), str(target), str(target),
+            )))  # fmt: skip
+    for target in stale:
+        typer.echo(f"would rewrite {target}" if target.exists() else f"would write {target}: it does not exist", err=True)
+    if not stale:
+        typer.echo(f"{', '.join(map(str, expected))}: up to date", err=True)
+    raise typer.Exit(1 if stale else 0)
+
+
+def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check=False) -> None:
     """The entry and the project modules it imports: one diff, a copy of the project in a
     folder, or the changed modules rewritten in place."""
     from ddpify.projects import convert_project, copy_project, reads_left_out
@@ -219,6 +246,9 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         raise typer.Exit(1 if changed else 0)
     others = [shown[p] for p in changed if p != entry]
     directory = output is not None and (output.is_dir() or not output.suffix)  # `-o out/` (the slash is gone here)
+    if check and changed and (directory or not others):  # the files the conversion writes, as they would be
+        where = {path: output / path.relative_to(project.root) for path in changed} if directory else {entry: output}
+        _up_to_date({where[p]: c.code.encode(e) for p, (c, _, e) in changed.items() if p in where}, "utf-8")
     if not others and not in_place and not directory:  # only the entry changes: one file, as for a script
         if entry not in changed:
             typer.echo(f"{src}: nothing to convert, nothing written", err=True)
