@@ -8,9 +8,8 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import click
 import typer
 
 from ddpify.check.cli import register as register_check
@@ -40,7 +39,7 @@ class PlainHelp(typer.core.TyperCommand):
     """Help as black and ruff print it: `SRC`, not `{SRC}`; a metavar instead of a type label
     (`-o FILE`, not `<path>`); no `[x>=1]`."""
 
-    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
             if param.param_type_name == "argument":
@@ -48,7 +47,7 @@ class PlainHelp(typer.core.TyperCommand):
                 pieces.append((name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else ""))
         return pieces
 
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_options(self, ctx: Any, formatter: Any) -> None:
         params = [p for p in self.get_params(ctx) if not getattr(p, "hidden", False)]
         arguments = [(_metavar(p), p.help or "") for p in params if p.param_type_name == "argument"]
         options = [_option_row(p) for p in params if p.param_type_name == "option"]
@@ -58,7 +57,7 @@ class PlainHelp(typer.core.TyperCommand):
                     formatter.write_dl(rows)
 
 
-def _metavar(param: click.Parameter) -> str:
+def _metavar(param: Any) -> str:
     if param.metavar:
         return param.metavar
     choices = getattr(getattr(param, "type_descriptor", None), "choices", None)  # typer's own types
@@ -67,7 +66,7 @@ def _metavar(param: click.Parameter) -> str:
     return (param.name or "value").upper()
 
 
-def _option_row(option: click.Option) -> tuple[str, str]:
+def _option_row(option: Any) -> tuple[str, str]:
     names = ", ".join(sorted(option.opts, key=len))
     if option.secondary_opts:
         names += " / " + ", ".join(option.secondary_opts)
