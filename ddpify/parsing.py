@@ -33,6 +33,10 @@ _DEFAULT_LIMIT = sys.getrecursionlimit()
 class SyntaxProblem(ConvertError):
     """The file is not Python that CPython compiles: a finding (DDP000), not a failure of ddpify."""
 
+    def __init__(self, path: str, line: int, message: str, column: int = 1) -> None:
+        super().__init__(path, line, message)
+        self.column = column
+
 
 def parse_module(source: str, path: str) -> cst.Module:
     """The libcst module of `source`; ConvertError (one line, with the line number) when CPython
@@ -59,7 +63,7 @@ def _compile(source: str, path: str, hint: str) -> ast.Module:
         compile(tree, path, "exec", dont_inherit=True)
         return tree
     except SyntaxError as exc:
-        raise SyntaxProblem(path, exc.lineno or 1, f"syntax error: {exc.msg}{hint}") from None
+        raise SyntaxProblem(path, exc.lineno or 1, f"syntax error: {exc.msg}{hint}", exc.offset or 1) from None
     except ValueError as exc:  # null bytes
         raise SyntaxProblem(path, 1, f"not Python source: {exc}{hint}") from None
     except (RecursionError, MemoryError) as exc:

@@ -30,11 +30,49 @@ def pytest_addoption(parser):
         default=False,
         help="rewrite fixtures/convert/*.out.py and examples/*_ddp.py from the converter's output",
     )
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tests/test_fuzz.py: N examples for each fuzz test (generated, spliced, mutated programs) instead of its default",
+    )
+
+
+# Tests that launch processes running torch (torchrun, python, mp.spawn): `-m "not torchrun"` runs
+# the rest in about a minute. A whole module, or any test that reads the `runs` of a launch.
+TORCHRUN_MODULES = {
+    "test_corpus", "test_examples", "test_integration", "test_replicas", "test_verify", "test_verify_fixtures",
+}  # fmt: skip
+TORCHRUN_FIXTURES = {"runs"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "torchrun: launches training processes (torchrun, python, mp.spawn) running torch")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if module in TORCHRUN_MODULES or TORCHRUN_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.torchrun)
+
+
+def progress(message: str) -> None:
+    """A line on the terminal past pytest's capture: a fixture that launches for minutes shows what it does."""
+    sys.__stderr__.write(f"\n  [launch] {message}\n")
+    sys.__stderr__.flush()
 
 
 @pytest.fixture(scope="session")
 def update_goldens(request) -> bool:
     return request.config.getoption("--update-goldens")
+
+
+@pytest.fixture(scope="session")
+def fuzz_examples(request) -> int | None:
+    """--fuzz-examples N, or None for each fuzz test's own default."""
+    return request.config.getoption("--fuzz-examples")
 
 
 @dataclass
@@ -93,6 +131,8 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     """
     plan = [dict(run, cwd=str(workdir / run.get("cwd", run["label"]))) for run in plan]
     ranks = ranks or nproc or 1
+    how = f"torchrun --nproc-per-node={nproc}" if nproc else "python"
+    progress(f"{how}: {len(plan)} run(s) in {workdir.name}/ ({', '.join(run['label'] for run in plan[:4])}{', ...' if len(plan) > 4 else ''})")
     done = launch_plan(
         plan, workdir, nproc, python=sys.executable, ranks=ranks,
         limit_s=PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S,

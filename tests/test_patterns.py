@@ -788,6 +788,7 @@ def test_hand_batches_sequential_disjoint_rows(runs):
         assert len(a) == len(b) and len(a | b) >= 0.95 * 1024, (len(a), len(b))
 
 
+@pytest.mark.torchrun
 def test_spawn_launcher(tmp_path):
     """`NPROC_PER_NODE=2 python converted.py`: the script starts its 2 processes itself.
 

@@ -343,6 +343,7 @@ def test_check_follows_the_project(tmp_path):
     assert alone.returncode == 0, alone.stdout
 
 
+@pytest.mark.torchrun
 def test_optimizer_built_by_name_from_config(tmp_path):
     """pytorch-template builds its optimizer by name, `config.init_obj('optimizer', torch.optim,
     params)`: a call handed the torch.optim module and the model's parameters builds the

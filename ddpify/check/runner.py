@@ -64,9 +64,9 @@ def _parse_error(path: str, exc: SyntaxProblem) -> Finding:
     return Finding(
         path=path,
         line=exc.line,
-        column=1,
+        column=exc.column,
         end_line=exc.line,
-        end_column=1,
+        end_column=exc.column,
         code=PARSE_ERROR,
         message=f"cannot parse file: {exc.message}; fix it so the file can be checked",
     )
