@@ -110,16 +110,19 @@ def runs_deep(func: Callable[..., T]) -> Callable[..., T]:
             except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
                 outcome["error"] = exc
 
-        previous_stack = threading.stack_size(STACK_BYTES)
         previous_limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(previous_limit, RECURSION_LIMIT))
         try:
-            thread = threading.Thread(target=run, name=f"ddpify-{func.__name__}", daemon=True)
-            thread.start()
-        finally:
-            threading.stack_size(previous_stack)
-        try:
+            previous_stack = threading.stack_size(STACK_BYTES)
+            try:
+                thread = threading.Thread(target=run, name=f"ddpify-{func.__name__}", daemon=True)
+                thread.start()
+            finally:
+                threading.stack_size(previous_stack)
             thread.join()
+        except (RuntimeError, ValueError, MemoryError):  # no room for such a stack (ulimit -v): run here
+            sys.setrecursionlimit(previous_limit)
+            return func(*args, **kwargs)
         finally:
             sys.setrecursionlimit(previous_limit)
         if "error" in outcome:

@@ -110,3 +110,19 @@ def test_help_has_no_type_labels(command: str) -> None:
     for noise in ("<bool>", "<path>", "<str>", "<int", "<float", "list[", "range>", "[x>=", "{"):
         assert noise not in text, (noise, text)
     assert text.startswith(f"Usage: ddpify {command}".rstrip() + " ")
+
+
+def test_convert_works_where_a_deep_stack_cannot_be_reserved(tmp_path: Path) -> None:
+    """Under `ulimit -v` below the 1 GiB stack, the conversion runs on the caller's thread."""
+    import resource
+
+    script = tmp_path / "train.py"
+    script.write_text(HOST)
+    limit = 900 * 2**20
+    result = subprocess.run(
+        [sys.executable, "-m", "ddpify", "convert", str(script), "-o", str(tmp_path / "out.py")],
+        capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    compile((tmp_path / "out.py").read_text(), "out.py", "exec")
