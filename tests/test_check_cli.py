@@ -54,7 +54,8 @@ def test_clean_file_exits_zero(tmp_path):
     p = tmp_path / "ok.py"
     p.write_text("import torch\nprint(torch.ones(1))\n")
     r = run("check", str(p))
-    assert r.exit_code == 0 and r.output == ""
+    assert r.exit_code == 0 and r.output == "All checks passed!\n"
+    assert run("check", "--output-format", "json", str(p)).output == "[]\n"
 
 
 def test_json_format(bad):
@@ -62,7 +63,8 @@ def test_json_format(bad):
     assert r.exit_code == 1
     data = json.loads(r.output)
     assert [d["code"] for d in data] == ["DDP111", "DDP109"]
-    assert set(data[0]) == {"path", "line", "column", "end_line", "end_column", "code", "message", "severity", "fixable"}
+    assert set(data[0]) == {"path", "line", "column", "end_line", "end_column", "code", "message", "severity", "fixable", "fix"}
+    assert data[0]["fix"] == "safe"
     assert data[0]["line"] == 8 and data[0]["column"] == 43 and data[0]["end_line"] == 8
     assert data[0]["fixable"] is True and data[0]["severity"] == "error"
 
@@ -256,3 +258,76 @@ def test_fix_with_a_file_it_cannot_write_reports_it_in_one_line_and_fixes_the_ot
     assert 'map_location="cpu"' in free.read_text() and locked.read_text() == BAD
     assert f"{locked}: cannot write the fixes: Permission denied" in r.output, r.output
     assert r.exit_code == 2
+
+
+UNSAFE = textwrap.dedent(
+    """\
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main(net):
+        dist.init_process_group("gloo")
+        model = DDP(net)
+        if dist.get_rank() == 0:
+            torch.save(model.state_dict(), "model.pt")
+        state = torch.load("model.pt")
+        dist.destroy_process_group()
+    """
+)
+
+
+def test_exit_zero_and_the_formats_agree(bad):
+    assert run("check", "--exit-zero", str(bad)).exit_code == 0
+    assert run("check", "--exit-zero", str(bad / "missing.py")).exit_code == 2  # errors still fail
+    text = run("check", str(bad)).output
+    assert run("check", "--output-format", "concise", str(bad)).output == text  # one line per finding either way
+    assert run("check", "--format", "json", str(bad)).output == run("check", "--output-format", "json", str(bad)).output
+    lines = run("check", "--output-format", "json-lines", str(bad)).output.splitlines()
+    assert [json.loads(line) for line in lines] == json.loads(run("check", "--output-format", "json", str(bad)).output)
+    r = run("check", "--output-format", "yaml", str(bad))
+    assert r.exit_code == 2 and "unknown format 'yaml'" in r.output
+
+
+def test_sarif_is_sarif_2_1_0_with_every_rule(bad, tmp_path, monkeypatch):
+    from ddpify.check.rule import all_rules
+
+    monkeypatch.chdir(tmp_path)
+    r = run("check", "--output-format", "sarif", "train.py")
+    assert r.exit_code == 1
+    log = json.loads(r.output)
+    assert log["version"] == "2.1.0" and log["$schema"].endswith("sarif-2.1.0.json")
+    (sarif_run,) = log["runs"]
+    driver = sarif_run["tool"]["driver"]
+    assert driver["name"] == "ddpify" and driver["version"]
+    assert [rule["id"] for rule in driver["rules"]] == [r.CODE for r in all_rules()]  # stable ids, every rule
+    for rule in driver["rules"]:
+        assert rule["shortDescription"]["text"] and rule["fullDescription"]["text"] and rule["help"]["markdown"]
+        assert rule["defaultConfiguration"]["level"] in ("error", "warning", "note")
+    results = sarif_run["results"]
+    assert [res["ruleId"] for res in results] == ["DDP111", "DDP109"]
+    for res in results:
+        assert driver["rules"][res["ruleIndex"]]["id"] == res["ruleId"]
+        location = res["locations"][0]["physicalLocation"]
+        assert location["artifactLocation"] == {"uri": "train.py", "uriBaseId": "%SRCROOT%"}
+        assert location["region"]["startLine"] == (8 if res["ruleId"] == "DDP111" else 9)
+    absolute = json.loads(run("check", "--output-format", "sarif", str(bad)).output)
+    uri = absolute["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+    assert uri == bad.as_uri()
+
+
+def test_unsafe_fixes_need_their_own_flag(tmp_path):
+    p = tmp_path / "train.py"
+    p.write_text(UNSAFE)
+    r = run("check", str(p))
+    assert f"{p}:10:20: DDP120 `state_dict()`" in r.output  # no [*]: --fix alone will not apply it
+    assert f"{p}:11:13: DDP109 [*]" in r.output
+    assert "Found 2 findings (1 fixable with --fix; 1 more with --fix --unsafe-fixes)." in r.output
+    safe = run("check", "--fix", str(p))
+    assert "Fixed 1 finding." in safe.output and "model.state_dict()" in p.read_text()
+    assert "map_location" in p.read_text()
+    unsafe = run("check", "--fix", "--unsafe-fixes", str(p))
+    assert unsafe.exit_code == 0 and "Fixed 1 finding." in unsafe.output and "All checks passed!" in unsafe.output
+    assert "model.module.state_dict()" in p.read_text()
+    assert "DDP120  default  unsafe" in run("rules").output and "DDP109  default  safe" in run("rules").output

@@ -7,7 +7,7 @@ import re
 import libcst as cst
 import pytest
 
-from ddpify.check.rule import CODE_RE, all_rules
+from ddpify.check.rule import CODE_RE, FIX_SAFE, FIX_UNSAFE, all_rules
 from ddpify.check.runner import check_source
 
 RULES = all_rules()
@@ -33,7 +33,10 @@ def test_rule_metadata(rule):
     assert rule.VALID and rule.INVALID
     # opinionated rules are exactly the DDP9xx ones
     assert rule.DEFAULT == (not rule.CODE.startswith("DDP9"))
-    assert rule.FIXABLE == any(i.fixed is not None for i in rule.INVALID)
+    assert (rule.FIX is not None) == any(i.fixed is not None for i in rule.INVALID)
+    assert rule.FIX in (None, FIX_SAFE, FIX_UNSAFE)
+    if rule.FIX is not None:  # its page says why the fix is safe or not
+        assert "## Fix safety" in doc and rule.FIX.capitalize() in doc.split("## Fix safety", 1)[1]
 
 
 CASES = [(r, i, ex) for r in RULES for i, ex in enumerate(r.VALID)]
@@ -52,9 +55,11 @@ def test_invalid_example_fires(rule, index, example):
     found = check_source(source, "example.py", [rule.CODE]).findings
     assert found and all(f.code == rule.CODE for f in found), found
     if example.fixed is not None:
-        result = check_source(source, "example.py", [rule.CODE], fix=True)
+        if rule.FIX == FIX_UNSAFE:  # --fix alone leaves it
+            assert check_source(source, "example.py", [rule.CODE], fix=True).fixed_source is None
+        result = check_source(source, "example.py", [rule.CODE], fix=True, unsafe_fixes=True)
         assert result.fixed_source == example.fixed
         cst.parse_module(result.fixed_source)
         assert result.findings == []
         # a second run changes nothing
-        assert check_source(example.fixed, "example.py", [rule.CODE], fix=True).fixed_source is None
+        assert check_source(example.fixed, "example.py", [rule.CODE], fix=True, unsafe_fixes=True).fixed_source is None

@@ -28,19 +28,25 @@ def _fail(message: str) -> typer.Exit:
 
 def check(
     paths: Optional[List[Path]] = typer.Argument(None, help="Files or folders to check (default: .)."),
-    format: str = typer.Option("text", "--format", help="Output format: text, json or github."),
+    output_format: str = typer.Option(
+        "text", "--output-format", metavar="FORMAT",
+        help="Output format: text, concise, json, json-lines, github or sarif.",
+    ),
+    format: Optional[str] = typer.Option(None, "--format", hidden=True, help="Old name of --output-format."),
     select: Optional[List[str]] = typer.Option(
-        None, "--select", help="Codes or prefixes to enable (replaces the default set; ALL for every rule)."
+        None, "--select", metavar="CODES", help="Codes or prefixes to enable (replaces the default set; ALL for every rule)."
     ),
     extend_select: Optional[List[str]] = typer.Option(
-        None, "--extend-select", help="Codes or prefixes to enable on top of the selection (e.g. DDP9)."
+        None, "--extend-select", metavar="CODES", help="Codes or prefixes to enable on top of the selection (e.g. DDP9)."
     ),
-    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Codes or prefixes to disable."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", metavar="CODES", help="Codes or prefixes to disable."),
     fix: bool = typer.Option(False, "--fix", help="Apply safe fixes in place."),
+    unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="With --fix, also apply unsafe fixes."),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
     statistics: bool = typer.Option(False, "--statistics", help="Count findings per rule instead of listing them."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: all cores)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, metavar="N", help="Worker processes (default: all cores)."),
     config: Optional[Path] = typer.Option(
-        None, "--config", help="A pyproject.toml to read [tool.ddpify] from (default: discovered)."
+        None, "--config", metavar="FILE", help="A pyproject.toml to read [tool.ddpify] from (default: discovered)."
     ),
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Colour text output (default: on a terminal)."),
 ) -> None:
@@ -50,6 +56,7 @@ def check(
     from ddpify.check.rule import select_rules, valid_selector
     from ddpify.check.runner import check_paths, iter_python_files
 
+    format = format or output_format
     if format not in output.FORMATS:
         raise _fail(f"unknown format {format!r}; choose one of {', '.join(output.FORMATS)}")
     paths = paths or [Path(".")]
@@ -75,13 +82,14 @@ def check(
         per_file = cfg.ignored_for(f)
         codes = frozenset(c for c in enabled if not any(c.startswith(p.upper()) for p in per_file))
         tasks.append((f, codes))
-    results = check_paths(tasks, fix=fix, jobs=jobs)
+    results = check_paths(tasks, fix=fix, jobs=jobs, unsafe_fixes=unsafe_fixes)
     findings = [f for r in results for f in r.findings]
     findings.sort(key=lambda f: (f.path, f.line, f.column, f.code))
     errors = [r.error for r in results if r.error]
     fixed = sum(r.fixed_count for r in results)
+    text = format in ("text", "concise")
     if color is None:
-        color = format == "text" and sys.stdout.isatty()
+        color = text and sys.stdout.isatty()
     if statistics:
         if format == "json":
             counts: dict[str, int] = {}
@@ -91,31 +99,50 @@ def check(
         elif findings:
             typer.echo(output.format_statistics(findings))
     else:
-        text = output.render(findings, format, color)
-        if text or format == "json":
-            typer.echo(text)
-    if format == "text":
-        if fixed:
-            typer.echo(f"Fixed {fixed} finding{'s' if fixed != 1 else ''}.")
-        if findings:
-            n_fix = sum(f.fixable for f in findings)
-            hint = f" ({n_fix} fixable with --fix)" if n_fix and not fix else ""
-            typer.echo(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''}{hint}.")
+        rendered = output.render(findings, format, color, _version())
+        if rendered or format in ("json", "sarif"):
+            typer.echo(rendered)
+    if text:
+        typer.echo(_summary(findings, fixed, fix, errors))
     for e in errors:
         typer.echo(f"error: {e}", err=True)
     if errors:
         raise typer.Exit(EXIT_ERROR)
-    raise typer.Exit(EXIT_FINDINGS if findings else EXIT_CLEAN)
+    raise typer.Exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+
+
+def _summary(findings: list, fixed: int, fix: bool, errors: list) -> str:
+    """ruff's last lines: what was fixed, what was found and what --fix would fix, or that all passed."""
+    lines = [f"Fixed {fixed} finding{'s' if fixed != 1 else ''}."] if fixed else []
+    if findings:
+        n_fix = sum(f.fixable for f in findings)
+        hidden = sum(f.fix is not None and not f.fixable for f in findings)
+        hints = [f"{n_fix} fixable with --fix"] if n_fix and not fix else []
+        hints += [f"{hidden} more with --fix --unsafe-fixes"] if hidden else []
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        lines.append(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''}{hint}.")
+    elif not errors:
+        lines.append("All checks passed!")
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ddpify")
+    except PackageNotFoundError:
+        return "0.0.0"
 
 
 def rules() -> None:
-    """List every rule: code, name, whether on by default and fixable."""
+    """List every rule: code, whether on by default, its fix (safe or unsafe), name, message."""
     from ddpify.check.rule import all_rules
 
     for r in all_rules():
         default = "default" if r.DEFAULT else "opt-in "
-        fixable = "fix" if r.FIXABLE else "   "
-        typer.echo(f"{r.CODE}  {default}  {fixable}  {r.NAME:<36} {r.MESSAGE}")
+        fix = f"{r.FIX:<6}" if r.FIX else "      "
+        typer.echo(f"{r.CODE}  {default}  {fix}  {r.NAME:<36} {r.MESSAGE}")
 
 
 def rule(code: str = typer.Argument(..., help="A rule code, e.g. DDP121.")) -> None:
@@ -133,8 +160,10 @@ def rule_page(r) -> str:
     flags.append("on by default" if r.DEFAULT else "off by default (opinionated): enable with --extend-select")
     if r.DISTRIBUTED_ONLY:
         flags.append("applies to files that use torch.distributed / DDP")
-    if r.FIXABLE:
+    if r.FIX == "safe":
         flags.append("fixable with --fix")
+    elif r.FIX == "unsafe":
+        flags.append("fixable with --fix --unsafe-fixes (an unsafe fix: see Fix safety)")
     return f"# {r.NAME} ({r.CODE})\n\nMessage: {r.MESSAGE}\n\n{'; '.join(flags).capitalize()}.\n\n{r.doc()}\n"
 
 

@@ -1,4 +1,5 @@
-"""Printing findings: text (ruff-like), JSON, GitHub workflow annotations, statistics."""
+"""Printing findings: text (ruff-like; `concise` is the same one line per finding), JSON, JSON
+lines, GitHub workflow annotations, SARIF 2.1.0 (GitHub code scanning), statistics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import typer
 
 from ddpify.check.rule import Finding, rules_by_code
 
-FORMATS = ("text", "json", "github")
+FORMATS = ("text", "concise", "json", "json-lines", "github", "sarif")
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
 def format_text(findings: Iterable[Finding], color: bool = False) -> str:
@@ -29,6 +31,55 @@ def format_text(findings: Iterable[Finding], color: bool = False) -> str:
 
 def format_json(findings: Iterable[Finding]) -> str:
     return json.dumps([f.as_dict() for f in findings], indent=2)
+
+
+def format_json_lines(findings: Iterable[Finding]) -> str:
+    return "\n".join(json.dumps(f.as_dict()) for f in findings)
+
+
+def format_sarif(findings: list[Finding], version: str) -> str:
+    """One SARIF 2.1.0 run: every rule (stable ids: the codes) and a result per finding."""
+    from pathlib import Path
+
+    rules = list(rules_by_code().values())
+    index = {r.CODE: i for i, r in enumerate(rules)}
+    driver_rules = [
+        {
+            "id": r.CODE,
+            "name": r.NAME,
+            "shortDescription": {"text": r.MESSAGE},
+            "fullDescription": {"text": r.summary() or r.MESSAGE},
+            "help": {"text": r.doc(), "markdown": r.doc()},
+            "defaultConfiguration": {"level": "error" if r.SEVERITY == "error" else "warning", "enabled": r.DEFAULT},
+            "properties": {"fix": r.FIX or "none"},
+        }
+        for r in rules
+    ]
+    results = [
+        {
+            "ruleId": f.code,
+            "ruleIndex": index[f.code],
+            "level": "error" if f.severity == "error" else "warning",
+            "message": {"text": f.message},
+            "locations": [{
+                "physicalLocation": {
+                    "artifactLocation": _artifact(Path(f.path)),
+                    "region": {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line, "endColumn": f.end_column},
+                }
+            }],
+        }  # fmt: skip
+        for f in findings
+        if f.code in index
+    ]
+    driver = {"name": "ddpify", "version": version, "rules": driver_rules}
+    return json.dumps({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [{"tool": {"driver": driver}, "results": results}]}, indent=2)
+
+
+def _artifact(path) -> dict:
+    """A relative path against the checkout (%SRCROOT%), as code scanning wants; else a file URI."""
+    if path.is_absolute():
+        return {"uri": path.as_uri()}
+    return {"uri": path.as_posix(), "uriBaseId": "%SRCROOT%"}
 
 
 def _escape_property(value: str) -> str:
@@ -63,9 +114,13 @@ def format_statistics(findings: Iterable[Finding]) -> str:
     return "\n".join(lines)
 
 
-def render(findings: list[Finding], fmt: str, color: bool = False) -> str:
+def render(findings: list[Finding], fmt: str, color: bool = False, version: str = "0.0.0") -> str:
     if fmt == "json":
         return format_json(findings)
+    if fmt == "json-lines":
+        return format_json_lines(findings)
     if fmt == "github":
         return format_github(findings)
+    if fmt == "sarif":
+        return format_sarif(findings, version)
     return format_text(findings, color)

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 SEVERITY_ERROR = "error"
 SEVERITY_WARNING = "warning"
 
+# A rule's fix: "safe" keeps what the code means, `--fix` applies it; "unsafe" changes what it
+# does (what old checkpoints load, say), only `--fix --unsafe-fixes` applies it.
+FIX_SAFE = "safe"
+FIX_UNSAFE = "unsafe"
+
 CODE_RE = re.compile(r"^DDP\d{3}$")
 
 
@@ -41,7 +46,8 @@ class Finding:
     code: str
     message: str
     severity: str = SEVERITY_ERROR
-    fixable: bool = False
+    fixable: bool = False  # --fix (with --unsafe-fixes for an unsafe fix) would fix it
+    fix: str | None = None  # the safety of the fix offered: FIX_SAFE, FIX_UNSAFE or None
 
     def as_dict(self) -> dict:
         return {
@@ -54,6 +60,7 @@ class Finding:
             "message": self.message,
             "severity": self.severity,
             "fixable": self.fixable,
+            "fix": self.fix,
         }
 
 
@@ -84,7 +91,7 @@ class Rule:
     FOLLOWS_CALLS: ClassVar[bool] = False
     # Opinionated rules are off unless selected explicitly.
     DEFAULT: ClassVar[bool] = True
-    FIXABLE: ClassVar[bool] = False
+    FIX: ClassVar[str | None] = None  # FIX_SAFE or FIX_UNSAFE when it offers a fix
     VALID: ClassVar[list[str]] = []
     INVALID: ClassVar[list[Invalid]] = []
 

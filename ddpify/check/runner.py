@@ -15,7 +15,7 @@ import libcst as cst
 from ddpify.check.config import DEFAULT_EXCLUDE, Config
 from ddpify.check.context import FileContext
 from ddpify.check.fix import apply_replacements
-from ddpify.check.rule import Finding, Report, Rule, all_rules
+from ddpify.check.rule import FIX_SAFE, Finding, Report, Rule, all_rules
 from ddpify.files import read_source, write_atomic
 from ddpify.parsing import SyntaxProblem, parse_module, runs_deep
 from ddpify.results import ConvertError
@@ -78,9 +78,11 @@ def _rules_for(codes: Iterable[str]) -> list[type[Rule]]:
 
 
 def analyse(
-    path: str, source: str, rules: list[type[Rule]], module: Optional[cst.Module] = None, project=None
+    path: str, source: str, rules: list[type[Rule]], module: Optional[cst.Module] = None, project=None,
+    unsafe_fixes: bool = False,
 ) -> tuple[list[Finding], Optional[cst.Module], list[tuple[cst.CSTNode, cst.CSTNode]]]:
-    """Findings of ``rules`` on one source, its module, and the fixes offered (unsuppressed only).
+    """Findings of ``rules`` on one source, its module, and the fixes to apply (unsuppressed, and
+    safe unless ``unsafe_fixes``).
 
     ``module``: the source already parsed (e.g. by the converter, whose index is then reused);
     ``project``: the project modules the file imports (`ProjectModules`), analysed with it."""
@@ -100,11 +102,12 @@ def analyse(
         if rule_cls.DISTRIBUTED_ONLY and not ctx.is_distributed:
             continue
         for report in _in_this_file(ctx, rule_cls, rule_cls().check(ctx)):
-            finding = _finding(ctx, rule_cls, report)
+            finding = _finding(ctx, rule_cls, report, unsafe_fixes)
             if _suppressed(finding, noqa):
                 continue
             findings.append(finding)
-            fixes.extend(report.fixes)
+            if finding.fixable:
+                fixes.extend(report.fixes)
     findings.sort(key=lambda f: (f.line, f.column, f.code))
     return findings, ctx.module, fixes
 
@@ -140,7 +143,7 @@ def _sites_here(ctx: FileContext, node: cst.CSTNode, depth: int = 0) -> list[cst
     return found
 
 
-def _finding(ctx: FileContext, rule_cls: type[Rule], report: Report) -> Finding:
+def _finding(ctx: FileContext, rule_cls: type[Rule], report: Report, unsafe_fixes: bool = False) -> Finding:
     pos = ctx.position(report.node)
     return Finding(
         path=ctx.path,
@@ -151,7 +154,8 @@ def _finding(ctx: FileContext, rule_cls: type[Rule], report: Report) -> Finding:
         code=rule_cls.CODE,
         message=report.message or rule_cls.MESSAGE,
         severity=rule_cls.SEVERITY,
-        fixable=bool(report.fixes),
+        fixable=bool(report.fixes) and (rule_cls.FIX == FIX_SAFE or unsafe_fixes),
+        fix=rule_cls.FIX if report.fixes else None,
     )
 
 
@@ -163,13 +167,15 @@ def check_source(
     fix: bool = False,
     module: Optional[cst.Module] = None,
     project=None,
+    unsafe_fixes: bool = False,
 ) -> FileResult:
-    """Check one file's source; with ``fix``, apply safe fixes until the source is stable.
+    """Check one file's source; with ``fix``, apply safe fixes (and unsafe ones with
+    ``unsafe_fixes``) until the source is stable.
 
     ``module``: ``source`` already parsed; its analysis is shared with whoever parsed it;
     ``project``: the project modules it imports (`project_modules`)."""
     rules = list(all_rules()) if codes is None else _rules_for(codes)
-    findings, module, fixes = analyse(path, source, rules, module, project)
+    findings, module, fixes = analyse(path, source, rules, module, project, unsafe_fixes)
     result = FileResult(path=path, findings=findings)
     if not fix or not fixes:
         return result
@@ -183,7 +189,7 @@ def check_source(
             break
         cst.parse_module(new)  # a fix must never break the file: raises (internal error) if it did
         current = new
-        findings, module, fixes = analyse(path, current, rules, project=project)
+        findings, module, fixes = analyse(path, current, rules, project=project, unsafe_fixes=unsafe_fixes)
     if current != source:
         result.fixed_source = current
         result.findings = findings
@@ -229,14 +235,14 @@ def iter_python_files(paths: Iterable[Path], config: Config) -> list[Path]:
 
 
 @runs_deep
-def _check_path(args: tuple[str, tuple[str, ...], bool]) -> FileResult:
-    path, codes, fix = args
+def _check_path(args: tuple[str, tuple[str, ...], bool, bool]) -> FileResult:
+    path, codes, fix, unsafe_fixes = args
     try:
         source, encoding = read_source(Path(path))
     except ConvertError as exc:  # the reader convert uses: cookies, BOM, binary files
         return FileResult(path=path, error=f"{path}:{exc.line}: {exc.message}" if exc.line else f"{path}: {exc.message}")
     try:
-        result = check_source(source, path, codes, fix, project=project_modules(Path(path)))
+        result = check_source(source, path, codes, fix, project=project_modules(Path(path)), unsafe_fixes=unsafe_fixes)
     except ConvertError as exc:  # read by CPython, but too deep, or beyond libcst's parser
         return FileResult(path=path, error=f"{path}:{exc.line}: {exc.message}")
     except Exception as exc:  # noqa: BLE001 - an internal error: report it, keep checking the others
@@ -277,10 +283,10 @@ def project_modules(path: Path):
 
 
 def check_paths(
-    files: list[tuple[Path, frozenset[str]]], fix: bool = False, jobs: Optional[int] = None
+    files: list[tuple[Path, frozenset[str]]], fix: bool = False, jobs: Optional[int] = None, unsafe_fixes: bool = False
 ) -> list[FileResult]:
     """Check files (each with its enabled codes), in parallel when it pays."""
-    tasks = [(str(p), tuple(sorted(codes)), fix) for p, codes in files]
+    tasks = [(str(p), tuple(sorted(codes)), fix, unsafe_fixes) for p, codes in files]
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(tasks) < 4:
         return [_check_path(t) for t in tasks]
@@ -291,7 +297,7 @@ def check_paths(
     return [f.result() if f.exception() is None else _check_alone(t) for f, t in zip(futures, tasks)]
 
 
-def _check_alone(task: tuple[str, tuple[str, ...], bool]) -> FileResult:
+def _check_alone(task: tuple[str, tuple[str, ...], bool, bool]) -> FileResult:
     """One file in a process of its own, so a crash there is that file's error alone."""
     try:
         with ProcessPoolExecutor(max_workers=1) as pool:

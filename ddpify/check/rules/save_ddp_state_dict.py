@@ -1,6 +1,6 @@
 
 from ddpify.check.fix import insert_module_attr
-from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rule import FIX_UNSAFE, Invalid, Report, Rule
 
 
 class SaveDDPStateDict(Rule):
@@ -24,8 +24,9 @@ class SaveDDPStateDict(Rule):
     ```
 
     ## Fix safety
-    Safe for new checkpoints. Code that loads old checkpoints saved with the prefix into the
-    wrapper must then load into `ddp_model.module` (see DDP121).
+    Unsafe: it changes the keys of every checkpoint saved from now on (no `module.` prefix),
+    so code that loads them into the wrapper, and old checkpoints loaded by new code, part
+    ways (see DDP121). `--fix` leaves it; `--fix --unsafe-fixes` applies it.
 
     ## References
     - https://pytorch.org/tutorials/intermediate/ddp_tutorial.html#save-and-load-checkpoints
@@ -35,7 +36,7 @@ class SaveDDPStateDict(Rule):
     CODE = "DDP120"
     NAME = "save-ddp-state-dict"
     MESSAGE = "`state_dict()` of the DDP wrapper prefixes every key with `module.`; use `model.module.state_dict()`"
-    FIXABLE = True
+    FIX = FIX_UNSAFE
     VALID = [
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
         "sd = model.module.state_dict()\n",

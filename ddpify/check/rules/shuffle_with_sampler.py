@@ -1,6 +1,6 @@
 from ddpify.check.context import DATALOADER, is_true, kwarg
 from ddpify.check.fix import remove_arg
-from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
 
 
 class ShuffleWithSampler(Rule):
@@ -35,7 +35,7 @@ class ShuffleWithSampler(Rule):
     NAME = "shuffle-with-sampler"
     MESSAGE = "`shuffle=True` with `sampler=` raises ValueError; remove `shuffle` and let the sampler shuffle"
     DISTRIBUTED_ONLY = False
-    FIXABLE = True
+    FIX = FIX_SAFE
     VALID = ["from torch.utils.data import DataLoader\nl = DataLoader(ds, sampler=s)\n",
              "from torch.utils.data import DataLoader\nl = DataLoader(ds, sampler=s, shuffle=False)\n"]
     INVALID = [

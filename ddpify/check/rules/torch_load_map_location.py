@@ -2,7 +2,7 @@ import libcst as cst
 
 from ddpify.check.context import has_star_kwargs, kwarg, positional
 from ddpify.check.fix import add_kwarg
-from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
 
 
 class TorchLoadWithoutMapLocation(Rule):
@@ -37,7 +37,7 @@ class TorchLoadWithoutMapLocation(Rule):
     CODE = "DDP109"
     NAME = "torch-load-without-map-location"
     MESSAGE = "`torch.load` without `map_location` loads onto GPU 0 on every rank; pass `map_location`"
-    FIXABLE = True
+    FIX = FIX_SAFE
     VALID = [
         "import torch, torch.distributed as dist\ns = torch.load(p, map_location='cpu')\n",
         "import torch\ns = torch.load(p)\n",
