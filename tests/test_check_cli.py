@@ -290,6 +290,14 @@ def test_exit_zero_and_the_formats_agree(bad):
     assert r.exit_code == 2 and "unknown format 'yaml'" in r.output
 
 
+def _sarif_validator():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text(encoding="utf-8"))
+    assert schema["id"].endswith("/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json")  # OASIS's own
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
 def test_sarif_is_sarif_2_1_0_with_every_rule(bad, tmp_path, monkeypatch):
     from ddpify.check.rule import all_rules
 
@@ -297,24 +305,55 @@ def test_sarif_is_sarif_2_1_0_with_every_rule(bad, tmp_path, monkeypatch):
     r = run("check", "--output-format", "sarif", "train.py")
     assert r.exit_code == 1
     log = json.loads(r.output)
-    assert log["version"] == "2.1.0" and log["$schema"].endswith("sarif-2.1.0.json")
+    validator = _sarif_validator()
+    assert list(validator.iter_errors(log)) == []
+    assert log["version"] == "2.1.0" and log["$schema"] == "https://json.schemastore.org/sarif-2.1.0.json"
     (sarif_run,) = log["runs"]
     driver = sarif_run["tool"]["driver"]
-    assert driver["name"] == "ddpify" and driver["version"]
+    assert driver["name"] == "ddpify" and driver["version"] and driver["informationUri"].startswith("https://")
     assert [rule["id"] for rule in driver["rules"]] == [r.CODE for r in all_rules()]  # stable ids, every rule
-    for rule in driver["rules"]:
-        assert rule["shortDescription"]["text"] and rule["fullDescription"]["text"] and rule["help"]["markdown"]
-        assert rule["defaultConfiguration"]["level"] in ("error", "warning", "note")
+    for rule, cls in zip(driver["rules"], all_rules()):
+        assert rule["name"] == cls.NAME and rule["shortDescription"]["text"] == cls.MESSAGE
+        assert rule["fullDescription"]["text"] == cls.summary() and rule["help"]["markdown"] == cls.doc()
+        assert rule["helpUri"].endswith(f"/docs/check.md#{cls.CODE.lower()}")
+        assert rule["defaultConfiguration"]["level"] == ("error" if cls.SEVERITY == "error" else "warning")
     results = sarif_run["results"]
     assert [res["ruleId"] for res in results] == ["DDP111", "DDP109"]
     for res in results:
-        assert driver["rules"][res["ruleIndex"]]["id"] == res["ruleId"]
+        assert driver["rules"][res["ruleIndex"]]["id"] == res["ruleId"] and res["level"] == "error"
         location = res["locations"][0]["physicalLocation"]
         assert location["artifactLocation"] == {"uri": "train.py", "uriBaseId": "%SRCROOT%"}
-        assert location["region"]["startLine"] == (8 if res["ruleId"] == "DDP111" else 9)
-    absolute = json.loads(run("check", "--output-format", "sarif", str(bad)).output)
-    uri = absolute["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
-    assert uri == bad.as_uri()
+    assert results[0]["locations"][0]["physicalLocation"]["region"] == {
+        "startLine": 8, "startColumn": 43, "endLine": 8, "endColumn": 55
+    }
+    # an absolute path under the current folder is still relative to the checkout
+    assert json.loads(run("check", "--output-format", "sarif", str(bad)).output) == log
+    # and a clean run is a valid log with every rule and no result
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    clean = json.loads(run("check", "--output-format", "sarif", "ok.py").output)
+    assert list(validator.iter_errors(clean)) == [] and clean["runs"][0]["results"] == []
+
+
+def test_sarif_paths_in_subfolders_and_outside_the_checkout(tmp_path, monkeypatch):
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "train.py").write_text(BAD)
+    (tmp_path / "checkout").mkdir()
+    monkeypatch.chdir(tmp_path / "checkout")
+    log = json.loads(run("check", "--output-format", "sarif", str(tmp_path / "src")).output)
+    assert list(_sarif_validator().iter_errors(log)) == []
+    location = log["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert location == {"uri": (tmp_path / "src" / "pkg" / "train.py").as_uri()}  # no %SRCROOT% to be under
+    monkeypatch.chdir(tmp_path)
+    log = json.loads(run("check", "--output-format", "sarif", "src").output)
+    location = log["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert location == {"uri": "src/pkg/train.py", "uriBaseId": "%SRCROOT%"}
+
+
+def test_the_sarif_validator_rejects_a_broken_log(bad, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    log = json.loads(run("check", "--output-format", "sarif", "train.py").output)
+    del log["runs"][0]["results"][0]["message"]
+    assert list(_sarif_validator().iter_errors(log))
 
 
 def test_unsafe_fixes_need_their_own_flag(tmp_path):
@@ -323,7 +362,7 @@ def test_unsafe_fixes_need_their_own_flag(tmp_path):
     r = run("check", str(p))
     assert f"{p}:10:20: DDP120 `state_dict()`" in r.output  # no [*]: --fix alone will not apply it
     assert f"{p}:11:13: DDP109 [*]" in r.output
-    assert "Found 2 findings (1 fixable with --fix; 1 more with --fix --unsafe-fixes)." in r.output
+    assert "Found 2 findings (1 fixable with --fix). (1 hidden fix can be enabled with the --unsafe-fixes option.)" in r.output
     safe = run("check", "--fix", str(p))
     assert "Fixed 1 finding." in safe.output and "model.state_dict()" in p.read_text()
     assert "map_location" in p.read_text()
@@ -331,3 +370,63 @@ def test_unsafe_fixes_need_their_own_flag(tmp_path):
     assert unsafe.exit_code == 0 and "Fixed 1 finding." in unsafe.output and "All checks passed!" in unsafe.output
     assert "model.module.state_dict()" in p.read_text()
     assert "DDP120  default  unsafe" in run("rules").output and "DDP109  default  safe" in run("rules").output
+
+
+def test_only_unsafe_fixes_left(tmp_path):
+    p = tmp_path / "train.py"
+    p.write_text(UNSAFE.replace('torch.load("model.pt")', 'torch.load("model.pt", map_location="cpu")'))
+    r = run("check", "--fix", str(p))
+    assert r.exit_code == 1 and "Fixed" not in r.output
+    assert r.output.endswith("Found 1 finding. (1 hidden fix can be enabled with the --unsafe-fixes option.)\n")
+    data = json.loads(run("check", "--output-format", "json", str(p)).output)
+    assert [(d["code"], d["fixable"], d["fix"]) for d in data] == [("DDP120", False, "unsafe")]
+    data = json.loads(run("check", "--output-format", "json", "--unsafe-fixes", str(p)).output)
+    assert [(d["code"], d["fixable"], d["fix"]) for d in data] == [("DDP120", True, "unsafe")]
+    assert f"{p}:10:20: DDP120 [*]" in run("check", "--unsafe-fixes", str(p)).output
+    page = run("rule", "DDP120").output
+    assert "fixable with --fix --unsafe-fixes (an unsafe fix: see Fix safety)." in page and "/ DDP;" in page
+    assert "fixable with --fix;" not in page and "fixable with --fix." in run("rule", "DDP109").output
+
+
+def test_statistics_in_json_and_text(bad, tmp_path):
+    r = run("check", "--statistics", "--output-format", "json", str(bad))
+    assert r.exit_code == 1
+    assert json.loads(r.output) == [{"code": "DDP109", "count": 1}, {"code": "DDP111", "count": 1}]
+    r = run("check", "--statistics", "--exit-zero", str(bad))
+    assert r.exit_code == 0 and r.output.endswith("Found 2 findings (2 fixable with --fix).\n")
+    clean = tmp_path / "clean.py"
+    clean.write_text("x = 1\n")
+    assert json.loads(run("check", "--statistics", "--output-format", "json", str(clean)).output) == []
+
+
+def test_exit_zero_keeps_the_output(bad, tmp_path):
+    r = run("check", "--exit-zero", "--output-format", "json", str(bad))
+    assert r.exit_code == 0 and len(json.loads(r.output)) == 2
+    broken = tmp_path / "broken.py"
+    broken.write_text("def main(:\n")
+    assert run("check", "--exit-zero", str(broken)).exit_code == 0  # a syntax error is a finding (DDP000)
+    binary = tmp_path / "blob.py"
+    binary.write_bytes(b"\x00\xff\xfe" * 10)
+    r = run("check", "--exit-zero", str(binary))
+    assert r.exit_code == 2 and "error: " in r.output  # a file it cannot read is an error, not a finding
+
+
+def test_formats_in_help_and_the_old_flag_hidden():
+    out = run("check", "--help").output
+    assert "--output-format" in out and "--exit-zero" in out and "--unsafe-fixes" in out
+    assert "--format " not in out
+
+
+def test_help_strings_are_short_sentences():
+    import click
+    import typer.main
+
+    from ddpify.check.cli import make_app
+
+    group = typer.main.get_command(make_app())
+    for command in group.commands.values():
+        assert command.help and command.help.strip().endswith("."), command.name
+        for param in command.params:
+            text = getattr(param, "help", None)
+            if isinstance(param, click.Option) or text:
+                assert text and text[0].isupper() and text.endswith(".") and len(text) <= 80, (command.name, param.name, text)

@@ -30,23 +30,23 @@ def check(
     paths: Optional[List[Path]] = typer.Argument(None, help="Files or folders to check (default: .)."),
     output_format: str = typer.Option(
         "text", "--output-format", metavar="FORMAT",
-        help="Output format: text, concise, json, json-lines, github or sarif.",
+        help="Print findings as text, concise, json, json-lines, github or sarif.",
     ),
-    format: Optional[str] = typer.Option(None, "--format", hidden=True, help="Old name of --output-format."),
+    format: Optional[str] = typer.Option(None, "--format", hidden=True, help="Use --output-format (deprecated)."),
     select: Optional[List[str]] = typer.Option(
-        None, "--select", metavar="CODES", help="Codes or prefixes to enable (replaces the default set; ALL for every rule)."
+        None, "--select", metavar="CODES", help="Enable only these codes or prefixes (ALL for every rule)."
     ),
     extend_select: Optional[List[str]] = typer.Option(
-        None, "--extend-select", metavar="CODES", help="Codes or prefixes to enable on top of the selection (e.g. DDP9)."
+        None, "--extend-select", metavar="CODES", help="Also enable these codes or prefixes (e.g. DDP9)."
     ),
-    ignore: Optional[List[str]] = typer.Option(None, "--ignore", metavar="CODES", help="Codes or prefixes to disable."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", metavar="CODES", help="Disable these codes or prefixes."),
     fix: bool = typer.Option(False, "--fix", help="Apply safe fixes in place."),
     unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="With --fix, also apply unsafe fixes."),
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
     statistics: bool = typer.Option(False, "--statistics", help="Count findings per rule instead of listing them."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, metavar="N", help="Worker processes (default: all cores)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, metavar="N", help="Use N worker processes (default: all cores)."),
     config: Optional[Path] = typer.Option(
-        None, "--config", metavar="FILE", help="A pyproject.toml to read [tool.ddpify] from (default: discovered)."
+        None, "--config", metavar="FILE", help="Read [tool.ddpify] from this pyproject.toml (default: discovered)."
     ),
     color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Colour text output (default: on a terminal)."),
 ) -> None:
@@ -112,18 +112,24 @@ def check(
 
 
 def _summary(findings: list, fixed: int, fix: bool, errors: list) -> str:
-    """ruff's last lines: what was fixed, what was found and what --fix would fix, or that all passed."""
-    lines = [f"Fixed {fixed} finding{'s' if fixed != 1 else ''}."] if fixed else []
+    """ruff's last lines: what was fixed, what was found, what --fix and --unsafe-fixes would fix,
+    or that all passed."""
+    lines = [f"Fixed {_count(fixed, 'finding')}."] if fixed else []
     if findings:
         n_fix = sum(f.fixable for f in findings)
-        hidden = sum(f.fix is not None and not f.fixable for f in findings)
-        hints = [f"{n_fix} fixable with --fix"] if n_fix and not fix else []
-        hints += [f"{hidden} more with --fix --unsafe-fixes"] if hidden else []
-        hint = f" ({'; '.join(hints)})" if hints else ""
-        lines.append(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''}{hint}.")
+        hidden = sum(f.fix is not None and not f.fixable for f in findings)  # unsafe, not enabled
+        line = f"Found {_count(len(findings), 'finding')}"
+        line += f" ({n_fix} fixable with --fix)." if n_fix and not fix else "."
+        if hidden:
+            line += f" ({_count(hidden, 'hidden fix', 'hidden fixes')} can be enabled with the --unsafe-fixes option.)"
+        lines.append(line)
     elif not errors:
         lines.append("All checks passed!")
     return "\n".join(lines)
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _version() -> str:
@@ -145,7 +151,7 @@ def rules() -> None:
         typer.echo(f"{r.CODE}  {default}  {fix}  {r.NAME:<36} {r.MESSAGE}")
 
 
-def rule(code: str = typer.Argument(..., help="A rule code, e.g. DDP121.")) -> None:
+def rule(code: str = typer.Argument(..., help="The rule's code, e.g. DDP121.")) -> None:
     """Print one rule's documentation page."""
     from ddpify.check.rule import rules_by_code
 
@@ -156,6 +162,7 @@ def rule(code: str = typer.Argument(..., help="A rule code, e.g. DDP121.")) -> N
 
 
 def rule_page(r) -> str:
+    """A rule's page: its code, message, whether it is on, its fix safety, then its docstring."""
     flags = []
     flags.append("on by default" if r.DEFAULT else "off by default (opinionated): enable with --extend-select")
     if r.DISTRIBUTED_ONLY:
@@ -164,7 +171,8 @@ def rule_page(r) -> str:
         flags.append("fixable with --fix")
     elif r.FIX == "unsafe":
         flags.append("fixable with --fix --unsafe-fixes (an unsafe fix: see Fix safety)")
-    return f"# {r.NAME} ({r.CODE})\n\nMessage: {r.MESSAGE}\n\n{'; '.join(flags).capitalize()}.\n\n{r.doc()}\n"
+    about = "; ".join(flags)
+    return f"# {r.NAME} ({r.CODE})\n\nMessage: {r.MESSAGE}\n\n{about[0].upper()}{about[1:]}.\n\n{r.doc()}\n"
 
 
 def register(app: typer.Typer) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ddpify.check.output import rule_anchor
 from ddpify.check.rule import all_rules
 
 HEADER = "| Code | Name | Default | Fix | Message |\n| --- | --- | --- | --- | --- |\n"
@@ -17,11 +18,13 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "check.md"
 
 def rule_table() -> str:
     """One row per rule: code, name, on by default, fix safety, message."""
-    rows = [
-        f"| {r.CODE} | {r.NAME} | {'yes' if r.DEFAULT else 'no (opt-in)'} | {r.FIX or ''} | {r.MESSAGE} |\n"
-        for r in all_rules()
-    ]
-    return HEADER + "".join(rows)
+    return HEADER + "".join(_row(r) for r in all_rules())
+
+
+def _row(r) -> str:
+    anchor = f'<a id="{rule_anchor(r.CODE)}"></a>'  # what SARIF's helpUri points at
+    default = "yes" if r.DEFAULT else "no (opt-in)"
+    return f"| {anchor}{r.CODE} | {r.NAME} | {default} | {r.FIX or ''} | {r.MESSAGE} |\n"
 
 
 def rewrite(page: str) -> str:

@@ -4,7 +4,9 @@ lines, GitHub workflow annotations, SARIF 2.1.0 (GitHub code scanning), statisti
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Iterable
 
 import typer
@@ -13,6 +15,17 @@ from ddpify.check.rule import Finding, rules_by_code
 
 FORMATS = ("text", "concise", "json", "json-lines", "github", "sarif")
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+HOME = "https://github.com/ddpify/ddpify"
+RULES_PAGE = f"{HOME}/blob/main/docs/check.md"
+
+
+def rule_anchor(code: str) -> str:
+    """The id of a rule's row in docs/check.md's rule table."""
+    return code.lower()
+
+
+def help_uri(code: str) -> str:
+    return f"{RULES_PAGE}#{rule_anchor(code)}"
 
 
 def format_text(findings: Iterable[Finding], color: bool = False) -> str:
@@ -39,8 +52,6 @@ def format_json_lines(findings: Iterable[Finding]) -> str:
 
 def format_sarif(findings: list[Finding], version: str) -> str:
     """One SARIF 2.1.0 run: every rule (stable ids: the codes) and a result per finding."""
-    from pathlib import Path
-
     rules = list(rules_by_code().values())
     index = {r.CODE: i for i, r in enumerate(rules)}
     driver_rules = [
@@ -49,6 +60,7 @@ def format_sarif(findings: list[Finding], version: str) -> str:
             "name": r.NAME,
             "shortDescription": {"text": r.MESSAGE},
             "fullDescription": {"text": r.summary() or r.MESSAGE},
+            "helpUri": help_uri(r.CODE),
             "help": {"text": r.doc(), "markdown": r.doc()},
             "defaultConfiguration": {"level": "error" if r.SEVERITY == "error" else "warning", "enabled": r.DEFAULT},
             "properties": {"fix": r.FIX or "none"},
@@ -67,19 +79,22 @@ def format_sarif(findings: list[Finding], version: str) -> str:
                     "region": {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line, "endColumn": f.end_column},
                 }
             }],
-        }  # fmt: skip
+        }
         for f in findings
         if f.code in index
     ]
-    driver = {"name": "ddpify", "version": version, "rules": driver_rules}
+    driver = {"name": "ddpify", "version": version, "informationUri": HOME, "rules": driver_rules}
     return json.dumps({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [{"tool": {"driver": driver}, "results": results}]}, indent=2)
 
 
 def _artifact(path) -> dict:
-    """A relative path against the checkout (%SRCROOT%), as code scanning wants; else a file URI."""
-    if path.is_absolute():
+    """A POSIX path relative to the current folder (the checkout: %SRCROOT%), as code scanning
+    wants; a file URI for a file outside it."""
+    path = Path(os.path.abspath(path))
+    try:
+        return {"uri": path.relative_to(Path.cwd()).as_posix(), "uriBaseId": "%SRCROOT%"}
+    except ValueError:
         return {"uri": path.as_uri()}
-    return {"uri": path.as_posix(), "uriBaseId": "%SRCROOT%"}
 
 
 def _escape_property(value: str) -> str:

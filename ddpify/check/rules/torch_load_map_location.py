@@ -26,8 +26,9 @@ class TorchLoadWithoutMapLocation(Rule):
     ```
 
     ## Fix safety
-    Safe for state dicts (`load_state_dict` copies onto the model's device). Tensors used
-    directly from the loaded object are on the CPU afterwards and may need `.to(device)`.
+    Safe: the checkpoint loads the same values, only onto the CPU instead of GPU 0, and
+    `load_state_dict` copies them onto the model's device. Tensors used directly from the
+    loaded object are on the CPU afterwards and may need `.to(device)`.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.load.html
