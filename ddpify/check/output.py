@@ -15,8 +15,21 @@ from ddpify.check.rule import Finding, rules_by_code
 
 FORMATS = ("text", "concise", "json", "json-lines", "github", "sarif")
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-HOME = "https://github.com/ddpify/ddpify"
-RULES_PAGE = f"{HOME}/blob/main/docs/check.md"
+RULES_PAGE = "blob/main/docs/check.md"  # under the repository's URL
+
+
+def project_home() -> str | None:
+    """The repository URL the installed package declares (`[project.urls]` Repository or
+    Homepage), or None: ddpify invents no address."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        urls = metadata("ddpify").get_all("Project-URL") or []
+    except PackageNotFoundError:
+        return None
+    found = dict(entry.split(", ", 1) for entry in urls if ", " in entry)
+    home = found.get("Repository") or found.get("Homepage")
+    return home.rstrip("/") if home else None
 
 
 def rule_anchor(code: str) -> str:
@@ -24,8 +37,8 @@ def rule_anchor(code: str) -> str:
     return code.lower()
 
 
-def help_uri(code: str) -> str:
-    return f"{RULES_PAGE}#{rule_anchor(code)}"
+def help_uri(code: str, home: str) -> str:
+    return f"{home}/{RULES_PAGE}#{rule_anchor(code)}"
 
 
 def format_text(findings: Iterable[Finding], color: bool = False) -> str:
@@ -60,7 +73,6 @@ def format_sarif(findings: list[Finding], version: str) -> str:
             "name": r.NAME,
             "shortDescription": {"text": r.MESSAGE},
             "fullDescription": {"text": r.summary() or r.MESSAGE},
-            "helpUri": help_uri(r.CODE),
             "help": {"text": r.doc(), "markdown": r.doc()},
             "defaultConfiguration": {"level": "error" if r.SEVERITY == "error" else "warning", "enabled": r.DEFAULT},
             "properties": {"fix": r.FIX or "none"},
@@ -83,7 +95,11 @@ def format_sarif(findings: list[Finding], version: str) -> str:
         for f in findings
         if f.code in index
     ]
-    driver = {"name": "ddpify", "version": version, "informationUri": HOME, "rules": driver_rules}
+    home = project_home()
+    if home:  # links to the rule pages where the package says where it lives
+        for rule in driver_rules:
+            rule["helpUri"] = help_uri(rule["id"], home)
+    driver = {"name": "ddpify", "version": version, "rules": driver_rules, **({"informationUri": home} if home else {})}
     return json.dumps({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [{"tool": {"driver": driver}, "results": results}]}, indent=2)
 
 
