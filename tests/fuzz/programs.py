@@ -191,24 +191,22 @@ def _loops(module):
     return [s for s in statements(module) if isinstance(s[2], (cst.For, cst.While))]
 
 
-def wrap_loop_in_function(module, rng):
+def _wrap_loop(module, rng, template: str, call: str):
+    """The training loop moved into `template`'s innermost body, and `call` in its place."""
     site = _pick(rng, _loops(module), _trains(module))
     if site is None:
         return None
     body, i, loop = site
-    func = _set_inner(_template("def _fuzz_loop():\n    pass\n"), [loop])
-    call = cst.parse_statement("_fuzz_loop()\n")
-    return with_body(module, body, [*body.body[:i], func, call, *body.body[i + 1 :]])
+    wrapper = _set_inner(_template(template), [loop])
+    return with_body(module, body, [*body.body[:i], wrapper, cst.parse_statement(call), *body.body[i + 1 :]])
+
+
+def wrap_loop_in_function(module, rng):
+    return _wrap_loop(module, rng, "def _fuzz_loop():\n    pass\n", "_fuzz_loop()\n")
 
 
 def wrap_loop_in_method(module, rng):
-    site = _pick(rng, _loops(module), _trains(module))
-    if site is None:
-        return None
-    body, i, loop = site
-    cls = _set_inner(_template("class _FuzzTrainer:\n    def run(self):\n        pass\n"), [loop])
-    call = cst.parse_statement("_FuzzTrainer().run()\n")
-    return with_body(module, body, [*body.body[:i], cls, call, *body.body[i + 1 :]])
+    return _wrap_loop(module, rng, "class _FuzzTrainer:\n    def run(self):\n        pass\n", "_FuzzTrainer().run()\n")
 
 
 def _functions(module):
