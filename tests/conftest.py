@@ -39,16 +39,21 @@ def pytest_addoption(parser):
     )
 
 
-# Tests that launch processes running torch (torchrun, python, mp.spawn): `-m "not torchrun"` runs
-# the rest in about a minute. A whole module, or any test that reads the `runs` of a launch.
+# Tests that launch processes running torch (torchrun, python, mp.spawn): a whole module, or any
+# test that reads the `runs` of a launch. `-m "not torchrun"` runs the rest (about 4 min).
 TORCHRUN_MODULES = {
     "test_corpus", "test_examples", "test_integration", "test_replicas", "test_verify", "test_verify_fixtures",
 }  # fmt: skip
 TORCHRUN_FIXTURES = {"runs"}
+# Slow: every torchrun test, plus the modules that spend minutes without torch (fuzzing, real
+# pre-commit runs, hostile inputs, libcst's full metadata on every bundled file). `-m "not slow"`
+# is the quick loop (about 40 s on 2 cores with `-n auto`).
+SLOW_MODULES = {"test_fuzz", "test_precommit", "test_hostile_input", "test_check_index"}
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "torchrun: launches training processes (torchrun, python, mp.spawn) running torch")
+    config.addinivalue_line("markers", "slow: a torchrun test, or fuzzing, pre-commit and hostile-input tests")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -56,6 +61,8 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if module in TORCHRUN_MODULES or TORCHRUN_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.torchrun)
+        if module in SLOW_MODULES or item.get_closest_marker("torchrun"):
+            item.add_marker(pytest.mark.slow)
 
 
 def progress(message: str) -> None:

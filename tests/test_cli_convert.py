@@ -8,16 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_in_process import ddpify
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAT = ROOT / "fixtures" / "convert" / "flat_script.in.py"
 NOOP_DDP = ROOT / "fixtures" / "noop" / "multigpu_torchrun.py"
-
-
-def ddpify(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ddpify", *args], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
 
 
 @pytest.fixture
@@ -304,6 +299,7 @@ def test_summary_names_the_options_the_conversion_left_without_effect(tmp_path: 
     assert ": note: " not in ddpify("convert", str(script), "-o", str(tmp_path / "out.py")).stdout
 
 
+@pytest.mark.slow  # nine fresh interpreters, one per hash seed and fixture
 @pytest.mark.parametrize("name", ["hand_updates", "transfer_tempdir", "gan_two_models"])
 def test_summary_order_does_not_depend_on_hash_seeds(tmp_path: Path, name: str) -> None:
     """Notes on one line come in the order the passes run, whatever the set and dict order."""

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import NPROC, ROOT, run_plan
 
 from ddpify.engine import ConvertError, ConvertOptions, convert_source
@@ -605,6 +604,8 @@ def test_resume_checkpoint(runs):
     assert len(re.findall(r"epoch [23]: loss .* checkpoint saved", out)) == 2, out
     check_disjoint_shards(again, 320, 2)
     check_checkpoints(again, {"resumed.pt": 2})
+    import torch
+
     sd = torch.load(resume_checkpoint(runs.work), map_location="cpu", weights_only=True)
     assert sd["epoch"] == 2 and not any(k.startswith("module.") for k in sd["model"])
     # the original single-GPU script resumes from the converted run's checkpoint
@@ -816,6 +817,8 @@ def test_spawn_launcher(tmp_path):
     assert (work / "trace-spawn-launcher.json").exists(), "the launching process wrote no trace"
     assert len(re.findall(r"spawn epoch \d: loss", launch.stdout)) == 2, log
     assert len(re.findall(r"spawn run saved spawn_model\.pt", launch.stdout)) == 1, log
+    import torch
+
     state = torch.load(work / "spawn" / "spawn_model.pt", map_location="cpu", weights_only=True)
     assert state and not any(k.startswith("module.") for k in state)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_in_process import ddpify
 from conftest import NPROC, ROOT, run_plan
 
 from ddpify.projects import convert_project
@@ -73,10 +74,6 @@ CASES = {
         unequal="SubsetRandomSampler draws its own random order (no shuffle option to turn off)", config="config.json",
     ),
 }  # fmt: skip
-
-
-def ddpify(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddpify", *args], cwd=cwd, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -5,12 +5,12 @@ fed the DataParallel the conversion removed)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import libcst as cst
-import libcst.matchers as m
 
-_ADD_ARGUMENT = m.Call(func=m.Attribute(attr=m.Name("add_argument")))
+from ddpify.analysis.index import iter_nodes
+
 _GPU_WORDS = ("gpu", "cuda", "device", "rank")
 
 
@@ -25,17 +25,19 @@ def dead_options(before: cst.Module, after: cst.Module, line: Callable[[cst.CSTN
         return []
     was, now = _reads(before), _reads(after)
     notes = []
-    for dest, (line, flag) in declared.items():
+    for dest, (where, flag) in declared.items():
         if was[dest] and not now[dest]:
             why = "LOCAL_RANK now picks each process's GPU" if any(w in dest.lower() for w in _GPU_WORDS) else "the conversion removed its last use"
-            notes.append((line, f"`{flag}` no longer has any effect: {why} (kept, so existing command lines still parse)"))
+            notes.append((where, f"`{flag}` no longer has any effect: {why} (kept, so existing command lines still parse)"))
     return notes
 
 
 def _declared(module: cst.Module, line: Callable[[cst.CSTNode], int]) -> dict[str, tuple[int, str]]:
     """dest -> (line, the option's long flag) of each `parser.add_argument("--flag", ...)`."""
     out: dict[str, tuple[int, str]] = {}
-    for call in m.findall(module, _ADD_ARGUMENT):
+    for call in _calls(module):
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
+            continue
         flags = [a.value.evaluated_value for a in call.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
         flags = [f for f in flags if isinstance(f, str) and f.startswith("-")]
         if not flags:
@@ -53,14 +55,25 @@ def _reads(module: cst.Module) -> Counter:
     """How often each name is read as an attribute of a plain name (`args.gpu`, `opt.gpu`), not of `self`."""
     return Counter(
         node.attr.value
-        for node in m.findall(module, m.Attribute(value=m.Name(), attr=m.Name()))
-        if node.value.value != "self"
+        for node in iter_nodes(module)
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value != "self"
     )
 
 
 def _reads_wholesale(module: cst.Module) -> bool:
-    handed_on = m.Arg(value=m.Call(func=m.Name("vars")), star="**")
-    if m.findall(module, handed_on):
-        return True
-    lookups = m.findall(module, m.Call(func=m.Name("getattr")))
-    return any(len(c.args) > 1 and not isinstance(c.args[1].value, cst.SimpleString) for c in lookups)
+    """`f(**vars(args))`, or `getattr(args, name)` with a name that is not a literal."""
+    for call in _calls(module):
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        if name == "getattr" and len(call.args) > 1 and not isinstance(call.args[1].value, cst.SimpleString):
+            return True
+        if any(a.star == "**" and _calls_vars(a.value) for a in call.args):
+            return True
+    return False
+
+
+def _calls_vars(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "vars"
+
+
+def _calls(module: cst.Module) -> Iterator[cst.Call]:
+    return (node for node in iter_nodes(module) if isinstance(node, cst.Call))

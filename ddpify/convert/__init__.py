@@ -37,7 +37,7 @@ from ddpify.convert import (
     wrap_model,
 )
 from ddpify.convert.context import Context
-from ddpify.convert.edits import Edits, add_imports, apply, edited_nodes, missing_imports
+from ddpify.convert.edits import Edits, add_imports, apply, bound_name, edited_nodes, imports_module, names_read
 from ddpify.results import ConvertOptions, ConvertResult, Note
 
 # Order matters: later passes read the names and positions earlier ones chose.
@@ -197,11 +197,15 @@ def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, dri
 
 def _imports(module: cst.Module, edits: Edits, prune: bool = False) -> cst.Module:
     """`module` with the imports the passes need added and the ones they made unused removed
-    (the same object when nothing changes). `prune`: a module of a project, which keeps only
-    the added imports its own code uses (the passes ask for them for the whole program)."""
-    added = missing_imports(module, edits.imports)
-    converted = add_imports(module, edits.imports)
-    unused = list(edits.unused_imports) + (added if prune else [])
+    (the same object when nothing changes). `prune`: a module of a project, which gets only the
+    added imports its own code reads (the passes ask for them for the whole program)."""
+    needed = edits.imports
+    if prune:
+        read = names_read(module)
+        needed = [item for item in needed if bound_name(item) in read]
+    converted = add_imports(module, needed)
+    # libcst's RemoveImportsVisitor resolves scopes over the whole module: only where one is there
+    unused = [item for item in edits.unused_imports if imports_module(converted, item[0])]
     if unused:
         imports = CodemodContext()
         for module_name, obj, asname in unused:

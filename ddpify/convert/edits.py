@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from ddpify.analysis.index import dotted_name
+from ddpify.analysis.index import dotted_name, iter_nodes
 from ddpify.results import Note
 
 Rewrite = Callable[[cst.CSTNode], cst.CSTNode]
@@ -409,3 +409,31 @@ def _imported(module: cst.Module, module_name: str, obj: str | None, asname: str
 
 def _alias(alias: cst.ImportAlias) -> str | None:
     return alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else None
+
+
+def imports_module(module: cst.Module, name: str) -> bool:
+    """Does any import statement, at any depth, import `name` or import from it?"""
+    for node in iter_nodes(module):
+        if isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative:
+            if dotted_name(node.module) == name:
+                return True
+        elif isinstance(node, cst.Import) and any(dotted_name(a.name) == name for a in node.names):
+            return True
+    return False
+
+
+def bound_name(item: tuple[str, str | None, str | None]) -> str:
+    """The name an import of `edits.imports` binds: `dist` for `import torch.distributed as dist`."""
+    module_name, obj, asname = item
+    return asname or obj or module_name.partition(".")[0]
+
+
+def names_read(module: cst.Module) -> set[str]:
+    """Every plain name in the module, but attribute names (`x.dist`) and keywords (`f(dist=1)`)."""
+    skip = set()
+    for node in iter_nodes(module):
+        if isinstance(node, cst.Attribute):
+            skip.add(id(node.attr))
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            skip.add(id(node.keyword))
+    return {node.value for node in iter_nodes(module) if isinstance(node, cst.Name) and id(node) not in skip}
