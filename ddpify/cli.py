@@ -153,6 +153,9 @@ def convert(
     eval_on_rank0: bool = typer.Option(
         False, "--eval-on-rank0", help="Evaluate on rank 0 through model.module instead of on every rank."
     ),
+    shared_fs: bool = typer.Option(
+        False, "--shared-fs", help="Every node sees the same files: download data once per job, not once per node."
+    ),
 ) -> None:
     """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
 
@@ -167,7 +170,8 @@ def convert(
     from ddpify.engine import ConvertError, ConvertOptions, convert_file
     from ddpify.projects import trains_elsewhere
 
-    options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0, launcher=launcher.value)
+    options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0,
+                             launcher=launcher.value, shared_fs=shared_fs)  # fmt: skip
     try:
         if trains_elsewhere(src):
             _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check)

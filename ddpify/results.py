@@ -23,6 +23,7 @@ class ConvertOptions:
     global_batch: bool = False  # the script's batch size is global: divide it by the world size
     launcher: str = "torchrun"  # "spawn": also start processes with mp.spawn when not under torchrun
     eval_on_rank0: bool = False  # evaluate on rank 0 through model.module instead of on every rank
+    shared_fs: bool = False  # every node sees the same files: data is prepared once per job, not per node
 
 
 @dataclass(frozen=True)

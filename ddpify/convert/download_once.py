@@ -1,24 +1,28 @@
-"""Datasets fetched at start-up are fetched by rank 0 first, then read by the rest.
+"""Datasets fetched at start-up are fetched once per node, by its local rank 0, then read by
+that node's other ranks (each node has its own disk; `--shared-fs`: once per job, by rank 0).
 
-    if dist.get_rank() != 0:
-        dist.barrier()  # wait for rank 0 to download
+    if local_rank != 0:
+        dist.barrier()  # wait for this node's local rank 0 to download
     train_set = datasets.MNIST(root, train=True, download=True)
-    if dist.get_rank() == 0:
-        dist.barrier()  # downloaded: let the other ranks read it
+    if local_rank == 0:
+        dist.barrier()  # downloaded on this node: let its other ranks read it
 
-A fetch is a dataset built with `download=True` (the other ranks then find the files and skip
-the download), or a statement that downloads or unpacks files itself (`requests.get(url)`,
+Every rank meets the barrier once, so one pair of barriers serves every node. A fetch is a
+dataset built with `download=True` (the other ranks then find the files and skip the download),
+or a statement that downloads or unpacks files itself (`requests.get(url)`,
 `urllib.request.urlretrieve`, `torch.hub.download_url_to_file`, `tarfile.open(...).extractall()`):
-that one runs on rank 0 only, then every rank meets at a barrier, because running it again on
-another rank would rewrite the files while rank 0 reads them.
+that one runs on local rank 0 only, then every rank meets at a barrier, because running it again
+on another rank of the node would rewrite the files while its local rank 0 reads them.
 
-    if dist.get_rank() == 0:
+    if local_rank == 0:
         with requests.get(url, stream=True) as archive: ...extractall()
     dist.barrier()  # downloaded: every rank reads it
 
 Consecutive fetches share one pair of barriers. The barriers sit outside any step loop; the
 closing one may follow the loader built from the dataset (shard_data lifts the dataset out of
 a `DataLoader(datasets.MNIST(..., download=True))` into a statement of its own, above it).
+The local rank is the setup's `local_rank` where the fetch can see it, else read from torchrun's
+`LOCAL_RANK`.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.convert.context import RANK0, Context
 
-BEFORE = "if dist.get_rank() != 0:\n    dist.barrier()  # wait for rank 0 to download\n"
-AFTER = "if dist.get_rank() == 0:\n    dist.barrier()  # downloaded: let the other ranks read it\n"
+BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
+AFTER = "if {rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
+LOCAL_RANK_ENV = 'int(os.environ.get("LOCAL_RANK", 0))'
 FETCHES = frozenset(
     {"requests.get", "urllib.request.urlretrieve", "urllib.request.urlopen", "torch.hub.download_url_to_file",
      "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
@@ -54,22 +59,40 @@ def run(ctx: Context) -> None:
             edits.todo(stmt, stmt, "every rank downloads here, before the process group exists: download once beforehand")
             continue
         statements.append(stmt)
+    shared = ctx.options.shared_fs
     for stmt in [s for s in statements if not _by_keyword(script, s)]:
         statements.remove(stmt)
         if D.guarded_by_rank(script, stmt) or isinstance(stmt, cst.If) and D.reads_rank(script, stmt.test):
             continue  # on rank 0 only already (a converted script)
-        edits.guard(stmt, RANK0)
+        edits.guard(stmt, RANK0 if shared else f"{_local_rank(ctx, stmt)} == 0")
         if not D.barrier_in(script, D.sibling(script, stmt, 1)):
             edits.insert_after(stmt, FETCHED)
-        edits.change(stmt, "rank 0 downloads and unpacks the files; the others wait at a barrier")
+        edits.change(stmt, _said(shared, "files are downloaded and unpacked"))
     for stmt in statements:
         block = list(script.parent(stmt).body)
         index = block.index(stmt)
+        rank = "dist.get_rank()" if shared else _local_rank(ctx, stmt)
         if (index == 0 or block[index - 1] not in statements) and not D.barrier_in(script, D.sibling(script, stmt, -1)):
-            edits.insert_before(stmt, BEFORE)
+            edits.insert_before(stmt, BEFORE.format(rank=rank, who="rank 0" if shared else "this node's local rank 0"))
         if (index == len(block) - 1 or block[index + 1] not in statements) and not _closed_after(script, block, index):
-            edits.insert_after(stmt, AFTER)
-        edits.change(stmt, "rank 0 downloads the dataset first; the others wait at a barrier")
+            where, others = ("", "the other ranks") if shared else (" on this node", "its other ranks")
+            edits.insert_after(stmt, AFTER.format(rank=rank, where=where, others=others))
+        edits.change(stmt, _said(shared, "dataset is downloaded"))
+
+
+def _said(shared: bool, what: str) -> str:
+    if shared:
+        return f"the {what} once per job, by rank 0 (--shared-fs); the other ranks wait at a barrier"
+    return f"the {what} once per node, by its local rank 0 (node-local disks; --shared-fs: once per job); its other ranks wait at a barrier"
+
+
+def _local_rank(ctx: Context, stmt: cst.CSTNode) -> str:
+    """The setup's `local_rank` where `stmt` sees it (the setup's own function, after it), else
+    torchrun's LOCAL_RANK read from the environment."""
+    if ctx.setup_scope is not None and (isinstance(ctx.setup_scope, cst.Module) or ctx.script.scope_of(stmt) is ctx.setup_scope):
+        return ctx.local_rank
+    ctx.edits.need_import("os")
+    return LOCAL_RANK_ENV
 
 
 def _fetches(script, call: cst.Call) -> bool:
