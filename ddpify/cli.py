@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import sys
@@ -15,6 +16,7 @@ import typer
 from ddpify.check.cli import register as register_check
 
 if TYPE_CHECKING:  # the engine loads when a command runs
+    from ddpify.launch_files import LaunchPlan
     from ddpify.results import ConvertResult
 
 # The engine (libcst, the analysis, the passes) is imported by the command that needs it, so
@@ -33,6 +35,11 @@ class Format(str, Enum):
 class Launcher(str, Enum):
     torchrun = "torchrun"
     spawn = "spawn"
+
+
+class LaunchWith(str, Enum):
+    slurm = "slurm"
+    torchrun = "torchrun"
 
 
 class PlainHelp(typer.core.TyperCommand):
@@ -153,13 +160,21 @@ def convert(
     eval_on_rank0: bool = typer.Option(
         False, "--eval-on-rank0", help="Evaluate on rank 0 through model.module instead of on every rank."
     ),
+    launch: Optional[LaunchWith] = typer.Option(
+        None, "--launch", help="Also write a Slurm batch file beside -o, or print multi-node torchrun commands."
+    ),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, metavar="N", help="Nodes for --launch (default 2)."),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", min=1, metavar="N", help="Processes (GPUs) per node for --launch (default 8)."
+    ),
     shared_fs: bool = typer.Option(
         False, "--shared-fs", help="Every node sees the same files: download data once per job, not once per node."
     ),
 ) -> None:
     """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
 
-    Without -o, --in-place or --diff the converted script goes to stdout.
+    Without -o, --in-place or --diff the converted script goes to stdout. Arguments after `--`
+    go to the script in the launch commands: ddpify convert train.py -o out.py --launch slurm -- --epochs 10
     """
     if sum(bool(x) for x in (output, in_place, diff)) > 1:
         _fail("use only one of -o/--output, --in-place and --diff", 2)
@@ -167,6 +182,7 @@ def convert(
         _fail("--check compares the converted script with -o OUTPUT; pass -o", 2)
     if output is not None and src.exists() and output.exists() and os.path.samefile(output, src):
         _fail(f"{src}: refusing to overwrite the input ({output} is the same file); pass --in-place to do that", 2)
+    plan = _launch_plan(launch, nodes, nproc_per_node, output, in_place, diff)
     from ddpify.engine import ConvertError, ConvertOptions, convert_file
     from ddpify.projects import trains_elsewhere
 
@@ -174,16 +190,17 @@ def convert(
                              launcher=launcher.value, shared_fs=shared_fs)  # fmt: skip
     try:
         if trains_elsewhere(src):
-            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check)
+            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan)
             return
         result, encoding = convert_file(src, options)
     except ConvertError as exc:
         location = f"{exc.path}:{exc.line}" if exc.line else exc.path
         _fail(f"{location}: {exc.message}")
         return
+    launch_files = _launch_files(plan, src, output or (src if in_place else None))
     if check:
         expected = src.read_bytes() if result.already_distributed else result.code.encode(encoding)
-        _up_to_date({output: expected}, encoding)
+        _up_to_date({output: expected, **launch_files}, encoding)
     if result.already_distributed:
         note = result.changes[0]
         if output is not None:  # an identical copy, as black leaves a file it does not change
@@ -193,6 +210,9 @@ def convert(
         typer.echo(f"{src}:{note.line}: already distributed; nothing to convert", err=True)
         for name, line, what in result.pending:  # what a conversion would still add: the user decides
             typer.echo(f"{src}:{line}: note: not converted: {what} ({name})", err=True)
+        if plan.kind:  # the script runs as it is: how to launch it still helps
+            _write_all(launch_files)
+            typer.echo("\n".join(plan.summary(str(output or (src if in_place else "OUT.py")))), err=True)
         return
     source = src.read_bytes().decode(encoding)
     if diff:
@@ -204,12 +224,46 @@ def convert(
     target = src if in_place else output
     if target is None:
         _stdout(result.code.encode(encoding))
-        _summary(src, None, result, global_batch, launcher, err=True)
+        _summary(src, None, result, global_batch, launcher, err=True, plan=plan)
     else:
         _write(target, result.code.encode(encoding))
-        _summary(src, target, result, global_batch, launcher, err=False)
+        _write_all(launch_files)
+        _summary(src, target, result, global_batch, launcher, err=False, plan=plan)
     if strict and result.todos:
         raise typer.Exit(1)
+
+
+def _launch_plan(launch, nodes, nproc_per_node, output, in_place, diff) -> LaunchPlan:
+    """`--launch`, `--nodes`, `--nproc-per-node` and `-- ARGS`, or one line on a usage error (exit 2)."""
+    from ddpify.launch_files import LaunchPlan
+
+    if launch is None:
+        if nodes is not None or nproc_per_node is not None:
+            _fail("--nodes and --nproc-per-node go with --launch slurm|torchrun", 2)
+        return LaunchPlan(args=tuple(_SCRIPT_ARGS))
+    if launch == LaunchWith.slurm and output is None and not in_place:
+        _fail("--launch slurm needs -o OUT.py", 2)
+    if diff:
+        _fail("--launch torchrun prints its commands in the summary, which --diff does not print", 2)
+    return LaunchPlan(launch.value, nodes or 2, nproc_per_node or 8, tuple(_SCRIPT_ARGS))
+
+
+def _launch_files(plan: LaunchPlan, src: Path, script: Optional[Path]) -> dict[Path, bytes]:
+    """The files `--launch` writes beside the converted `script` (the Slurm batch file), by
+    path; one line (exit 2) when one would overwrite the input or the script."""
+    if plan.kind != "slurm" or script is None:
+        return {}
+    sbatch = plan.sbatch_path(script)
+    if sbatch == script:
+        _fail(f"{script}: the Slurm batch file would be the script itself; name the script -o NAME.py", 2)
+    if sbatch.exists() and src.exists() and os.path.samefile(sbatch, src):
+        _fail(f"{src}: refusing to overwrite the input with the Slurm batch file {sbatch}", 2)
+    return {sbatch: plan.sbatch(str(script)).encode("utf-8")}
+
+
+def _write_all(files: dict[Path, bytes]) -> None:
+    for target, data in files.items():
+        _write(target, data)
 
 
 def _up_to_date(expected: dict[Path, bytes], encoding: str) -> None:
@@ -231,11 +285,13 @@ def _up_to_date(expected: dict[Path, bytes], encoding: str) -> None:
     raise typer.Exit(1 if stale else 0)
 
 
-def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check=False) -> None:
+def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check=False, plan=None) -> None:
     """The entry and the project modules it imports: one diff, a copy of the project in a
     folder, or the changed modules rewritten in place."""
+    from ddpify.launch_files import LaunchPlan
     from ddpify.projects import convert_project, copy_project, reads_left_out
 
+    plan = plan or LaunchPlan()
     result = convert_project(src, options)
     project, changed = result.project, result.changed
     entry = project.entry
@@ -251,17 +307,20 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
     directory = output is not None and (output.is_dir() or not output.suffix)  # `-o out/` (the slash is gone here)
     if check and changed and (directory or not others):  # the files the conversion writes, as they would be
         where = {path: output / path.relative_to(project.root) for path in changed} if directory else {entry: output}
-        _up_to_date({where[p]: c.code.encode(e) for p, (c, _, e) in changed.items() if p in where}, "utf-8")
+        expected = {where[p]: c.code.encode(e) for p, (c, _, e) in changed.items() if p in where}
+        _up_to_date({**expected, **_launch_files(plan, src, where.get(entry))}, "utf-8")
     if not others and not in_place and not directory:  # only the entry changes: one file, as for a script
         if entry not in changed:
             typer.echo(f"{src}: nothing to convert, nothing written", err=True)
             return
         converted, _, encoding = changed[entry]
+        launch_files = _launch_files(plan, src, output)
         if output is None:
             _stdout(converted.code.encode(encoding))
         else:
             _write(output, converted.code.encode(encoding))
-        _summary(src, output, converted, global_batch, launcher, err=output is None)
+            _write_all(launch_files)
+        _summary(src, output, converted, global_batch, launcher, err=output is None, plan=plan)
         if strict and converted.todos:
             raise typer.Exit(1)
         return
@@ -272,6 +331,10 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
             f"file; pass -o DIR/ for a converted copy of the project, or --in-place",
             2,
         )
+    entry_target = (src if in_place else output / entry.relative_to(project.root)) if entry in changed else None
+    if not in_place and plan.kind == "slurm":  # the copy imports its own modules from its root
+        plan = dataclasses.replace(plan, pythonpath=str(output))
+    launch_files = _launch_files(plan, src, entry_target)
     if in_place:
         for path, (converted, _, encoding) in changed.items():
             _write(path, converted.code.encode(encoding))
@@ -285,11 +348,12 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
             typer.echo(f"Not copied into {output} (data, caches, environments): {', '.join(map(str, left_out))}")
         for path, where, line in reads_left_out(project, left_out):
             typer.echo(f"  {_shown(where, src, entry)}:{line} reads {path}/ relative to where it runs: copy or link it into {output}")
+    _write_all(launch_files)
     for path, (converted, _, _) in changed.items():
         if path != entry:
             _summary(Path(shown[path]), Path(targets[path]), converted, global_batch, launcher, err=False, launch=False)
     if entry in changed:
-        _summary(Path(shown[entry]), Path(targets[entry]), changed[entry][0], global_batch, launcher, err=False)
+        _summary(Path(shown[entry]), Path(targets[entry]), changed[entry][0], global_batch, launcher, err=False, plan=plan)
     if strict and any(c.todos for c, _, _ in changed.values()):
         raise typer.Exit(1)
 
@@ -306,7 +370,7 @@ def _shown(path: Path, src: Path, entry: Path) -> str:
 
 def _summary(
     src: Path, target: Optional[Path], result: ConvertResult, global_batch: bool, launcher: Launcher, err: bool,
-    launch: bool = True,
+    launch: bool = True, plan: Optional[LaunchPlan] = None,
 ) -> None:
     """What changed (with lines), what is left to the user, and how to launch."""
     out = target or "<stdout>"
@@ -324,14 +388,22 @@ def _summary(
             "Each process keeps the script's batch size: the global batch is batch_size x processes;",
             "  scale the learning rate if you want the single-GPU schedule (e.g. linearly).",
         ]
+    from ddpify.launch_files import LaunchPlan, shell_join
+
     out = target or "OUT.py"
-    lines.append(f"Launch: torchrun --nproc-per-node=N {out} [script args]")
+    plan = plan or LaunchPlan()
+    args = shell_join(list(plan.args)) if plan.args else "[script args]"
+    launch_lines = plan.summary(str(out)) if plan.kind else []
+    if plan.kind != "torchrun":  # --launch torchrun prints this one with the process count
+        launch_lines.insert(0, f"Launch: torchrun --nproc-per-node=N {out} {args}")
+    lines.append(launch_lines[0])
     if launcher == Launcher.spawn:
-        lines.append(f"    or: python {out} [script args]  (one process per GPU; NPROC_PER_NODE=N on CPU)")
+        lines.append(f"    or: python {out} {args}  (one process per GPU; NPROC_PER_NODE=N on CPU)")
+    lines += launch_lines[1:]
     typer.echo("\n".join(lines), err=err)
 
 
-_SCRIPT_ARGS: list[str] = []  # what follows `--` on a `ddpify verify` command line
+_SCRIPT_ARGS: list[str] = []  # what follows `--` on a `ddpify verify` or `ddpify convert` command line
 
 
 @app.command()
@@ -377,10 +449,11 @@ def verify(
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """The `ddpify` entry point: `ddpify verify ... -- ARGS` hands ARGS to the script untouched;
+    """The `ddpify` entry point: `ddpify verify|convert ... -- ARGS` hands ARGS to the script untouched;
     an internal error is one line (the traceback with --verbose, anywhere before `--`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["verify"] and "--" in argv:
+    _SCRIPT_ARGS.clear()  # a second call in one process (the tests) starts afresh
+    if argv[:1] in (["verify"], ["convert"]) and "--" in argv:
         at = argv.index("--")
         _SCRIPT_ARGS[:] = argv[at + 1 :]
         argv = argv[:at]
