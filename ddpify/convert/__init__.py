@@ -23,6 +23,7 @@ from ddpify.convert import (
     quiet_progress_bars,
     reduce_train_metrics,
     replace_data_parallel,
+    resume_after_restart,
     seed_random_split,
     setup_process_group,
     shard_data,
@@ -62,6 +63,7 @@ PASSES = (
     agree_on_stop,
     guard_rank_zero,
     wait_for_checkpoints,
+    resume_after_restart,
     quiet_progress_bars,
     legacy_local_rank,
     teardown,
@@ -109,7 +111,7 @@ def convert_module(
         converted.code,
         sorted(dict.fromkeys(edits.changes), key=lambda n: n.line),  # by line, then in the order the passes run
         sorted(dict.fromkeys(edits.todos), key=lambda n: n.line),
-        notes=dead,
+        notes=sorted(dict.fromkeys(dead + edits.notes), key=lambda n: n.line),
         # the edits' own list, where a test asks for it (its end lines cost a code generation)
         planned=[] if shortcut else edits.planned,
     )

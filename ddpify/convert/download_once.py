@@ -31,6 +31,7 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 from ddpify.convert.context import RANK0, Context
 
 BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
@@ -62,8 +63,8 @@ def run(ctx: Context) -> None:
     shared = ctx.options.shared_fs
     for stmt in [s for s in statements if not _by_keyword(script, s)]:
         statements.remove(stmt)
-        if D.guarded_by_rank(script, stmt) or isinstance(stmt, cst.If) and D.reads_rank(script, stmt.test):
-            continue  # on rank 0 only already (a converted script)
+        if D.guarded_by_rank(script, stmt) or _under_local_rank_test(ctx, stmt):
+            continue  # on (local) rank 0 only already (a converted script)
         edits.guard(stmt, RANK0 if shared else f"{_local_rank(ctx, stmt)} == 0")
         if not D.barrier_in(script, D.sibling(script, stmt, 1)):
             edits.insert_after(stmt, FETCHED)
@@ -84,6 +85,21 @@ def _said(shared: bool, what: str) -> str:
     if shared:
         return f"the {what} once per job, by rank 0 (--shared-fs); the other ranks wait at a barrier"
     return f"the {what} once per node, by its local rank 0 (node-local disks; --shared-fs: once per job); its other ranks wait at a barrier"
+
+
+def _under_local_rank_test(ctx: Context, stmt: cst.CSTNode) -> bool:
+    """Is `stmt` an `if` on the rank, or inside one on the setup's `local_rank` or LOCAL_RANK?"""
+    script = ctx.script
+    for node in [stmt, *script.ancestors(stmt)]:
+        if isinstance(node, cst.If) and (D.reads_rank(script, node.test) or _names_local_rank(ctx, node.test)):
+            return True
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return False
+    return False
+
+
+def _names_local_rank(ctx: Context, test: cst.BaseExpression) -> bool:
+    return any(isinstance(n, cst.Name) and n.value == ctx.local_rank for n in iter_nodes(test))
 
 
 def _local_rank(ctx: Context, stmt: cst.CSTNode) -> str:

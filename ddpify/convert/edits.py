@@ -37,6 +37,7 @@ class Edits:
         # (a conversion that plans nothing, like the verification's, never computes positions).
         self._changes: list[tuple[cst.CSTNode | int, str]] = []
         self._todos: list[tuple[cst.CSTNode | int, str]] = []
+        self._notes: list[tuple[cst.CSTNode | int, str]] = []  # advice: nothing changed there
         self.imports: list[tuple[str, str | None, str | None]] = []
         self.unused_imports: list[tuple[str, str | None, str | None]] = []
         # Every edit that changes the code, as (pass, line, what): converting a converted script
@@ -72,6 +73,11 @@ class Edits:
 
     def todos_where(self, keep: Callable[[cst.CSTNode | int], bool]) -> list[Note]:
         return [Note(self._line(where), message) for where, message in self._todos if keep(where)]
+
+    @property
+    def notes(self) -> list[Note]:
+        """Advice about code the passes left as it is (printed as `note:`)."""
+        return [Note(self._line(where), message) for where, message in self._notes]
 
 
     # -- requests --------------------------------------------------------
@@ -136,6 +142,10 @@ class Edits:
     def change(self, where: cst.CSTNode | int, message: str) -> None:
         """A summary note about the code at `where` (a node of the script, or a line)."""
         self._changes.append((where, message))
+
+    def note(self, where: cst.CSTNode | int, message: str) -> None:
+        """A summary note of advice about the code at `where`, which no edit changes."""
+        self._notes.append((where, message))
 
     def todo(self, stmt: cst.CSTNode, where: cst.CSTNode | int, message: str) -> None:
         """Leave `# TODO(ddpify): message` above `stmt` and list it in the summary at `where`'s

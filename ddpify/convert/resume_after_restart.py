@@ -1,0 +1,217 @@
+"""Under `torchrun --max-restarts`, restarted workers go on from the script's last checkpoint.
+
+A script that saves checkpoints and can resume from one gets, right before its resume gate, a
+line that points the gate at the checkpoint it saves once torchrun has restarted the workers:
+
+    # torchrun restarted the workers (--max-restarts): go on from the last checkpoint
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and os.path.exists(args.checkpoint):
+        args.resume = args.checkpoint
+    if args.resume:
+        checkpoint = torch.load(args.resume, map_location=device)
+        ...
+
+The gate is an `if` (or `elif`) on an option or a name (`args.resume`, `resume`,
+`init_from == "resume"`) around a `torch.load`; the path is the one a `torch.save` in a
+training loop writes, when it can be computed before the gate (literals, the gate's own options
+object, imported modules, names bound earlier in the gate's function or at module level). A
+script whose training saves checkpoints but never loads one gets a note: a restarted worker
+trains from the start.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
+from ddpify.convert.context import Context
+
+RESTARTED = 'int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0'
+RESUME = (
+    "# torchrun restarted the workers (--max-restarts): go on from the last checkpoint\n"
+    "if {restarted} and os.path.exists({path}):\n"
+    "    {target} = {value}\n"
+)
+NO_RESUME = (
+    "no resume path (loading model, optimizer and epoch before training): a worker torchrun "
+    "restarts (--max-restarts) trains from the start; load the latest checkpoint before the "
+    "training loop to go on from it"
+)
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    saves = [c for c in script.calls if script.is_call_to(c, N.TORCH_SAVE) and len(N.positional(c)) > 1]
+    saves = [c for c in saves if _during_training(script, c)]
+    if not saves:
+        return
+    gates = _gates(ctx)
+    if not gates:
+        edits.note(saves[0], NO_RESUME)
+        return
+    for head, target, value_of, load in gates:
+        if _done(script, head):
+            continue
+        path = next((p for p in (N.positional(c)[1].value for c in saves) if _computable(ctx, p, head, target)), None)
+        if path is None:
+            edits.note(head, "a worker torchrun restarts (--max-restarts) trains from the start: the path of the "
+                             "checkpoint saved in training is not known here; point this resume option at it")  # fmt: skip
+            continue
+        path_code = _code(ctx, path)
+        value = value_of(path_code, _code(ctx, load))
+        if value is None:
+            continue
+        edits.need_import("os")
+        edits.insert_above(head, RESUME.format(restarted=RESTARTED, path=path_code, target=_code(ctx, target), value=value))
+        edits.change(head, f"a worker torchrun restarts (--max-restarts) goes on from the last checkpoint ({path_code})")
+
+
+def _during_training(script, call: cst.Call) -> bool:
+    """Is `call` in a training loop, or in a function called from one (`test(epoch)` saving the best)?"""
+    scope = script.scope_of(call)
+    if script.in_training_loop(call, scope):
+        return True
+    return isinstance(scope, cst.FunctionDef) and any(
+        script.local_function(c) is scope and script.in_training_loop(c, script.scope_of(c)) for c in script.calls
+    )
+
+
+def _gates(ctx: Context):
+    """(statement to insert before, the gate's option, how to set it, the load's path) for
+    each `if OPTION:` / `if NAME == "literal":` around a torch.load."""
+    script = ctx.script
+    found, seen = [], set()
+    for load in script.calls:
+        if not script.is_call_to(load, N.TORCH_LOAD) or not N.positional(load):
+            continue
+        path = N.positional(load)[0].value
+        for node in script.ancestors(load):
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+                break
+            if not isinstance(node, cst.If) or node in seen:
+                continue
+            gate = _gate(node.test, path)
+            if gate is not None and _restores_training(ctx, node):
+                seen.add(node)
+                found.append((_chain_head(script, node), *gate, path))
+    return found
+
+
+def _restores_training(ctx: Context, gate: cst.If) -> bool:
+    """Does the gate resume training, not only load weights (`--eval-only PATH`)? It loads an
+    optimizer's state, or sets a value a later `for` loop counts from (`start_epoch`)."""
+    script = ctx.script
+    optimizers = set()
+    for call in script.calls:
+        if any(q.startswith("torch.optim.") and "lr_scheduler" not in q for q in script.names(call.func)):
+            stmt = script.statement_line(call)
+            assign = stmt.body[0] if stmt is not None and stmt.body else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+                optimizers.add(_code(ctx, assign.targets[0].target))
+    body = gate.body
+    for call in script.calls_in(body):
+        if N.call_name(call) == "load_state_dict" and N.receiver(call) is not None and _code(ctx, N.receiver(call)) in optimizers:
+            return True
+    counted = {_code(ctx, t.target) for t in iter_nodes(body) if isinstance(t, cst.AssignTarget)}
+    for loop in script.nodes_of(cst.For):
+        if script.after(loop, gate) and any(_code(ctx, n) in counted for n in iter_nodes(loop.iter) if isinstance(n, (cst.Name, cst.Attribute))):
+            return True
+    return False
+
+
+def _gate(test: cst.BaseExpression, path: cst.BaseExpression):
+    """(the option, how to set it from the checkpoint path's code) for a gate test, else None."""
+    if isinstance(test, (cst.Name, cst.Attribute)):
+        # `if args.resume: torch.load(args.resume)` takes the path; `if resume: torch.load(CKPT)` a flag
+        return test, lambda saved, loaded: saved if _same(test, path) else ("True" if saved == loaded else None)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, (cst.Name, cst.Attribute)):
+        target = test.comparisons[0]
+        if isinstance(target.operator, cst.Equal) and isinstance(target.comparator, cst.SimpleString):
+            literal = target.comparator.value
+            return test.left, lambda saved, loaded: literal
+    return None
+
+
+def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    return a.deep_equals(b)
+
+
+def _chain_head(script, node: cst.If) -> cst.If:
+    """The `if` that opens the if/elif chain `node` is part of."""
+    parent = script.parent(node)
+    while isinstance(parent, cst.If) and parent.orelse is node:
+        node, parent = parent, script.parent(parent)
+    return node
+
+
+def _done(script, head: cst.CSTNode) -> bool:
+    """A converted script: the restart line sits above the gate already."""
+    block = script.parent(head)
+    body = list(getattr(block, "body", ()))
+    if head not in body:
+        return False
+    before = body[: body.index(head)]
+    return any(
+        isinstance(n, cst.SimpleString) and "TORCHELASTIC_RESTART_COUNT" in n.value
+        for stmt in before for n in iter_nodes(stmt)
+    )  # fmt: skip
+
+
+def _computable(ctx: Context, path: cst.BaseExpression, head: cst.CSTNode, target: cst.BaseExpression) -> bool:
+    """Can `path` be computed right before `head`? Every name in it is the gate's options
+    object, a module-level binding, or bound earlier in the gate's own function."""
+    script = ctx.script
+    allowed = {_root(target)} | _module_names(script.root_of(head))
+    scope = script.scope_of(head)
+    if isinstance(scope, cst.FunctionDef):
+        allowed |= {p.name.value for p in scope.params.params + scope.params.kwonly_params + scope.params.posonly_params}
+        allowed |= {
+            t.value for t in _assigned_names(scope) if script.before(t, head)
+        }
+    return all(name in allowed for name in _names(path))
+
+
+def _root(node: cst.BaseExpression) -> str | None:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    """The plain names `node` reads (not attribute names or keywords)."""
+    skip = {id(n.attr) for n in iter_nodes(node) if isinstance(n, cst.Attribute)}
+    skip |= {id(n.keyword) for n in iter_nodes(node) if isinstance(n, cst.Arg) and n.keyword is not None}
+    return {n.value for n in iter_nodes(node) if isinstance(n, cst.Name) and id(n) not in skip}
+
+
+def _module_names(module: cst.Module) -> set[str]:
+    """Names bound at module level: imports, assignments, functions and classes."""
+    names = set()
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            names.add(stmt.name.value)
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    bound = alias.asname.name if alias.asname else alias.name
+                    while isinstance(bound, cst.Attribute):
+                        bound = bound.value
+                    names.add(bound.value)
+            elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                names |= {t.value for t in targets if isinstance(t, cst.Name)}
+    return names
+
+
+def _assigned_names(scope: cst.FunctionDef) -> list[cst.Name]:
+    found = []
+    for node in iter_nodes(scope.body):
+        if isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name):
+            found.append(node.target)
+        elif isinstance(node, cst.AnnAssign) and isinstance(node.target, cst.Name) and node.value is not None:
+            found.append(node.target)
+    return found
+
+
+def _code(ctx: Context, node: cst.CSTNode) -> str:
+    return ctx.script.module.code_for_node(node)
