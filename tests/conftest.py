@@ -42,7 +42,8 @@ def pytest_addoption(parser):
 # Tests that launch processes running torch (torchrun, python, mp.spawn): a whole module, or any
 # test that reads the `runs` of a launch. `-m "not torchrun"` runs the rest (about 4 min).
 TORCHRUN_MODULES = {
-    "test_corpus", "test_examples", "test_integration", "test_replicas", "test_verify", "test_verify_fixtures",
+    "test_corpus", "test_examples", "test_integration", "test_multinode", "test_replicas", "test_verify",
+    "test_verify_fixtures",
 }  # fmt: skip
 TORCHRUN_FIXTURES = {"runs"}
 # Slow: every torchrun test, plus the modules that spend minutes without torch (fuzzing, real

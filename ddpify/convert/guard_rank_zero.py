@@ -45,6 +45,8 @@ def run(ctx: Context) -> None:
             continue  # runs on rank 0 only already
         if own.in_pipeline(call):
             continue  # a Dataset method, collate_fn or worker_init_fn: runs per sample on every rank
+        if own.prepares_data(call) and (_opens_for_writing(ctx, call) or script.is_call_to(call, N.TORCH_SAVE)):
+            continue  # a Dataset writing its own files: where it is built (once per node when it downloads)
         if _opens_for_writing(ctx, call):
             if own.path(call.args[0].value):
                 continue  # this process's own file (its rank or pid in the name, a temporary directory)

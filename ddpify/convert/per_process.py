@@ -10,7 +10,10 @@ wait_for_checkpoints; not a pass).
   reloads the same ones;
 * code that runs in the data pipeline (`Dataset.__getitem__` / `__len__` / `__iter__`, a
   `collate_fn`, a `worker_init_fn`): it runs in every rank's loader (or its workers), per sample;
-  guarding it by rank would hide the other ranks' data and can fail in a worker process.
+  guarding it by rank would hide the other ranks' data and can fail in a worker process;
+* files a Dataset writes for itself (a `download()` method, a cache its `__init__` saves): they
+  are written where the dataset is built, once per node under download_once's guard, and a
+  node whose global rank 0 is elsewhere would never get them.
 """
 
 from __future__ import annotations
@@ -49,12 +52,17 @@ class PerProcess:
         self.shared = set(shared)
         self.temp_dirs = self._temp_dirs() - self.shared
         self.pipeline = self._pipeline_functions()
+        self.dataset_methods = [fn for cls in self._dataset_classes() for fn in script.methods(cls).values()]
         self.handles: set[str] = set()
         self.handles = self._handles()
 
     def in_pipeline(self, node: cst.CSTNode) -> bool:
         """Does `node` run in the data pipeline (a Dataset method, a collate_fn, a worker_init_fn)?"""
         return any(self.script.inside(node, fn) for fn in self.pipeline)
+
+    def prepares_data(self, node: cst.CSTNode) -> bool:
+        """Does `node` run in a method of a Dataset class (which writes the dataset's own files)?"""
+        return any(self.script.inside(node, fn) for fn in self.dataset_methods)
 
     def path(self, node: cst.CSTNode, depth: int = 0) -> bool:
         """Is `node` (a path, or a value a path is built from) this process's own?"""
@@ -106,13 +114,18 @@ class PerProcess:
                     found.add(ref)
         return found
 
+    def _dataset_classes(self) -> list[cst.ClassDef]:
+        script = self.script
+        return [
+            cls for cls in script.classes.values()
+            if {q for base in cls.bases for q in script.names(base.value)} & DATASETS or cls.name.value.endswith("Dataset")
+        ]  # fmt: skip
+
     def _pipeline_functions(self) -> list[cst.CSTNode]:
         script = self.script
         found: list[cst.CSTNode] = []
-        for cls in script.classes.values():
-            bases = {q for base in cls.bases for q in script.names(base.value)}
-            if bases & DATASETS or cls.name.value.endswith("Dataset"):
-                found += [fn for name, fn in script.methods(cls).items() if name in PIPELINE_METHODS]
+        for cls in self._dataset_classes():
+            found += [fn for name, fn in script.methods(cls).items() if name in PIPELINE_METHODS]
         for fn in script.all_functions:
             if fn.name.value in PIPELINE_KEYWORDS:
                 found.append(fn)

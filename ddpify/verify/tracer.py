@@ -119,6 +119,8 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         argv=args,
         env_rank=int(os.environ.get("RANK", 0)),
         env_world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        env_local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),  # torchrun's restarts so far
         init_process_group=[],
         destroy_process_group=0,
         ddp_wrapped=0,
@@ -989,7 +991,8 @@ def fresh_rendezvous(run_index: int) -> dict:
         return {}
     addr, agent_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = dist.TCPStore(addr, agent_port, is_master=False, timeout=timedelta(seconds=120))
-    key = f"ddpify_trace_run/{run_index}/master_port"
+    # the agent's store outlives a restart (--max-restarts): each attempt publishes its own port
+    key = f"ddpify_trace_run/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{run_index}/master_port"
     if int(os.environ["RANK"]) == 0:
         with socket.socket() as probe:
             probe.bind((addr, 0))
