@@ -1,0 +1,249 @@
+"""What changes when a script runs on several nodes: a rank guard is per node (the local rank,
+``if local_rank == 0:``) or per job (the global rank, ``if dist.get_rank() == 0:``); data is
+downloaded or unpacked by fetches; and torchrun sets the rendezvous endpoint (``MASTER_ADDR``,
+``MASTER_PORT``) and the ranks in the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.index import CallInfo, FileIndex, iter_nodes, last_name
+from ddpify.analysis.literals import int_value, is_false, positional, string_value
+from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis
+
+# Calls that download or unpack files (with `download=True` datasets and `.extractall()`).
+FETCHES = frozenset(
+    {"requests.get", "urllib.request.urlretrieve", "urllib.request.urlopen", "torch.hub.download_url_to_file",
+     "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
+     "torchvision.datasets.utils.extract_archive", "shutil.unpack_archive"}
+)  # fmt: skip
+# Per-node data preparation besides fetches: folders made for the data.
+PREPARES = N.MAKEDIRS | N.MKDIR
+_DATA_FOLDER = re.compile(r"data|cache|root|download", re.IGNORECASE)
+# What torchrun puts in every worker's environment.
+TORCHRUN_VARIABLES = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"}
+)
+RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
+ENVIRON = "os.environ"
+SPAWN = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+
+LOCAL, GLOBAL, OPAQUE = "local", "global", "opaque"
+GLOBAL_RANK_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
+
+
+def fetches(ci: CallInfo) -> bool:
+    """`datasets.MNIST(root, download=True)`, `urlretrieve(url, path)`, `tar.extractall(root)`..."""
+    flag = next((a for a in ci.node.args if a.keyword is not None and a.keyword.value == "download"), None)
+    if flag is not None:
+        return not is_false(flag.value)
+    return bool(ci.qnames & FETCHES) or (ci.name == "extractall" and ci.receiver is not None)
+
+
+def prepares_data(index: FileIndex, ci: CallInfo) -> bool:
+    """A fetch, or a folder made for the data (`os.makedirs(args.data_dir)`, `Path(root).mkdir()`;
+    not `os.makedirs(args.output_dir)`)."""
+    if fetches(ci):
+        return True
+    if ci.qnames & PREPARES or (ci.name == "mkdir" and ci.receiver is not None):
+        folder = ci.node.args[0].value if ci.qnames & PREPARES and ci.node.args else ci.receiver
+        return folder is not None and bool(_DATA_FOLDER.search(index.code(folder)))
+    return False
+
+
+# environment ---------------------------------------------------------------------------------
+
+
+def env_read(index: FileIndex, e: cst.CSTNode) -> Optional[str]:
+    """The variable `os.environ["X"]`, `os.environ.get("X")` or `os.getenv("X")` reads."""
+    if isinstance(e, cst.Subscript) and ENVIRON in index.qnames(e.value):
+        if len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):
+            return string_value(e.slice[0].slice.value)
+        return None
+    if isinstance(e, cst.Call) and e.args and isinstance(e.func, cst.Attribute):
+        if (e.func.attr.value == "get" and ENVIRON in index.qnames(e.func.value)) or "os.getenv" in index.qnames(e.func):
+            return string_value(e.args[0].value)
+    return None
+
+
+def env_writes(index: FileIndex) -> Iterator[tuple[str, cst.CSTNode, cst.BaseExpression]]:
+    """(variable, node, value) for each `os.environ["X"] = value`, `os.environ.update(X=value)`
+    (or a dict of literal keys) and `os.environ.setdefault("X", value)` of the file."""
+    for sub in index.subscripts:
+        target = index.parents.get(sub)
+        statement = index.parents.get(target)
+        if isinstance(target, cst.AssignTarget) and isinstance(statement, cst.Assign):
+            name = env_read(index, sub)
+            if name is not None:
+                yield name, sub, statement.value
+    for ci in index.calls:
+        if ci.receiver is None or ENVIRON not in index.qnames(ci.receiver):
+            continue
+        args = ci.node.args
+        if ci.name == "update":
+            for arg in args:
+                if arg.keyword is not None:
+                    yield arg.keyword.value, arg, arg.value
+                elif isinstance(arg.value, cst.Dict):
+                    for el in arg.value.elements:
+                        key = string_value(el.key) if isinstance(el, cst.DictElement) else None
+                        if key is not None:
+                            yield key, el, el.value
+        elif ci.name == "setdefault" and len(args) == 2 and string_value(args[0].value) is not None:
+            yield string_value(args[0].value), ci.node, args[1].value
+
+
+def env_tested(index: FileIndex, test: cst.BaseExpression, variables: frozenset[str]) -> bool:
+    """Does an `if` test ask whether one of `variables` is in the environment (`"WORLD_SIZE" not
+    in os.environ`, `os.environ.get("MASTER_ADDR") is None`, `not os.getenv("RANK")`)?"""
+    for n in iter_nodes(test):
+        if isinstance(n, cst.Comparison) and len(n.comparisons) == 1:
+            comp = n.comparisons[0]
+            if isinstance(comp.operator, (cst.In, cst.NotIn)) and string_value(n.left) in variables:
+                if ENVIRON in index.qnames(comp.comparator):
+                    return True
+        if env_read(index, n) in variables:
+            return True
+    return False
+
+
+def launched_by_torchrun(index: FileIndex) -> bool:
+    """Does the script expect torchrun's environment: it reads RANK, LOCAL_RANK, WORLD_SIZE...
+    without setting them itself (an `mp.spawn` worker that fills them in is not), or calls
+    `init_process_group` without a rank or world size and spawns no processes?"""
+    return index.cached("torchrun", _launched_by_torchrun)
+
+
+def _launched_by_torchrun(index: FileIndex) -> bool:
+    written = {name for name, _, _ in env_writes(index)}
+    reads = {env_read(index, n) for n in index.subscripts} | {env_read(index, ci.node) for ci in index.calls}
+    if (reads - written) & TORCHRUN_VARIABLES:
+        return True
+    if index.calls_to(*SPAWN) or written & TORCHRUN_VARIABLES:
+        return False
+    return any(
+        not any(a.keyword is not None and a.keyword.value in ("rank", "world_size", "store") for a in ci.node.args)
+        and len(positional(ci.node)) < 4  # world_size and rank come 4th and 5th
+        for ci in index.calls_to(N.INIT_PROCESS_GROUP, "torch.distributed.distributed_c10d.init_process_group")
+    )
+
+
+# rank guards ---------------------------------------------------------------------------------
+
+
+def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
+    """`local_rank`, `args.local_rank`, `int(os.environ["LOCAL_RANK"])`, `dist.get_node_local_rank()`."""
+    if isinstance(e, cst.Call):
+        if index.qnames(e.func) & {"torch.distributed.get_node_local_rank"}:
+            return True
+        if last_name(e.func) == "int" and e.args:
+            return is_local_rank(index, e.args[0].value)
+        return env_read(index, e) == "LOCAL_RANK" or "local_rank" in (last_name(e.func) or "").lower()
+    if isinstance(e, cst.Subscript):
+        return env_read(index, e) == "LOCAL_RANK"
+    if isinstance(e, (cst.Name, cst.Attribute)):
+        return "local_rank" in (last_name(e) or "").lower()
+    return False
+
+
+def guard_kind(rank: RankAnalysis, test: cst.BaseExpression, _depth: int = 0) -> Optional[str]:
+    """LOCAL: a rank-0 test of the local rank only (true once per node); GLOBAL: it reads the
+    global rank (true once per job); OPAQUE: a flag, helper or GPU index we cannot see into, or
+    the `local_rank in (-1, 0)` idiom (-1: not distributed, so a single-node script); None: no
+    rank read. A test that reads both kinds is GLOBAL (`local_rank == 0 and rank == 0`)."""
+    kinds: set[str] = set()
+    stack: list[cst.CSTNode] = [test]
+    while stack:
+        n = stack.pop()
+        kind, descend = _kind(rank, n, _depth)
+        if kind is not None:
+            kinds.add(kind)
+        if descend:
+            stack.extend(n.children)
+    for kind in (GLOBAL, OPAQUE, LOCAL):
+        if kind in kinds:
+            return kind
+    return None
+
+
+def _kind(rank: RankAnalysis, n: cst.CSTNode, depth: int) -> tuple[Optional[str], bool]:
+    """What one part of a test reads, and whether to look inside it."""
+    index = rank.index
+    if isinstance(n, cst.Comparison) and any(isinstance(c.operator, (cst.In, cst.NotIn)) for c in n.comparisons):
+        elements = getattr(n.comparisons[0].comparator, "elements", ())
+        if any(int_value(getattr(el, "value", None)) == -1 for el in elements):
+            return OPAQUE, False
+    if not isinstance(n, (cst.Call, cst.Subscript, cst.Name, cst.Attribute, cst.BinaryOperation)):
+        return None, True
+    if is_local_rank(index, n):
+        return LOCAL, False
+    if isinstance(n, cst.BinaryOperation):  # `rank % ngpus_per_node`: a GPU index
+        return (OPAQUE, False) if isinstance(n.operator, cst.Modulo) and rank.is_rank_expr(n.left) else (None, True)
+    if isinstance(n, cst.Subscript):
+        return (GLOBAL, False) if env_read(index, n) in GLOBAL_RANK_ENV else (None, True)
+    if isinstance(n, cst.Call):
+        if index.qnames(n.func) & N.RANK_CALLS or env_read(index, n) in GLOBAL_RANK_ENV:
+            return GLOBAL, False
+        if last_name(n.func) == "int":
+            return None, True
+        named = last_name(n.func) or ""
+        if MAIN_PROCESS_RE.match(named):
+            return OPAQUE, False
+        return (GLOBAL, False) if "rank" in named.lower() else (None, True)
+    named = last_name(n) or ""
+    flags = [b for b in rank.rank_flags if b.dotted == index.code(n)] if depth < 3 else []
+    if flags:  # `is_main = rank == 0`
+        kinds = {guard_kind(rank, b.value, depth + 1) or OPAQUE for b in flags}
+        return next(k for k in (GLOBAL, OPAQUE, LOCAL) if k in kinds | {LOCAL}), False
+    if "rank" in named.lower():
+        return GLOBAL, False
+    if named.lower() in RANK_NAMES or MAIN_PROCESS_RE.match(named):
+        return OPAQUE, False
+    return None, False
+
+
+class Guard:
+    """A rank-0 guard: its test, and the code it holds (an `if`, or the block after an
+    `if rank != 0: return`)."""
+
+    __slots__ = ("test", "region")
+
+    def __init__(self, test: cst.BaseExpression, region: cst.CSTNode) -> None:
+        self.test = test
+        self.region = region
+
+
+def rank0_paths(rank: RankAnalysis, node: cst.CSTNode, _depth: int = 0) -> list[tuple[list[Guard], cst.CSTNode]]:
+    """Each way `node` runs on rank 0 only: the guards above it, innermost first, through the
+    call sites of functions only called there, and the node to point at (`node` when a guard of
+    its own function holds it, else the call site that does)."""
+    index = rank.index
+    guards: list[Guard] = []
+    child = node
+    for p in index.ancestors(node):
+        if isinstance(p, (cst.If, cst.IfExp)):
+            sign = rank.rank_test(p.test)
+            if (child is p.body and sign == 1) or (child is p.orelse and sign == -1):
+                guards.append(Guard(p.test, p))
+        elif isinstance(p, (cst.IndentedBlock, cst.Module)) and not isinstance(child, cst.BaseSuite):
+            body = list(p.body)
+            start = rank.guard_start(p)
+            if child in body and body.index(child) > start:
+                guards.append(Guard(body[start].test, p))
+        elif isinstance(p, cst.FunctionDef):
+            if _depth >= 3 or not rank.rank0_function(p):
+                break
+            paths = []
+            for site in index.call_sites(p):
+                for outer, at in rank0_paths(rank, site.node, _depth + 1):
+                    paths.append((guards + outer, node if guards else at))
+            return paths
+        elif isinstance(p, (cst.Lambda, cst.ClassDef)):
+            break
+        child = p
+    return [(guards, node)] if guards else []
