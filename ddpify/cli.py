@@ -182,7 +182,7 @@ def convert(
         _fail("--check compares the converted script with -o OUTPUT; pass -o", 2)
     if output is not None and src.exists() and output.exists() and os.path.samefile(output, src):
         _fail(f"{src}: refusing to overwrite the input ({output} is the same file); pass --in-place to do that", 2)
-    plan = _launch_plan(launch, nodes, nproc_per_node, output, in_place, diff)
+    plan = dataclasses.replace(_launch_plan(launch, nodes, nproc_per_node, output, in_place, diff), shared_fs=shared_fs)
     from ddpify.engine import ConvertError, ConvertOptions, convert_file
     from ddpify.projects import trains_elsewhere
 

@@ -75,6 +75,7 @@ class LaunchPlan:
     nproc_per_node: int = 8
     args: tuple[str, ...] = ()  # the script's own arguments
     pythonpath: str | None = None  # the root of a converted copy of a project (`-o DIR/`): its imports
+    shared_fs: bool = False  # `--shared-fs`: downloads once per job, not once per node
 
     def sbatch_path(self, script: Path) -> Path:
         """The batch file beside the converted script: train_ddp.py -> train_ddp.sbatch."""
@@ -124,7 +125,7 @@ class LaunchPlan:
         n = str(self.nproc_per_node)
         if self.kind == "slurm":
             sbatch = shlex.quote(str(self.sbatch_path(Path(script))))
-            return [f"Slurm: sbatch {sbatch}  ({self.nodes} nodes x {n} GPUs; srun starts torchrun on each node)"]
+            return [f"Slurm: sbatch {sbatch}  ({self.nodes} nodes x {n} GPUs; srun starts torchrun on each node)", self.choices()]
         one = torchrun_argv(script, args, nproc_per_node=n, standalone=True)
         many = torchrun_argv(
             script, args, nproc_per_node=n, nnodes=str(self.nodes), rdzv_id="JOB", rdzv_endpoint=f"HOST:{RDZV_PORT}"
@@ -134,4 +135,13 @@ class LaunchPlan:
             f"Launch on {self.nodes} nodes, the same command on every node (HOST: the first node's address; "
             "JOB: any id the nodes share):",
             f"  {shell_join(many)}",
+            self.choices(),
         ]
+
+    def choices(self) -> str:
+        """What the conversion chose for several nodes."""
+        data = "once per job, by rank 0 (--shared-fs)" if self.shared_fs else "once per node, by its local rank 0 (--shared-fs: once per job)"
+        return (
+            "On several nodes: logs, checkpoints and result files on global rank 0; each process's GPU from "
+            f"LOCAL_RANK; samplers over every rank of every node; downloads {data}."
+        )

@@ -728,9 +728,9 @@ def test_a_checkpoint_that_stores_the_rank_is_still_one_file():
 
 def test_a_download_the_script_does_itself_is_done_by_rank_zero_first():
     """requests.get + tarfile extractall on every rank write the same files at once (the GCN
-    example's Cora download): rank 0 alone fetches, the others wait, then everyone reads."""
-    result = convert(
-        """
+    example's Cora download): each node's local rank 0 alone fetches (nodes may have their own
+    disks), the others wait, then everyone reads; with --shared-fs, rank 0 of the job."""
+    source = """
         import tarfile
         import requests
         import torch
@@ -750,11 +750,106 @@ def test_a_download_the_script_does_itself_is_done_by_rank_zero_first():
 
         main()
         """
-    )
+    result = convert(source)
     code = result.code
-    # only rank 0 fetches and unpacks (another rank doing it again would rewrite the files
-    # while rank 0 reads them), then every rank waits for it before reading
+    # only local rank 0 fetches and unpacks (another rank doing it again would rewrite the files
+    # while it reads them), then every rank waits for it before reading
     fetch = code.index("        with requests.get(")
-    assert code.rindex("    if dist.get_rank() == 0:\n", 0, fetch) > code.index("init_process_group")
+    assert code[:fetch].endswith("    if local_rank == 0:\n") and code.index("init_process_group") < fetch
     after = code.index("    dist.barrier()  # downloaded: every rank reads it\n", fetch)
     assert after < code.index("torch.load(")
+    assert any("once per node, by its local rank 0" in note.message for note in result.changes)
+    shared = convert_source(textwrap.dedent(source), "train.py", ConvertOptions(shared_fs=True)).code
+    fetch = shared.index("        with requests.get(")
+    assert shared[: shared.index("\n", shared.rindex("if ", 0, fetch))].endswith("if dist.get_rank() == 0:")
+
+
+RESUMABLE = """
+import argparse
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--resume", {option})
+parser.add_argument("--eval-only", default="")
+args = parser.parse_args()
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+start = 0
+if args.eval_only:
+    model.load_state_dict(torch.load(args.eval_only))
+{gate}
+for epoch in range(start, 3):
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    torch.save({{"model": model.state_dict(), "opt": optimizer.state_dict(), "epoch": epoch + 1}}, {saved})
+"""
+RESTART_LINE = 'if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and os.path.exists('
+
+
+def _resumable(gate: str, saved: str = '"last.pt"', option: str = 'default=""'):
+    source = RESUMABLE.format(gate=textwrap.dedent(gate).strip(), saved=saved, option=option)
+    result = convert_source(source, "train.py")
+    notes = [n.message for n in result.notes] + [n.message for n in result.changes]
+    return result.code, notes
+
+
+def test_a_resume_option_is_pointed_at_the_last_checkpoint_after_a_restart():
+    code, notes = _resumable("""
+        if args.resume:
+            state = torch.load(args.resume)
+            optimizer.load_state_dict(state["opt"])
+            start = state["epoch"]
+    """)
+    line = code.index(RESTART_LINE)
+    assert code[line:].startswith(RESTART_LINE + '"last.pt"):\n    args.resume = "last.pt"\nif args.resume:')
+    assert code.count(RESTART_LINE) == 1  # `--eval-only PATH` only loads weights: no resume gate
+    assert any("goes on from the last checkpoint" in n for n in notes)
+    again = convert_source(code, "train_ddp.py")
+    assert again.code == code  # converting the output changes nothing
+
+
+def test_a_resume_flag_around_the_saved_path_is_set():
+    code, _ = _resumable("""
+        if args.resume:
+            state = torch.load("last.pt")
+            model.load_state_dict(state["model"])
+            start = state["epoch"]
+    """, option='action="store_true"')
+    assert RESTART_LINE + '"last.pt"):\n    args.resume = True\n' in code
+
+
+def test_a_resume_mode_compared_with_a_literal_is_set():
+    """nanoGPT's `init_from == "resume"`, as an elif of the chain: the line goes above the chain."""
+    code, _ = _resumable("""
+        init_from = args.resume or "scratch"
+        if init_from == "scratch":
+            pass
+        elif init_from == "resume":
+            state = torch.load("last.pt")
+            optimizer.load_state_dict(state["opt"])
+    """)
+    assert RESTART_LINE + '"last.pt"):\n    init_from = "resume"\nif init_from == "scratch":' in code
+
+
+def test_checkpoints_without_a_usable_resume_path_get_a_note():
+    _, per_epoch = _resumable("""
+        if args.resume:
+            state = torch.load(args.resume)
+            optimizer.load_state_dict(state["opt"])
+    """, saved='f"ckpt_{epoch}.pt"')
+    assert any("the path of the checkpoint saved in training is not known here" in n for n in per_epoch)
+    code, other = _resumable("""
+        if args.resume:
+            state = torch.load("best.pt")
+            optimizer.load_state_dict(state["opt"])
+    """, option='action="store_true"')
+    assert RESTART_LINE not in code
+    assert any('loads "best.pt", not the checkpoint saved in training ("last.pt")' in n for n in other)
+    code, none = _resumable("")
+    assert RESTART_LINE not in code
+    assert any(n.startswith("no resume path (loading model, optimizer and epoch before training)") for n in none)

@@ -244,3 +244,12 @@ def test_readme_documents_the_launch_options() -> None:
 def test_help_of_the_launch_options_is_short_sentences() -> None:
     text = ddpify("convert", "--help").stdout
     assert "--launch [slurm|torchrun]" in text and "--nodes N" in text and "--nproc-per-node N" in text
+
+
+def test_the_summary_says_what_several_nodes_get(folder: Path) -> None:
+    """Where rank-0 work runs, how devices and samplers are chosen, and how often data is fetched."""
+    per_node = ddpify("convert", "train.py", "-o", "train_ddp.py", "--launch", "torchrun", cwd=folder)
+    assert "On several nodes: logs, checkpoints and result files on global rank 0" in per_node.stdout
+    assert "downloads once per node, by its local rank 0" in per_node.stdout
+    per_job = ddpify("convert", "train.py", "-o", "train_ddp.py", "--launch", "slurm", "--shared-fs", cwd=folder)
+    assert "downloads once per job, by rank 0 (--shared-fs)" in per_job.stdout

@@ -112,12 +112,12 @@ def two_nodes(tmp_path_factory):
     results = run_agents(commands, clean_env(traces))
     for node, result in enumerate(results):
         assert result.returncode == 0, f"node {node} agent failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
-    return work, results
+    return work, results, [cmd for cmd, _ in commands]
 
 
 @pytest.mark.parametrize("label", RUNS)
 def test_two_nodes_train_as_one_job(two_nodes, label):
-    work, _ = two_nodes
+    work, *_ = two_nodes
     script, _args, train_size, epochs, checkpoint = RUNS[label]
     traces = traces_of(work / "traces", label, WORLD)
     for rank, trace in enumerate(traces):
@@ -143,7 +143,7 @@ def test_two_nodes_train_as_one_job(two_nodes, label):
 
 def test_each_node_prepares_its_own_data_once(two_nodes):
     """Each node's disk gets the dataset once, from that node's local rank 0."""
-    work, _ = two_nodes
+    work, *_ = two_nodes
     traces = traces_of(work / "traces", "download_dataset", WORLD)
     by_node = {}
     for trace in traces:
@@ -157,11 +157,30 @@ def test_each_node_prepares_its_own_data_once(two_nodes):
         assert fetched == [str(r) for r in local_zero], f"{cwd}: downloaded by rank {fetched}, not its local rank 0"
 
 
-def test_the_launch_command_is_torchruns():
-    """The agents above ran what `ddpify convert --launch torchrun` prints for several nodes."""
-    argv = torchrun_argv("train_ddp.py", ["--epochs", "2"], nproc_per_node="2", nnodes="2",
-                         rdzv_endpoint="127.0.0.1:29500", rdzv_id="job")  # fmt: skip
-    assert argv[:1] == ["torchrun"] and "--rdzv-backend=c10d" in argv and argv[-3:] == ["train_ddp.py", "--epochs", "2"]
+def test_the_slurm_batch_file_runs_what_the_agents_ran(two_nodes, tmp_path):
+    """The `srun torchrun ...` line `--launch slurm` writes, with Slurm's variables filled in
+    as this machine's, has the options the two agents above were started with."""
+    import shlex
+
+    from cli_in_process import ddpify
+
+    _, _, commands = two_nodes
+    (tmp_path / "train.py").write_text((ROOT / "fixtures" / "convert" / "flat_script.in.py").read_text())
+    done = ddpify("convert", "train.py", "-o", "train_ddp.py", "--launch", "slurm", "--nproc-per-node", str(PER_NODE), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    subprocess.run(["bash", "-n", str(tmp_path / "train_ddp.sbatch")], check=True)
+    [line] = [ln for ln in (tmp_path / "train_ddp.sbatch").read_text().splitlines() if ln.startswith("srun torchrun ")]
+    endpoint = next(a for a in commands[0] if a.startswith("--rdzv-endpoint=")).split("=", 1)[1]
+    values = {"$SLURM_NNODES": "2", "$head_node_ip:29500": endpoint, "$SLURM_JOB_ID": "ddpify-two-nodes"}
+    for name, value in values.items():
+        line = line.replace(name, value)
+    slurm = shlex.split(line)
+    assert slurm[:2] == ["srun", "torchrun"] and slurm[-1] == "train_ddp.py"
+    for node, agent in enumerate(commands):
+        start = agent.index("torch.distributed.run") + 1
+        options = [a for a in agent[start:] if a.startswith("--") and not a.startswith("--node-rank=")]
+        options = options[: options.index(next(a for a in options if a.startswith("--rdzv-endpoint="))) + 1]
+        assert slurm[2:-1] == options, f"node {node} agent ran {options}, the batch file runs {slurm[2:-1]}"
 
 
 def _train_passes(trace: dict, train_size: int) -> list[list[int]]:

@@ -32,17 +32,13 @@ import libcst as cst
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
+from ddpify.analysis.multinode import FETCHES
 from ddpify.convert.context import RANK0, Context
 
 BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
 AFTER = "if {rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
 LOCAL_RANK_ENV = 'int(os.environ.get("LOCAL_RANK", 0))'
-FETCHES = frozenset(
-    {"requests.get", "urllib.request.urlretrieve", "urllib.request.urlopen", "torch.hub.download_url_to_file",
-     "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
-     "torchvision.datasets.utils.extract_archive", "shutil.unpack_archive"}
-)  # fmt: skip
 
 
 def run(ctx: Context) -> None:

@@ -60,6 +60,8 @@ def run(ctx: Context) -> None:
         path_code = _code(ctx, path)
         value = value_of(path_code, _code(ctx, load))
         if value is None:
+            edits.note(head, f"a worker torchrun restarts (--max-restarts) trains from the start: this resume gate "
+                             f"loads {_code(ctx, load)}, not the checkpoint saved in training ({path_code})")  # fmt: skip
             continue
         edits.need_import("os")
         edits.insert_above(head, RESUME.format(restarted=RESTARTED, path=path_code, target=_code(ctx, target), value=value))
@@ -123,17 +125,13 @@ def _gate(test: cst.BaseExpression, path: cst.BaseExpression):
     """(the option, how to set it from the checkpoint path's code) for a gate test, else None."""
     if isinstance(test, (cst.Name, cst.Attribute)):
         # `if args.resume: torch.load(args.resume)` takes the path; `if resume: torch.load(CKPT)` a flag
-        return test, lambda saved, loaded: saved if _same(test, path) else ("True" if saved == loaded else None)
+        return test, lambda saved, loaded: saved if test.deep_equals(path) else ("True" if saved == loaded else None)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, (cst.Name, cst.Attribute)):
         target = test.comparisons[0]
         if isinstance(target.operator, cst.Equal) and isinstance(target.comparator, cst.SimpleString):
             literal = target.comparator.value
             return test.left, lambda saved, loaded: literal
     return None
-
-
-def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    return a.deep_equals(b)
 
 
 def _chain_head(script, node: cst.If) -> cst.If:
