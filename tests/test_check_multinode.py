@@ -105,6 +105,9 @@ def test_flags_job_wide_output_under_a_local_guard(body):
         "if local_rank == 0:\n    os.makedirs('data', exist_ok=True)\n    print('preparing data')\ndist.barrier()\n",
         "if local_rank == 0:\n    tarfile.open('d.tar').extractall('data')\n    print('unpacked')\n",
         "if local_rank == 0:\n    torch.save(features, 'data/cache.pt')\n",
+        # a file written at start and read back (a vocabulary): node data, as convert writes it
+        "if local_rank == 0:\n    with open('vocab.json', 'w') as f:\n        json.dump(vocab, f)\n"
+        "dist.barrier()\nwith open('vocab.json') as f:\n    vocab = json.load(f)\n",
         # only reads, or the writer's calls (its creation is the finding)
         "if local_rank == 0:\n    writer.add_scalar('loss', 1.0, 0)\n",
         # the legacy idiom, and output that names the node

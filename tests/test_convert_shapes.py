@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from ddpify.engine import ConvertOptions, convert_source
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def convert(code: str, tail: str = ""):
@@ -853,3 +856,21 @@ def test_checkpoints_without_a_usable_resume_path_get_a_note():
     code, none = _resumable("")
     assert RESTART_LINE not in code
     assert any(n.startswith("no resume path (loading model, optimizer and epoch before training)") for n in none)
+
+
+def test_a_file_written_at_start_and_read_back_is_written_on_every_node():
+    """A vocabulary written before the model is wrapped and read back is data on each node's
+    disk: its local rank 0 writes it (with --shared-fs, rank 0 once); results written after
+    training stay rank 0's."""
+    source = (ROOT / "fixtures" / "nodes" / "vocab_at_start.py").read_text()
+    code = convert_source(source, "train.py").code
+    vocab = code.index('\n        with open("vocab.json", "w") as f:')
+    assert code[:vocab].endswith("\n    if local_rank == 0:")
+    assert code.index("dist.barrier()", vocab) < code.index('with open("vocab.json") as f:')
+    results = code.index('\n        with open("results.json", "w") as f:')
+    assert code[:results].endswith("\n    if dist.get_rank() == 0:")
+    shared = convert_source(source, "train.py", ConvertOptions(shared_fs=True)).code
+    assert shared[: shared.index('\n        with open("vocab.json", "w") as f:')].endswith("\n    if dist.get_rank() == 0:")
+    from ddpify.check.runner import check_source
+
+    assert check_source(code, "train_ddp.py", ["DDP307"]).findings == []  # the per-node guard is no DDP307

@@ -40,6 +40,8 @@ RUNS = {
         ROOT / "examples" / "mnist_ddp.py",
         ["--epochs", "1", "--train-size", "128", "--test-size", "64", "--save-model"], 128, 1, None,
     ),
+    # an input, converted when the launch is set up
+    "vocab_at_start": (ROOT / "fixtures" / "nodes" / "vocab_at_start.py", ["--epochs", "2"], 96, 2, None),
 }  # fmt: skip
 
 
@@ -100,6 +102,10 @@ def two_nodes(tmp_path_factory):
         plan = []
         for label, (script, args, *_rest) in RUNS.items():
             (disk / label).mkdir(parents=True)
+            if not script.name.endswith(("_ddp.py", ".out.py")):
+                converted = work / f"{script.stem}_ddp.py"
+                converted.write_text(convert_source(script.read_text(), script.name).code)
+                script = converted
             args = [a.replace("SHARED", str(shared)) for a in args]
             plan.append({"label": label, "script": str(script), "args": args, "cwd": str(disk / label)})
         (disk / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -155,6 +161,24 @@ def test_each_node_prepares_its_own_data_once(two_nodes):
         assert len(fetched) == 1, f"{cwd}: downloaded {len(fetched)} times ({fetched})"
         local_zero = [t["env_rank"] for t in ranks if t["env_local_rank"] == 0]
         assert fetched == [str(r) for r in local_zero], f"{cwd}: downloaded by rank {fetched}, not its local rank 0"
+
+
+def test_files_written_at_start_and_read_back_are_written_on_every_node(two_nodes):
+    """vocab.json, written before training and read back, is node data: each node's local
+    rank 0 writes it on its own disk; results.json is written once for the job."""
+    work, *_ = two_nodes
+    traces = traces_of(work / "traces", "vocab_at_start", WORLD)
+    for trace in traces:
+        assert trace["exit_code"] == 0, trace["error"]
+
+    def writers(name):
+        return sorted(t["env_rank"] for t in traces for f in t["files"] if f["path"].endswith(name) and f["mode"] != "r")
+
+    local_zeros = sorted(t["env_rank"] for t in traces if t["env_local_rank"] == 0)
+    assert writers("vocab.json") == local_zeros, "vocab.json: not written once on each node by its local rank 0"
+    assert writers("results.json") == [0]
+    for node in range(2):
+        assert (work / f"node{node}" / "vocab_at_start" / "vocab.json").exists()
 
 
 def test_the_slurm_batch_file_runs_what_the_agents_ran(two_nodes, tmp_path):

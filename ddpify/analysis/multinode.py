@@ -46,14 +46,38 @@ def fetches(ci: CallInfo) -> bool:
 
 
 def prepares_data(index: FileIndex, ci: CallInfo) -> bool:
-    """A fetch, or a folder made for the data (`os.makedirs(args.data_dir)`, `Path(root).mkdir()`;
-    not `os.makedirs(args.output_dir)`)."""
-    if fetches(ci):
+    """A fetch, a folder made for the data (`os.makedirs(args.data_dir)`, `Path(root).mkdir()`;
+    not `os.makedirs(args.output_dir)`), or a file the script writes and reads back (a
+    vocabulary written at start: each node needs it on its own disk)."""
+    if fetches(ci) or _written_and_read_back(index, ci):
         return True
     if ci.qnames & PREPARES or (ci.name == "mkdir" and ci.receiver is not None):
         folder = ci.node.args[0].value if ci.qnames & PREPARES and ci.node.args else ci.receiver
         return folder is not None and bool(_DATA_FOLDER.search(index.code(folder)))
     return False
+
+
+def _written_and_read_back(index: FileIndex, ci: CallInfo) -> bool:
+    """`open(path, "w")` when the file also opens `path` to read it, or torch.loads it."""
+    if not (ci.qnames & N.OPEN and _mode(ci.node).startswith(("w", "a", "x"))):
+        return False
+    path = positional(ci.node)[0].value if positional(ci.node) else None
+    if path is None:
+        return False
+    code = index.code(path)
+    for other in index.calls:
+        args = positional(other.node)
+        if other is ci or not args or index.code(args[0].value) != code:
+            continue
+        if other.qnames & N.TORCH_LOAD or (other.qnames & N.OPEN and not _mode(other.node).startswith(("w", "a", "x"))):
+            return True
+    return False
+
+
+def _mode(call: cst.Call) -> str:
+    args = positional(call)
+    mode = args[1].value if len(args) > 1 else next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
+    return (string_value(mode) or "") if mode is not None else "r"
 
 
 # environment ---------------------------------------------------------------------------------

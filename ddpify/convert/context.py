@@ -12,6 +12,7 @@ from ddpify.results import ConvertOptions
 
 RANK0 = "dist.get_rank() == 0"
 RANK0_BEFORE_INIT = 'int(os.environ.get("RANK", 0)) == 0'
+LOCAL_RANK_ENV = 'int(os.environ.get("LOCAL_RANK", 0))'
 
 
 @dataclass
@@ -53,6 +54,17 @@ class Context:
 
     def local_rank_visible(self, scope: ScopeNode) -> bool:
         return scope is self.setup_scope or isinstance(self.setup_scope, cst.Module)
+
+    def local_rank_at(self, stmt: cst.CSTNode) -> str:
+        """This process's rank on its node as code that works where `stmt` runs: the setup's
+        `local_rank` where `stmt` sees it (the setup's own function, after it), else torchrun's
+        LOCAL_RANK from the environment."""
+        setup = self.setup_scope
+        if setup is not None and self.rank0_condition(stmt) == RANK0:
+            if isinstance(setup, cst.Module) or self.script.scope_of(stmt) is setup:
+                return self.local_rank
+        self.edits.need_import("os")
+        return LOCAL_RANK_ENV
 
     def rank0_condition(self, stmt: cst.CSTNode) -> str:
         """`dist.get_rank() == 0`, or the environment's RANK before the group exists."""

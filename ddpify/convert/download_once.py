@@ -21,8 +21,8 @@ on another rank of the node would rewrite the files while its local rank 0 reads
 Consecutive fetches share one pair of barriers. The barriers sit outside any step loop; the
 closing one may follow the loader built from the dataset (shard_data lifts the dataset out of
 a `DataLoader(datasets.MNIST(..., download=True))` into a statement of its own, above it).
-The local rank is the setup's `local_rank` where the fetch can see it, else read from torchrun's
-`LOCAL_RANK`.
+The local rank is the setup's `local_rank` where the fetch can see it, else torchrun's
+`LOCAL_RANK` (Context.local_rank_at).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from ddpify.convert.context import RANK0, Context
 BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
 AFTER = "if {rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
-LOCAL_RANK_ENV = 'int(os.environ.get("LOCAL_RANK", 0))'
 
 
 def run(ctx: Context) -> None:
@@ -61,14 +60,14 @@ def run(ctx: Context) -> None:
         statements.remove(stmt)
         if D.guarded_by_rank(script, stmt) or _under_local_rank_test(ctx, stmt):
             continue  # on (local) rank 0 only already (a converted script)
-        edits.guard(stmt, RANK0 if shared else f"{_local_rank(ctx, stmt)} == 0")
+        edits.guard(stmt, RANK0 if shared else f"{ctx.local_rank_at(stmt)} == 0")
         if not D.barrier_in(script, D.sibling(script, stmt, 1)):
             edits.insert_after(stmt, FETCHED)
         edits.change(stmt, _said(shared, "files are downloaded and unpacked"))
     for stmt in statements:
         block = list(script.parent(stmt).body)
         index = block.index(stmt)
-        rank = "dist.get_rank()" if shared else _local_rank(ctx, stmt)
+        rank = "dist.get_rank()" if shared else ctx.local_rank_at(stmt)
         if (index == 0 or block[index - 1] not in statements) and not D.barrier_in(script, D.sibling(script, stmt, -1)):
             edits.insert_before(stmt, BEFORE.format(rank=rank, who="rank 0" if shared else "this node's local rank 0"))
         if (index == len(block) - 1 or block[index + 1] not in statements) and not _closed_after(script, block, index):
@@ -96,15 +95,6 @@ def _under_local_rank_test(ctx: Context, stmt: cst.CSTNode) -> bool:
 
 def _names_local_rank(ctx: Context, test: cst.BaseExpression) -> bool:
     return any(isinstance(n, cst.Name) and n.value == ctx.local_rank for n in iter_nodes(test))
-
-
-def _local_rank(ctx: Context, stmt: cst.CSTNode) -> str:
-    """The setup's `local_rank` where `stmt` sees it (the setup's own function, after it), else
-    torchrun's LOCAL_RANK read from the environment."""
-    if ctx.setup_scope is not None and (isinstance(ctx.setup_scope, cst.Module) or ctx.script.scope_of(stmt) is ctx.setup_scope):
-        return ctx.local_rank
-    ctx.edits.need_import("os")
-    return LOCAL_RANK_ENV
 
 
 def _fetches(script, call: cst.Call) -> bool:

@@ -29,6 +29,9 @@ FILE_SECOND = frozenset({"json.dump", "pickle.dump"})  # (obj, file): the file c
 FILE_KEYWORDS = ("f", "fp", "file", "fname", "path", "filename")
 
 
+PER_NODE = "runs once per node, on its local rank 0 (a file the script reads back; --shared-fs: once per job)"
+
+
 def run(ctx: Context) -> None:
     script = ctx.script
     _makedirs_on_every_rank(ctx)
@@ -52,7 +55,7 @@ def run(ctx: Context) -> None:
                 continue  # this process's own file (its rank or pid in the name, a temporary directory)
             stmt = script.parent(script.parent(call))  # Call -> WithItem -> With
             if isinstance(stmt, cst.With) and not _runs_model(ctx, stmt):
-                targets[stmt] = ctx.rank0_condition(stmt)
+                targets[stmt] = _writer_condition(ctx, stmt, call)
                 if _hoist_model_calls(ctx, stmt, stmt, moved):
                     hoisted.add(stmt)
             continue
@@ -119,7 +122,7 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: s
             edits.change(owner, "runs on rank 0 only")
         elif not any(script.inside(line, o) for o in merged):
             edits.guard(line, condition)
-            edits.change(line, "runs on rank 0 only")
+            edits.change(line, "runs on rank 0 only" if "rank()" in condition or '"RANK"' in condition else PER_NODE)
 
 
 def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved: set[cst.Call]) -> bool:
@@ -200,6 +203,23 @@ def _rank0_writers(ctx: Context) -> set[str]:
         )
         edits.change(call, f"`{ref}` is made on rank 0 only (None elsewhere)")
     return names
+
+
+def _writer_condition(ctx: Context, stmt: cst.With, call: cst.Call) -> str:
+    """Rank 0 of the job writes; but a file the script writes before the model is wrapped and
+    reads back (a vocabulary, a prepared split) is data on the node's disk: its local rank 0
+    writes it on every node (with --shared-fs, rank 0 once)."""
+    script = ctx.script
+    wraps = list(ctx.wrap_after.values())
+    if ctx.options.shared_fs or not wraps or not all(script.before(stmt, w) for w in wraps):
+        return ctx.rank0_condition(stmt)
+    path = script.module.code_for_node(N.positional(call)[0].value)
+    for read in script.calls:
+        args = N.positional(read)
+        opened = script.is_call_to(read, N.OPEN) and not _opens_for_writing(ctx, read)
+        if args and (opened or script.is_call_to(read, N.TORCH_LOAD)) and script.module.code_for_node(args[0].value) == path:
+            return f"{ctx.local_rank_at(stmt)} == 0"
+    return ctx.rank0_condition(stmt)
 
 
 def _opens_for_writing(ctx: Context, call: cst.Call) -> bool:
