@@ -48,7 +48,7 @@ TORCHRUN_MODULES = {
 TORCHRUN_FIXTURES = {"runs"}
 # Slow: every torchrun test, plus the modules that spend minutes without torch (fuzzing, real
 # pre-commit runs, hostile inputs, libcst's full metadata on every bundled file). `-m "not slow"`
-# is the quick loop (about 40 s on 2 cores with `-n auto`).
+# is the quick loop (about 35 s on 2 cores with `-n auto`).
 SLOW_MODULES = {"test_fuzz", "test_precommit", "test_hostile_input", "test_check_index"}
 
 
