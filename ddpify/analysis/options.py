@@ -5,7 +5,7 @@ fed the DataParallel the conversion removed)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 
 import libcst as cst
 
@@ -18,12 +18,14 @@ def dead_options(before: cst.Module, after: cst.Module, line: Callable[[cst.CSTN
     """(line of its `add_argument`, note) for each option read in `before` and not in `after`;
     `line` gives a node of `before` its line. A script that hands its options on wholesale
     (`f(**vars(args))`, `getattr(args, name)`) is left out: its reads cannot be counted."""
-    if _reads_wholesale(before):
+    nodes = list(iter_nodes(before))  # one walk of the script serves every question below
+    calls = [n for n in nodes if isinstance(n, cst.Call)]
+    if _reads_wholesale(calls):
         return []
-    declared = _declared(before, line)
+    declared = _declared(calls, line)
     if not declared:
         return []
-    was, now = _reads(before), _reads(after)
+    was, now = _reads(nodes), _reads(iter_nodes(after))
     notes = []
     for dest, (where, flag) in declared.items():
         if was[dest] and not now[dest]:
@@ -32,10 +34,10 @@ def dead_options(before: cst.Module, after: cst.Module, line: Callable[[cst.CSTN
     return notes
 
 
-def _declared(module: cst.Module, line: Callable[[cst.CSTNode], int]) -> dict[str, tuple[int, str]]:
+def _declared(calls: list[cst.Call], line: Callable[[cst.CSTNode], int]) -> dict[str, tuple[int, str]]:
     """dest -> (line, the option's long flag) of each `parser.add_argument("--flag", ...)`."""
     out: dict[str, tuple[int, str]] = {}
-    for call in _calls(module):
+    for call in calls:
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
             continue
         flags = [a.value.evaluated_value for a in call.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
@@ -51,18 +53,18 @@ def _declared(module: cst.Module, line: Callable[[cst.CSTNode], int]) -> dict[st
     return out
 
 
-def _reads(module: cst.Module) -> Counter:
+def _reads(nodes: Iterable[cst.CSTNode]) -> Counter:
     """How often each name is read as an attribute of a plain name (`args.gpu`, `opt.gpu`), not of `self`."""
     return Counter(
         node.attr.value
-        for node in iter_nodes(module)
+        for node in nodes
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value != "self"
     )
 
 
-def _reads_wholesale(module: cst.Module) -> bool:
+def _reads_wholesale(calls: list[cst.Call]) -> bool:
     """`f(**vars(args))`, or `getattr(args, name)` with a name that is not a literal."""
-    for call in _calls(module):
+    for call in calls:
         name = call.func.value if isinstance(call.func, cst.Name) else None
         if name == "getattr" and len(call.args) > 1 and not isinstance(call.args[1].value, cst.SimpleString):
             return True
@@ -73,7 +75,3 @@ def _reads_wholesale(module: cst.Module) -> bool:
 
 def _calls_vars(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "vars"
-
-
-def _calls(module: cst.Module) -> Iterator[cst.Call]:
-    return (node for node in iter_nodes(module) if isinstance(node, cst.Call))

@@ -43,14 +43,17 @@ def run(ctx: Context) -> None:
     hoisted: set[cst.CSTNode] = set()  # statements whose model-running calls now run before them
     moved: set[cst.Call] = set()  # those calls
     for call in script.calls:
-        line = script.statement_line(call)
+        writes = _opens_for_writing(ctx, call)
+        line = None if writes else _once_statement(ctx, call, writers)
+        if not writes and line is None:
+            continue  # no side effect to guard (the cheap tests first: most calls stop here)
         if script.scope_of(call) in eval_helpers or D.guarded_by_rank(script, call):
             continue  # runs on rank 0 only already
         if own.in_pipeline(call):
             continue  # a Dataset method, collate_fn or worker_init_fn: runs per sample on every rank
-        if own.prepares_data(call) and (_opens_for_writing(ctx, call) or script.is_call_to(call, N.TORCH_SAVE)):
+        if own.prepares_data(call) and (writes or script.is_call_to(call, N.TORCH_SAVE)):
             continue  # a Dataset writing its own files: where it is built (once per node when it downloads)
-        if _opens_for_writing(ctx, call):
+        if writes:
             if own.path(call.args[0].value):
                 continue  # this process's own file (its rank or pid in the name, a temporary directory)
             stmt = script.parent(script.parent(call))  # Call -> WithItem -> With
@@ -59,19 +62,11 @@ def run(ctx: Context) -> None:
                 if _hoist_model_calls(ctx, stmt, stmt, moved):
                     hoisted.add(stmt)
             continue
-        if line is None or len(line.body) != 1 or getattr(line.body[0], "value", None) is not call:
-            continue
-        owner = N.receiver(call)
-        if (
-            script.is_call_to(call, ONCE)
-            or (owner is not None and N.call_name(call) in ONCE_METHODS)
-            or (owner is not None and ref_of(owner) in writers)
-        ):
-            if _writes_own_file(ctx, own, call):
-                continue  # every process writes its own copy
-            targets[line] = ctx.rank0_condition(line)
-            if _hoist_model_calls(ctx, line, call, moved):
-                hoisted.add(line)
+        if _writes_own_file(ctx, own, call):
+            continue  # every process writes its own copy
+        targets[line] = ctx.rank0_condition(line)
+        if _hoist_model_calls(ctx, line, call, moved):
+            hoisted.add(line)
     for call in script.eval_calls:
         if rank0_eval and not D.guarded_by_rank(script, call):
             line = script.statement_line(call)
@@ -203,6 +198,22 @@ def _rank0_writers(ctx: Context) -> set[str]:
         )
         edits.change(call, f"`{ref}` is made on rank 0 only (None elsewhere)")
     return names
+
+
+def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.SimpleStatementLine | None:
+    """The statement line that is only `call`, when the call is a side effect meant once per job
+    (a print, a save, a log, a tracker's or writer's method), else None."""
+    script = ctx.script
+    line = script.statement_line(call)
+    if line is None or len(line.body) != 1 or getattr(line.body[0], "value", None) is not call:
+        return None
+    owner = N.receiver(call)
+    once = (
+        script.is_call_to(call, ONCE)
+        or (owner is not None and N.call_name(call) in ONCE_METHODS)
+        or (owner is not None and ref_of(owner) in writers)
+    )
+    return line if once else None
 
 
 def _writer_condition(ctx: Context, stmt: cst.With, call: cst.Call) -> str:
