@@ -874,3 +874,15 @@ def test_a_file_written_at_start_and_read_back_is_written_on_every_node():
     from ddpify.check.runner import check_source
 
     assert check_source(code, "train_ddp.py", ["DDP307"]).findings == []  # the per-node guard is no DDP307
+
+
+def test_a_module_level_resume_flag_read_in_a_function_gets_a_note_not_an_edit():
+    """Assigning `RESUME` inside main() would make it local there, unbound without a restart."""
+    source = RESUMABLE.format(gate="", saved='"last.pt"', option='default=""').replace(
+        "start = 0\n", "start = 0\nRESUME = False\n\n\ndef main():\n    global start\n    if RESUME:\n"
+        "        state = torch.load(\"last.pt\")\n        optimizer.load_state_dict(state[\"opt\"])\n"
+        "        start = state[\"epoch\"]\n\n\nmain()\n"
+    )
+    result = convert_source(source, "train.py")
+    assert RESTART_LINE not in result.code
+    assert any("`RESUME` is not this function's own name" in n.message for n in result.notes)

@@ -25,6 +25,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
 from ddpify.convert.context import Context
+from ddpify.convert.edits import names_read
 
 RESTARTED = 'int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0'
 RESUME = (
@@ -58,6 +59,10 @@ def run(ctx: Context) -> None:
                              "checkpoint saved in training is not known here; point this resume option at it")  # fmt: skip
             continue
         path_code = _code(ctx, path)
+        if not _assignable(ctx, target, head):
+            edits.note(head, f"a worker torchrun restarts (--max-restarts) trains from the start: `{_code(ctx, target)}` "
+                             f"is not this function's own name; set it from {path_code} when TORCHELASTIC_RESTART_COUNT > 0")  # fmt: skip
+            continue
         value = value_of(path_code, _code(ctx, load))
         if value is None:
             edits.note(head, f"a worker torchrun restarts (--max-restarts) trains from the start: this resume gate "
@@ -158,28 +163,32 @@ def _done(script, head: cst.CSTNode) -> bool:
 def _computable(ctx: Context, path: cst.BaseExpression, head: cst.CSTNode, target: cst.BaseExpression) -> bool:
     """Can `path` be computed right before `head`? Every name in it is the gate's options
     object, a module-level binding, or bound earlier in the gate's own function."""
-    script = ctx.script
-    allowed = {_root(target)} | _module_names(script.root_of(head))
-    scope = script.scope_of(head)
-    if isinstance(scope, cst.FunctionDef):
-        allowed |= {p.name.value for p in scope.params.params + scope.params.kwonly_params + scope.params.posonly_params}
-        allowed |= {
-            t.value for t in _assigned_names(scope) if script.before(t, head)
-        }
-    return all(name in allowed for name in _names(path))
+    allowed = {_root(target)} | _module_names(ctx.script.root_of(head)) | _bound_before(ctx, head)
+    return all(name in allowed for name in names_read(path))
+
+
+def _assignable(ctx: Context, target: cst.BaseExpression, head: cst.CSTNode) -> bool:
+    """Can the gate's option be set right before `head`? An attribute (`args.resume`) can; a
+    name must be the function's own (assigning a module-level name inside a function would
+    make it local there, unbound when torchrun did not restart)."""
+    scope = ctx.script.scope_of(head)
+    return not isinstance(target, cst.Name) or not isinstance(scope, cst.FunctionDef) or target.value in _bound_before(ctx, head)
+
+
+def _bound_before(ctx: Context, head: cst.CSTNode) -> set[str]:
+    """The parameters of `head`'s function and the names it assigns before `head`."""
+    scope = ctx.script.scope_of(head)
+    if not isinstance(scope, cst.FunctionDef):
+        return set()
+    params = scope.params
+    names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    return names | {t.value for t in _assigned_names(scope) if ctx.script.before(t, head)}
 
 
 def _root(node: cst.BaseExpression) -> str | None:
     while isinstance(node, cst.Attribute):
         node = node.value
     return node.value if isinstance(node, cst.Name) else None
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    """The plain names `node` reads (not attribute names or keywords)."""
-    skip = {id(n.attr) for n in iter_nodes(node) if isinstance(n, cst.Attribute)}
-    skip |= {id(n.keyword) for n in iter_nodes(node) if isinstance(n, cst.Arg) and n.keyword is not None}
-    return {n.value for n in iter_nodes(node) if isinstance(n, cst.Name) and id(n) not in skip}
 
 
 def _module_names(module: cst.Module) -> set[str]:
