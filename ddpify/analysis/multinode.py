@@ -49,7 +49,7 @@ def prepares_data(index: FileIndex, ci: CallInfo) -> bool:
     """A fetch, a folder made for the data (`os.makedirs(args.data_dir)`, `Path(root).mkdir()`;
     not `os.makedirs(args.output_dir)`), or a file the script writes and reads back (a
     vocabulary written at start: each node needs it on its own disk)."""
-    if fetches(ci) or _written_and_read_back(index, ci):
+    if fetches(ci) or written_and_read_back(index, ci):
         return True
     if ci.qnames & PREPARES or (ci.name == "mkdir" and ci.receiver is not None):
         folder = ci.node.args[0].value if ci.qnames & PREPARES and ci.node.args else ci.receiver
@@ -57,7 +57,7 @@ def prepares_data(index: FileIndex, ci: CallInfo) -> bool:
     return False
 
 
-def _written_and_read_back(index: FileIndex, ci: CallInfo) -> bool:
+def written_and_read_back(index: FileIndex, ci: CallInfo) -> bool:
     """`open(path, "w")` when the file also opens `path` to read it, or torch.loads it."""
     if not (ci.qnames & N.OPEN and _mode(ci.node).startswith(("w", "a", "x"))):
         return False

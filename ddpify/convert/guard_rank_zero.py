@@ -14,6 +14,7 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.multinode import written_and_read_back
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
@@ -224,12 +225,9 @@ def _writer_condition(ctx: Context, stmt: cst.With, call: cst.Call) -> str:
     wraps = list(ctx.wrap_after.values())
     if ctx.options.shared_fs or not wraps or not all(script.before(stmt, w) for w in wraps):
         return ctx.rank0_condition(stmt)
-    path = script.module.code_for_node(N.positional(call)[0].value)
-    for read in script.calls:
-        args = N.positional(read)
-        opened = script.is_call_to(read, N.OPEN) and not _opens_for_writing(ctx, read)
-        if args and (opened or script.is_call_to(read, N.TORCH_LOAD)) and script.module.code_for_node(args[0].value) == path:
-            return f"{ctx.local_rank_at(stmt)} == 0"
+    info = script.index.call_info.get(call)
+    if info is not None and written_and_read_back(script.index, info):  # the reasoning DDP307 uses
+        return f"{ctx.local_rank_at(stmt)} == 0"
     return ctx.rank0_condition(stmt)
 
 
