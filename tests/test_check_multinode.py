@@ -33,8 +33,9 @@ def found(source: str, code: str) -> list[str]:
         ("int(os.environ['RANK']) == 0", GLOBAL),
         ("local_rank == 0 and dist.get_rank() == 0", GLOBAL),
         ("node_rank == 0 and local_rank == 0", GLOBAL),
-        ("local_rank in (-1, 0)", OPAQUE),
-        ("args.rank % ngpus == 0", OPAQUE),
+        ("local_rank in (-1, 0)", LOCAL),
+        ("args.local_rank in [-1, 0]", LOCAL),
+        ("args.rank % ngpus == 0", LOCAL),
         ("gpu == 0", OPAQUE),
         ("is_main_process()", OPAQUE),
         ("is_local_master", LOCAL),  # a flag: `is_local_master = local_rank == 0`
@@ -86,6 +87,11 @@ def test_one_finding_per_guard_at_its_test():
         "def report():\n    print('done')\nif local_rank != 0:\n    pass\nelse:\n    report()\n",
         # a folder for the output is not data preparation
         "if local_rank == 0:\n    os.makedirs(args.output_dir, exist_ok=True)\n    torch.save(sd, 'out/m.pt')\n",
+        # the legacy idiom: under torchrun the local rank is never -1
+        "if local_rank in (-1, 0):\n    print('done')\n",
+        "def save(args, sd):\n    if args.local_rank not in [-1, 0]:\n        return\n    torch.save(sd, 'm.pt')\n",
+        # the rank within its node
+        "if dist.get_rank() % torch.cuda.device_count() == 0:\n    torch.save(sd, 'm.pt')\n",
     ],
 )
 def test_flags_job_wide_output_under_a_local_guard(body):
@@ -110,8 +116,7 @@ def test_flags_job_wide_output_under_a_local_guard(body):
         "dist.barrier()\nwith open('vocab.json') as f:\n    vocab = json.load(f)\n",
         # only reads, or the writer's calls (its creation is the finding)
         "if local_rank == 0:\n    writer.add_scalar('loss', 1.0, 0)\n",
-        # the legacy idiom, and output that names the node
-        "if local_rank in (-1, 0):\n    print('done')\n",
+        # output that names the node
         "if local_rank == 0:\n    print(f'{socket.gethostname()}: ready')\n",
         "if local_rank == 0:  # noqa: DDP307\n    print('done')\n",
     ],

@@ -886,3 +886,47 @@ def test_a_module_level_resume_flag_read_in_a_function_gets_a_note_not_an_edit()
     result = convert_source(source, "train.py")
     assert RESTART_LINE not in result.code
     assert any("`RESUME` is not this function's own name" in n.message for n in result.notes)
+
+
+LOCAL_GUARDED = """
+import torch
+from torch.utils.data import DataLoader
+data = [(torch.randn(4), torch.randn(1)) for _ in range(32)]
+loader = DataLoader(data, batch_size=4, shuffle=True)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+local_rank = {value}
+for epoch in range(2):
+    for x, y in loader:
+        loss = model(x).sub(y).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+{guard}
+"""
+
+
+def test_a_local_rank_guard_around_job_wide_output_tests_the_global_rank():
+    """`local_rank in (-1, 0)` and `local_rank == 0` are true once per node: the checkpoint and
+    the log they hold become rank 0's of the whole job, and check has nothing left to say."""
+    from ddpify.check.runner import check_source
+
+    cases = {
+        "    if local_rank in (-1, 0):\n        print(epoch)\n": "    if dist.get_rank() == 0:\n        print(epoch)\n",
+        "    if epoch % 2 == 0 and local_rank == 0:\n        torch.save(model.state_dict(), 'm.pt')\n":
+            "    if epoch % 2 == 0 and dist.get_rank() == 0:\n        torch.save(model.module.state_dict(), 'm.pt')\n",
+        "    if local_rank not in [-1, 0]:\n        continue\n    print(epoch)\n":
+            "    if dist.get_rank() != 0:\n        continue\n    print(epoch)\n",
+    }  # fmt: skip
+    for guard, expected in cases.items():
+        result = convert_source(LOCAL_GUARDED.format(value="-1", guard=guard), "train.py")
+        assert expected in result.code, result.code
+        assert any("is true once per node: job-wide output is guarded by" in c.message for c in result.changes)
+        assert check_source(result.code, "train_ddp.py", ["DDP307"]).findings == []
+        assert convert_source(result.code, "train_ddp.py").code == result.code
+
+
+def test_a_local_rank_guard_around_data_preparation_stays():
+    """Per-node data (a folder made for the data) is what a local-rank guard is for."""
+    guard = "    if local_rank in (-1, 0):\n        os.makedirs('data/cache', exist_ok=True)\n        print(epoch)\n"
+    code = convert_source("import os\n" + LOCAL_GUARDED.format(value="-1", guard=guard), "train.py").code
+    assert "    if local_rank in (-1, 0):\n" in code

@@ -42,6 +42,11 @@ RUNS = {
     ),
     # an input, converted when the launch is set up
     "vocab_at_start": (ROOT / "fixtures" / "nodes" / "vocab_at_start.py", ["--epochs", "2"], 96, 2, None),
+    # `if args.local_rank in [-1, 0]:` around the log and the checkpoint: once per node as written
+    "local_rank_guard": (
+        ROOT / "fixtures" / "nodes" / "local_rank_guard.py",
+        ["--epochs", "2", "--output-dir", "SHARED/out"], 128, 2, "out/model.pt",
+    ),
 }  # fmt: skip
 
 

@@ -13,8 +13,8 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis.index import CallInfo, FileIndex, iter_nodes, last_name
-from ddpify.analysis.literals import int_value, is_false, positional, string_value
-from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis
+from ddpify.analysis.literals import is_false, kwarg, positional, string_value
+from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis, mentions_rank, rank_analysis
 
 # Calls that download or unpack files (with `download=True` datasets and `.extractall()`).
 FETCHES = frozenset(
@@ -34,6 +34,15 @@ ENVIRON = "os.environ"
 SPAWN = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
 
 LOCAL, GLOBAL, OPAQUE = "local", "global", "opaque"
+# Output meant once per job: checkpoints, messages, trackers, result files.
+ONCE = (
+    N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS | N.SUMMARY_WRITERS
+    | {"wandb.init", "mlflow.start_run", "torch.serialization.save"}
+)  # fmt: skip
+ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "writerow", "writerows", "save_pretrained", "addHandler"})
+LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log"})
+SAVE_HELPER = re.compile(r"^_?save_?(checkpoint|ckpt|model|state|weights)s?$|^save_on_(master|main)$", re.IGNORECASE)
+_PER_NODE = re.compile(r"node|host|cache|preprocess|processed|token|vocab", re.IGNORECASE)
 GLOBAL_RANK_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
 
 
@@ -176,10 +185,10 @@ def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
 
 
 def guard_kind(rank: RankAnalysis, test: cst.BaseExpression, _depth: int = 0) -> Optional[str]:
-    """LOCAL: a rank-0 test of the local rank only (true once per node); GLOBAL: it reads the
-    global rank (true once per job); OPAQUE: a flag, helper or GPU index we cannot see into, or
-    the `local_rank in (-1, 0)` idiom (-1: not distributed, so a single-node script); None: no
-    rank read. A test that reads both kinds is GLOBAL (`local_rank == 0 and rank == 0`)."""
+    """LOCAL: a rank-0 test of the local rank only, true once per node (`local_rank == 0`,
+    `local_rank in (-1, 0)`, `rank % ngpus_per_node == 0`); GLOBAL: it reads the global rank
+    (true once per job); OPAQUE: a flag, helper or GPU index we cannot see into; None: no rank
+    read. A test that reads both kinds is GLOBAL (`local_rank == 0 and rank == 0`)."""
     kinds: set[str] = set()
     stack: list[cst.CSTNode] = [test]
     while stack:
@@ -198,16 +207,12 @@ def guard_kind(rank: RankAnalysis, test: cst.BaseExpression, _depth: int = 0) ->
 def _kind(rank: RankAnalysis, n: cst.CSTNode, depth: int) -> tuple[Optional[str], bool]:
     """What one part of a test reads, and whether to look inside it."""
     index = rank.index
-    if isinstance(n, cst.Comparison) and any(isinstance(c.operator, (cst.In, cst.NotIn)) for c in n.comparisons):
-        elements = getattr(n.comparisons[0].comparator, "elements", ())
-        if any(int_value(getattr(el, "value", None)) == -1 for el in elements):
-            return OPAQUE, False
     if not isinstance(n, (cst.Call, cst.Subscript, cst.Name, cst.Attribute, cst.BinaryOperation)):
         return None, True
     if is_local_rank(index, n):
         return LOCAL, False
-    if isinstance(n, cst.BinaryOperation):  # `rank % ngpus_per_node`: a GPU index
-        return (OPAQUE, False) if isinstance(n.operator, cst.Modulo) and rank.is_rank_expr(n.left) else (None, True)
+    if isinstance(n, cst.BinaryOperation):  # `rank % ngpus_per_node`: the rank within its node
+        return (LOCAL, False) if isinstance(n.operator, cst.Modulo) and rank.is_rank_expr(n.left) else (None, True)
     if isinstance(n, cst.Subscript):
         return (GLOBAL, False) if env_read(index, n) in GLOBAL_RANK_ENV else (None, True)
     if isinstance(n, cst.Call):
@@ -271,3 +276,49 @@ def rank0_paths(rank: RankAnalysis, node: cst.CSTNode, _depth: int = 0) -> list[
             break
         child = p
     return [(guards, node)] if guards else []
+
+
+# job-wide output under a local-rank guard ---------------------------------------------------
+
+
+def output_once_per_node(index: FileIndex, torchrun: bool = False) -> list[list[Guard]]:
+    """Output meant once per job (a checkpoint, `print`, logging, a tracker, a results file)
+    that runs once per node: each way it reaches rank 0 only through local-rank guards
+    (innermost first). Guards that also hold per-node data preparation (a download, a data
+    folder, a file read back) are right and left out, as is output that names the node, the
+    host or the rank. Only for scripts launched by torchrun (an `mp.spawn` worker's local rank
+    is its rank): `torchrun=True` for a script that will be (one being converted)."""
+    if not (torchrun or launched_by_torchrun(index)):
+        return []
+    return index.cached("output_once_per_node", _output_once_per_node)
+
+
+def _output_once_per_node(index: FileIndex) -> list[list[Guard]]:
+    rank = rank_analysis(index)
+    calls = index.call_info
+    loggers = {b.dotted for b in index.assignments if b.value in calls and calls[b.value].is_("logging.getLogger")}
+    found = []
+    for ci in index.calls:
+        if not _once(index, ci, loggers) or not rank.in_rank0(ci.node) or mentions_rank(index, ci.node):
+            continue
+        if _PER_NODE.search(" ".join(index.code(a.value) for a in ci.node.args)):
+            continue
+        for guards, _ in rank0_paths(rank, ci.node):
+            if not guards or any(guard_kind(rank, g.test) != LOCAL for g in guards):
+                continue
+            if any(prepares_data(index, c) for g in guards for c in index.calls_under(g.region)):
+                continue
+            found.append(guards)
+    return found
+
+
+def _once(index: FileIndex, ci: CallInfo, loggers: set[str]) -> bool:
+    """Output meant once per job."""
+    if ci.qnames & ONCE or (ci.receiver is not None and ci.name in ONCE_METHODS):
+        return True
+    if ci.receiver is not None and ci.name in LOG_METHODS and index.code(ci.receiver) in loggers:
+        return True
+    if ci.qnames & N.OPEN:
+        mode = kwarg(ci.node, "mode") or (positional(ci.node)[1] if len(positional(ci.node)) > 1 else None)
+        return mode is not None and any(m in (string_value(mode.value) or "") for m in "wax")
+    return not index.local_callees(ci) and bool(SAVE_HELPER.match(ci.name))

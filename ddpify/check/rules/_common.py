@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
+from ddpify.analysis import rank
 from ddpify.check.context import FileContext, dotted_name
-
-_RANK_TEXT = re.compile(r"rank|gpu_id|\bgpu\b|device_id|local_gpu|process_index", re.IGNORECASE)
-
 
 def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
     """Output tagged with the rank (``print(f"[rank {rank}] ...")``) is per-rank on purpose."""
-    return any(_RANK_TEXT.search(ctx.code(a.value)) for a in call.args)
+    return rank.mentions_rank(ctx.index, call)
 
 
 def every_rank(ctx: FileContext, call: cst.Call) -> bool:

@@ -1,21 +1,7 @@
-import re
-
-from ddpify.analysis import names as N
-from ddpify.analysis.multinode import LOCAL, guard_kind, launched_by_torchrun, prepares_data, rank0_paths
-from ddpify.analysis.rank import rank_analysis
-from ddpify.check.context import kwarg, positional, string_value
+from ddpify.analysis.multinode import output_once_per_node
 from ddpify.check.rule import SEVERITY_WARNING, Invalid, Report, Rule
-from ddpify.check.rules._common import mentions_rank
 
-# Output meant once per job: checkpoints, messages, trackers, result files.
-ONCE = (
-    N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS | N.SUMMARY_WRITERS
-    | {"wandb.init", "mlflow.start_run", "torch.serialization.save"}
-)  # fmt: skip
-ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "writerow", "writerows", "save_pretrained", "addHandler"})
-LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log"})
-SAVE_HELPER = re.compile(r"^_?save_?(checkpoint|ckpt|model|state|weights)s?$|^save_on_(master|main)$", re.IGNORECASE)
-_PER_NODE = re.compile(r"node|host|cache|preprocess|processed|token|vocab", re.IGNORECASE)
+TORCHRUN = "import os, torch, torch.distributed as dist\ndist.init_process_group('nccl')\n"
 
 
 class OutputOnEveryNode(Rule):
@@ -23,13 +9,15 @@ class OutputOnEveryNode(Rule):
 
     ## What it does
     Flags a rank-0 guard that tests only the local rank (`if local_rank == 0:`,
-    `if int(os.environ["LOCAL_RANK"]) == 0:`, `if args.local_rank != 0: return`) around
+    `if int(os.environ["LOCAL_RANK"]) == 0:`, `if args.local_rank != 0: return`,
+    `if args.local_rank in [-1, 0]:`, `if rank % ngpus_per_node == 0:`) around
     output meant once per job: `torch.save` (also through a local helper, or a
     `save_checkpoint(...)`-like call), `print`, logging, a TensorBoard/W&B/MLflow tracker, a
     results or figure file. Guards around per-node data preparation (a download, an
     `extractall`, `os.makedirs`, a cache file) are right and not flagged, nor is output that
     names the node or host. Only scripts launched by torchrun are checked (an `mp.spawn` worker's
-    local rank is its rank), and `local_rank in (-1, 0)` is taken as a single-node script.
+    local rank is its rank). Under torchrun `local_rank` is never -1, so `local_rank in (-1, 0)`
+    is a local-rank guard too.
 
     ## Why is this bad?
     The local rank is 0 once on every node: on N nodes the guarded code runs N times, so every
@@ -78,36 +66,15 @@ class OutputOnEveryNode(Rule):
         Invalid("import os, torch.distributed as dist\nif int(os.environ['LOCAL_RANK']) == 0:\n    print('epoch', e)\n"),
         Invalid("import torch, torch.distributed as dist\ndef save(args, sd):\n    if args.local_rank != 0:\n"
                 "        return\n    torch.save(sd, 'm.pt')\ndist.init_process_group('nccl')\n"),
+        # the Hugging Face idiom: -1 means "not distributed", never the case under torchrun
+        Invalid(TORCHRUN + "if args.local_rank in [-1, 0]:\n    logger.info('saving')\n    torch.save(sd, 'm.pt')\n"),
+        # the rank within its node: true on every node's first GPU
+        Invalid(TORCHRUN + "ngpus = torch.cuda.device_count()\nif dist.get_rank() % ngpus == 0:\n    print('epoch', e)\n"),
     ]
 
     def check(self, ctx):
-        if not launched_by_torchrun(ctx.index):
-            return  # mp.spawn: one node, where the local rank is the rank
-        rank = rank_analysis(ctx.index)
-        loggers = {b.dotted for b in ctx.assignments if b.value in ctx.call_info and ctx.info(b.value).is_("logging.getLogger")}
         reported = set()
-        for ci in ctx.calls:
-            if not _once(ctx, ci, loggers) or not ctx.in_rank0(ci.node) or mentions_rank(ctx, ci.node):
-                continue
-            if _PER_NODE.search(" ".join(ctx.code(a.value) for a in ci.node.args)):
-                continue
-            for guards, _ in rank0_paths(rank, ci.node):
-                if not guards or any(guard_kind(rank, g.test) != LOCAL for g in guards):
-                    continue
-                if any(prepares_data(ctx.index, c) for g in guards for c in ctx.index.calls_under(g.region)):
-                    continue  # per-node data preparation
-                if guards[0].test not in reported:
-                    reported.add(guards[0].test)
-                    yield Report(guards[0].test)
-
-
-def _once(ctx, ci, loggers) -> bool:
-    """Output meant once per job."""
-    if ci.qnames & ONCE or (ci.receiver is not None and ci.name in ONCE_METHODS):
-        return True
-    if ci.receiver is not None and ci.name in LOG_METHODS and ctx.code(ci.receiver) in loggers:
-        return True
-    if ci.qnames & N.OPEN:
-        mode = kwarg(ci.node, "mode") or (positional(ci.node)[1] if len(positional(ci.node)) > 1 else None)
-        return mode is not None and any(m in (string_value(mode.value) or "") for m in "wax")
-    return not ctx.local_callees(ci) and bool(SAVE_HELPER.match(ci.name))
+        for guards in output_once_per_node(ctx.index):
+            if guards[0].test not in reported:
+                reported.add(guards[0].test)
+                yield Report(guards[0].test)
