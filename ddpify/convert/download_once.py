@@ -31,8 +31,8 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.index import iter_nodes
-from ddpify.analysis.multinode import FETCHES
+from ddpify.analysis.multinode import fetches, guard_kind
+from ddpify.analysis.rank import rank_analysis
 from ddpify.convert.context import RANK0, Context
 
 BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
@@ -58,7 +58,7 @@ def run(ctx: Context) -> None:
     shared = ctx.options.shared_fs
     for stmt in [s for s in statements if not _by_keyword(script, s)]:
         statements.remove(stmt)
-        if D.guarded_by_rank(script, stmt) or _under_local_rank_test(ctx, stmt):
+        if D.guarded_by_rank(script, stmt) or _under_rank_test(script, stmt):
             continue  # on (local) rank 0 only already (a converted script)
         edits.guard(stmt, RANK0 if shared else f"{ctx.local_rank_at(stmt)} == 0")
         if not D.barrier_in(script, D.sibling(script, stmt, 1)):
@@ -82,26 +82,19 @@ def _said(shared: bool, what: str) -> str:
     return f"the {what} once per node, by its local rank 0 (node-local disks; --shared-fs: once per job); its other ranks wait at a barrier"
 
 
-def _under_local_rank_test(ctx: Context, stmt: cst.CSTNode) -> bool:
-    """Is `stmt` an `if` on the rank, or inside one on the setup's `local_rank` or LOCAL_RANK?"""
-    script = ctx.script
+def _under_rank_test(script, stmt: cst.CSTNode) -> bool:
+    """Is `stmt` an `if` on the rank, or inside one on the global or the local rank?"""
+    rank = rank_analysis(script.index)
     for node in [stmt, *script.ancestors(stmt)]:
-        if isinstance(node, cst.If) and (D.reads_rank(script, node.test) or _names_local_rank(ctx, node.test)):
+        if isinstance(node, cst.If) and guard_kind(rank, node.test) is not None:
             return True
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             return False
     return False
 
 
-def _names_local_rank(ctx: Context, test: cst.BaseExpression) -> bool:
-    return any(isinstance(n, cst.Name) and n.value == ctx.local_rank for n in iter_nodes(test))
-
-
 def _fetches(script, call: cst.Call) -> bool:
-    flag = N.keyword(call, "download")
-    if flag is not None:
-        return not (isinstance(flag.value, cst.Name) and flag.value.value == "False")
-    return script.is_call_to(call, FETCHES) or (N.call_name(call) == "extractall" and N.receiver(call) is not None)
+    return fetches(script.index.call_info[call])
 
 
 def _closed_after(script, block: list[cst.CSTNode], index: int) -> bool:
