@@ -7,6 +7,7 @@ import libcst as cst
 from ddpify.analysis import rank
 from ddpify.check.context import FileContext, dotted_name
 
+
 def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
     """Output tagged with the rank (``print(f"[rank {rank}] ...")``) is per-rank on purpose."""
     return rank.mentions_rank(ctx.index, call)
