@@ -925,6 +925,21 @@ def test_a_local_rank_guard_around_job_wide_output_tests_the_global_rank():
         assert convert_source(result.code, "train_ddp.py").code == result.code
 
 
+def test_what_a_local_rank_guard_made_is_used_under_the_global_rank_too():
+    """A writer or a log file made under the new global guard is None or unbound on the other
+    nodes' local rank 0: the local-rank guards around its use change with it."""
+    made = {
+        "writer = SummaryWriter() if local_rank in (-1, 0) else None\n": "writer.add_scalar('loss', loss.item(), epoch)",
+        "if local_rank in (-1, 0):\n    log = open('log.txt', 'w')\n": "log.write(str(epoch))",
+    }
+    for before, use in made.items():
+        source = LOCAL_GUARDED.format(value="-1", guard=f"    if local_rank in (-1, 0):\n        {use}\n")
+        source = "from torch.utils.tensorboard import SummaryWriter\n" + source.replace("for epoch", before + "for epoch", 1)
+        code = convert_source(source, "train.py").code
+        assert "local_rank in (-1, 0)" not in code, code
+        assert f"    if dist.get_rank() == 0:\n        {use}\n" in code
+
+
 def test_a_local_rank_guard_around_data_preparation_stays():
     """Per-node data (a folder made for the data) is what a local-rank guard is for."""
     guard = "    if local_rank in (-1, 0):\n        os.makedirs('data/cache', exist_ok=True)\n        print(epoch)\n"

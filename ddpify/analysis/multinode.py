@@ -41,6 +41,7 @@ ONCE = (
 )  # fmt: skip
 ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "writerow", "writerows", "save_pretrained", "addHandler"})
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log"})
+WRITERS = N.SUMMARY_WRITERS | {"wandb.init", "mlflow.start_run"}
 SAVE_HELPER = re.compile(r"^_?save_?(checkpoint|ckpt|model|state|weights)s?$|^save_on_(master|main)$", re.IGNORECASE)
 _PER_NODE = re.compile(r"node|host|cache|preprocess|processed|token|vocab", re.IGNORECASE)
 GLOBAL_RANK_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
@@ -297,26 +298,39 @@ def _output_once_per_node(index: FileIndex) -> list[list[Guard]]:
     rank = rank_analysis(index)
     calls = index.call_info
     loggers = {b.dotted for b in index.assignments if b.value in calls and calls[b.value].is_("logging.getLogger")}
-    found = []
-    for ci in index.calls:
-        if not _once(index, ci, loggers) or not rank.in_rank0(ci.node) or mentions_rank(index, ci.node):
-            continue
-        if _PER_NODE.search(" ".join(index.code(a.value) for a in ci.node.args)):
-            continue
-        for guards, _ in rank0_paths(rank, ci.node):
-            if not guards or any(guard_kind(rank, g.test) != LOCAL for g in guards):
+    writers = set()  # `writer = SummaryWriter(...)`, `... if local_rank == 0 else None`: its calls write too
+    for b in index.assignments:
+        made = b.value.body if isinstance(b.value, cst.IfExp) else b.value
+        if made in calls and calls[made].qnames & WRITERS:
+            writers.add(b.dotted)
+    found: dict[cst.Call, list[list[Guard]]] = {}
+    for _ in range(3):  # what such a guard makes (a file, a writer) is used under other guards: those too
+        for ci in index.calls:
+            if ci.node in found or not _once(index, ci, loggers, writers) or not rank.in_rank0(ci.node):
                 continue
-            if any(prepares_data(index, c) for g in guards for c in index.calls_under(g.region)):
+            if mentions_rank(index, ci.node) or _PER_NODE.search(" ".join(index.code(a.value) for a in ci.node.args)):
                 continue
-            found.append(guards)
-    return found
+            paths = [
+                guards for guards, _ in rank0_paths(rank, ci.node)
+                if guards and all(guard_kind(rank, g.test) == LOCAL for g in guards)
+                and not any(prepares_data(index, c) for g in guards for c in index.calls_under(g.region))
+            ]  # fmt: skip
+            if paths:
+                found[ci.node] = paths
+        regions = {g.region for paths in found.values() for guards in paths for g in guards}
+        made = {b.dotted for b in index.assignments if any(n in regions for n in (b.value, *index.ancestors(b.value)))}
+        if made <= writers:
+            break
+        writers |= made
+    return [guards for paths in found.values() for guards in paths]
 
 
-def _once(index: FileIndex, ci: CallInfo, loggers: set[str]) -> bool:
-    """Output meant once per job."""
+def _once(index: FileIndex, ci: CallInfo, loggers: set[str], writers: set[str]) -> bool:
+    """Output meant once per job: also a logger's messages and a writer's or tracker's calls."""
     if ci.qnames & ONCE or (ci.receiver is not None and ci.name in ONCE_METHODS):
         return True
-    if ci.receiver is not None and ci.name in LOG_METHODS and index.code(ci.receiver) in loggers:
+    receiver = index.code(ci.receiver) if ci.receiver is not None else None
+    if (receiver in loggers and ci.name in LOG_METHODS) or (receiver in writers and not ci.name.startswith("get")):
         return True
     if ci.qnames & N.OPEN:
         mode = kwarg(ci.node, "mode") or (positional(ci.node)[1] if len(positional(ci.node)) > 1 else None)

@@ -12,8 +12,9 @@ class OutputOnEveryNode(Rule):
     `if int(os.environ["LOCAL_RANK"]) == 0:`, `if args.local_rank != 0: return`,
     `if args.local_rank in [-1, 0]:`, `if rank % ngpus_per_node == 0:`) around
     output meant once per job: `torch.save` (also through a local helper, or a
-    `save_checkpoint(...)`-like call), `print`, logging, a TensorBoard/W&B/MLflow tracker, a
-    results or figure file. Guards around per-node data preparation (a download, an
+    `save_checkpoint(...)`-like call), `print`, logging, a TensorBoard/W&B/MLflow tracker and
+    its calls, a results or figure file, and the use of anything made under such a guard (a
+    log file opened there). Guards around per-node data preparation (a download, an
     `extractall`, `os.makedirs`, a cache file) are right and not flagged, nor is output that
     names the node or host. Only scripts launched by torchrun are checked (an `mp.spawn` worker's
     local rank is its rank). Under torchrun `local_rank` is never -1, so `local_rank in (-1, 0)`
