@@ -152,6 +152,17 @@ def test_two_nodes_train_as_one_job(two_nodes, label):
         assert all(s["path"] == str(work / "shared" / checkpoint) for s in traces[0]["saves"])
 
 
+def test_a_local_rank_guard_around_output_became_one_for_the_job(two_nodes):
+    """`if args.local_rank in [-1, 0]:` opened a log file and wrote to it once per node; the
+    conversion made both guards global: one writer in the whole job, every epoch's line once."""
+    work, *_ = two_nodes
+    traces = traces_of(work / "traces", "local_rank_guard", WORLD)
+    assert sorted(t["env_local_rank"] for t in traces) == [0, 0, 1, 1]  # two nodes: two local rank 0s
+    lines = (work / "shared" / "out" / "loss.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in lines] == [[str(e), str(s)] for e in range(2) for s in (0, 2)]
+    assert [line.split()[0] for line in traces[0]["stdout"].split("epoch ")[1:]] == ["0:", "1:"]
+
+
 def test_each_node_prepares_its_own_data_once(two_nodes):
     """Each node's disk gets the dataset once, from that node's local rank 0."""
     work, *_ = two_nodes
