@@ -76,6 +76,12 @@ def test_one_finding_per_guard_at_its_test():
     assert found(source, "DDP307") == ["3:4"]
 
 
+def test_the_message_quotes_the_guard():
+    source = TORCHRUN + "if args.local_rank in [-1, 0]:\n    print('a')\n"
+    [finding] = check_source(source, "t.py", ["DDP307"]).findings
+    assert finding.message.startswith("`args.local_rank in [-1, 0]` tests the local rank: this runs once per node")
+
+
 @pytest.mark.parametrize(
     "body",
     [

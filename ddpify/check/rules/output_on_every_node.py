@@ -46,7 +46,7 @@ class OutputOnEveryNode(Rule):
 
     CODE = "DDP307"
     NAME = "output-on-every-node"
-    MESSAGE = "`local_rank == 0` is true once per node: N nodes write this N times; guard job-wide output with `dist.get_rank() == 0`"
+    MESSAGE = "`local_rank == 0` tests the local rank: this runs once per node, N times on N nodes; guard job-wide output with `dist.get_rank() == 0`"
     SEVERITY = SEVERITY_WARNING
     VALID = [
         "import os, torch, torch.distributed as dist\nlocal_rank = int(os.environ['LOCAL_RANK'])\n"
@@ -76,6 +76,9 @@ class OutputOnEveryNode(Rule):
     def check(self, ctx):
         reported = set()
         for guards in output_once_per_node(ctx.index):
-            if guards[0].test not in reported:
-                reported.add(guards[0].test)
-                yield Report(guards[0].test)
+            test = guards[0].test
+            if test not in reported:
+                reported.add(test)
+                code = " ".join(ctx.code(test).split())
+                code = code if len(code) <= 50 else code[:47] + "..."
+                yield Report(test, self.MESSAGE.replace("`local_rank == 0`", f"`{code}`", 1))
