@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.index import CallInfo, FileIndex, iter_nodes, last_name
+from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name
 from ddpify.analysis.literals import is_false, kwarg, positional, string_value
 from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis, mentions_rank, rank_analysis
 
@@ -303,20 +303,29 @@ def _output_once_per_node(index: FileIndex) -> list[list[Guard]]:
         made = b.value.body if isinstance(b.value, cst.IfExp) else b.value
         if made in calls and calls[made].qnames & WRITERS:
             writers.add(b.dotted)
+    kinds: dict[cst.BaseExpression, Optional[str]] = {}  # guard test -> guard_kind, once per test
+
+    def local(guards: list[Guard]) -> bool:
+        for g in guards:
+            if g.test not in kinds:
+                kinds[g.test] = guard_kind(rank, g.test)
+        return bool(guards) and all(kinds[g.test] == LOCAL for g in guards)
+
     found: dict[cst.Call, list[list[Guard]]] = {}
     for _ in range(3):  # what such a guard makes (a file, a writer) is used under other guards: those too
         for ci in index.calls:
             if ci.node in found or not _once(index, ci, loggers, writers) or not rank.in_rank0(ci.node):
                 continue
-            if mentions_rank(index, ci.node) or _PER_NODE.search(" ".join(index.code(a.value) for a in ci.node.args)):
-                continue
             paths = [
                 guards for guards, _ in rank0_paths(rank, ci.node)
-                if guards and all(guard_kind(rank, g.test) == LOCAL for g in guards)
-                and not any(prepares_data(index, c) for g in guards for c in index.calls_under(g.region))
+                if local(guards) and not any(prepares_data(index, c) for g in guards for c in index.calls_under(g.region))
             ]  # fmt: skip
-            if paths:
+            if not paths or mentions_rank(index, ci.node):
+                continue
+            if not _PER_NODE.search(" ".join(index.code(a.value) for a in ci.node.args)):
                 found[ci.node] = paths
+        if not found:
+            break
         regions = {g.region for paths in found.values() for guards in paths for g in guards}
         made = {b.dotted for b in index.assignments if any(n in regions for n in (b.value, *index.ancestors(b.value)))}
         if made <= writers:
@@ -329,7 +338,7 @@ def _once(index: FileIndex, ci: CallInfo, loggers: set[str], writers: set[str]) 
     """Output meant once per job: also a logger's messages and a writer's or tracker's calls."""
     if ci.qnames & ONCE or (ci.receiver is not None and ci.name in ONCE_METHODS):
         return True
-    receiver = index.code(ci.receiver) if ci.receiver is not None else None
+    receiver = dotted_name(ci.receiver) if ci.receiver is not None else None
     if (receiver in loggers and ci.name in LOG_METHODS) or (receiver in writers and not ci.name.startswith("get")):
         return True
     if ci.qnames & N.OPEN:
