@@ -67,6 +67,8 @@ class RankAnalysis:
             n = last_name(e.left) or ""
             v = int_value(e.comparisons[0].comparator)
             op = e.comparisons[0].operator
+            if isinstance(op, cst.Equal) and v == -1 and self.is_rank_expr(e.left):
+                return True  # `local_rank == -1`: the old launcher's "not distributed"
             return "world_size" in n.lower() and (
                 (isinstance(op, cst.Equal) and v == 1) or (isinstance(op, cst.LessThanEqual) and v == 1)
             )
@@ -100,6 +102,8 @@ class RankAnalysis:
             if v is None:
                 return 0
             if isinstance(op, cst.Equal) and v == 0 or isinstance(op, cst.LessThan) and v == 1:
+                return 1
+            if isinstance(op, cst.LessThanEqual) and v == 0:  # `local_rank <= 0`: -1 when not distributed
                 return 1
             if isinstance(op, cst.NotEqual) and v == 0 or isinstance(op, cst.GreaterThan) and v == 0:
                 return -1

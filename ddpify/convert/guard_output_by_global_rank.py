@@ -44,6 +44,8 @@ def _local_parts(rank: RankAnalysis, test: cst.BaseExpression) -> list[cst.BaseE
     """The parts of a guard's test that read the local rank (`local_rank in (-1, 0)` in
     `args.save and local_rank in (-1, 0)`)."""
     if isinstance(test, cst.BooleanOperation):
+        if isinstance(test.operator, cst.Or) and rank.rank_test(test) and guard_kind(rank, test) == LOCAL:
+            return [test]  # `local_rank == -1 or local_rank == 0`: one test
         return _local_parts(rank, test.left) + _local_parts(rank, test.right)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         return _local_parts(rank, test.expression)
