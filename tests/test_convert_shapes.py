@@ -923,7 +923,7 @@ def test_a_local_rank_guard_around_job_wide_output_tests_the_global_rank():
     for guard, expected in cases.items():
         result = convert_source(LOCAL_GUARDED.format(value="-1", guard=guard), "train.py")
         assert expected in result.code, result.code
-        assert any("is true once per node: job-wide output is guarded by" in c.message for c in result.changes)
+        assert any("tests the local rank (once per node): job-wide output is guarded by" in c.message for c in result.changes)
         assert check_source(result.code, "train_ddp.py", ["DDP307"]).findings == []
         assert convert_source(result.code, "train_ddp.py").code == result.code
 

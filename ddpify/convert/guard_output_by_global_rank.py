@@ -37,7 +37,7 @@ def run(ctx: Context) -> None:
                     edits.need_import("torch.distributed", asname="dist")
                 old = script.module.code_for_node(part)
                 edits.replace(part, edits.expression(condition))
-                edits.change(part, f"`{old}` is true once per node: job-wide output is guarded by `{condition}`")
+                edits.change(part, f"`{old}` tests the local rank (once per node): job-wide output is guarded by `{condition}`")
 
 
 def _local_parts(rank: RankAnalysis, test: cst.BaseExpression) -> list[cst.BaseExpression]:
