@@ -917,6 +917,7 @@ def test_a_local_rank_guard_around_job_wide_output_tests_the_global_rank():
         "    if local_rank not in [-1, 0]:\n        continue\n    print(epoch)\n":
             "    if dist.get_rank() != 0:\n        continue\n    print(epoch)\n",
         "    if local_rank <= 0:\n        print(epoch)\n": "    if dist.get_rank() == 0:\n        print(epoch)\n",
+        "    if not local_rank > 0:\n        print(epoch)\n": "    if dist.get_rank() == 0:\n        print(epoch)\n",
         "    if epoch > 0 and (local_rank == -1 or local_rank == 0):\n        print(epoch)\n":
             "    if epoch > 0 and dist.get_rank() == 0:\n        print(epoch)\n",
     }  # fmt: skip

@@ -48,5 +48,6 @@ def _local_parts(rank: RankAnalysis, test: cst.BaseExpression) -> list[cst.BaseE
             return [test]  # `local_rank == -1 or local_rank == 0`: one test
         return _local_parts(rank, test.left) + _local_parts(rank, test.right)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _local_parts(rank, test.expression)
+        inner = _local_parts(rank, test.expression)
+        return [test] if inner == [test.expression] else inner  # `not local_rank > 0`: one test
     return [test] if guard_kind(rank, test) == LOCAL else []
