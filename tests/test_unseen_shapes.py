@@ -1,0 +1,157 @@
+"""Shapes of code nobody here had seen (issue 21): one project per shape, converted at test time.
+
+fixtures/unseen/<case>/        a small project of ours in that shape (one or several modules)
+fixtures/unseen/<case>.toml    what the conversion must do (keys below)
+
+A new case is new files: no test code. Every case is converted by the engine (`convert_project`,
+the path `ddpify convert ENTRY -o DIR/` takes); every runnable one then trains under ONE
+`torchrun --nproc-per-node=2` launch (a plan of every case) and the tests read what the ranks
+did: exit 0, a DDP model and a process group on every rank, disjoint shards of the training
+set in a new order each epoch, identical parameters on every rank after every optimizer step
+(conftest's replica check), each listed line printed once in the job, each file written by
+rank 0 only and loadable, the files named per process written on every rank.
+
+Keys of <case>.toml:
+  entry        the entry script, relative to the case's folder
+  args         its arguments in the torchrun run
+  runs         true, or why the case is not run under torchrun (a string)
+  train_size   len(dataset) of the training loader (the first loader built); absent: no shard check
+  epochs       complete passes over it per rank (absent: as many as rank 0 made, the same on every rank)
+  ddp_wrapped  DDP constructions per rank (default 1)
+  once         substrings of lines printed exactly once in the job
+  rank0_files  files (relative to the run's folder) written by rank 0 and no other rank
+  every_rank_files  files written by every rank (a name per process)
+  todos        substrings, one for each TODO the conversion leaves (exactly that many)
+  in_code      {"file" = ["substring", ...]}: the converted file holds each
+  not_in_code  {"file" = ["substring", ...]}: the converted file holds none
+  not_in_summary  substrings no summary line may hold ("never uses a GPU")
+  loads_into   {file = "checkpoint", module = "m", cls = "Net", key = "state_dict"}: the checkpoint loads into the original model
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from cli_in_process import ddpify
+from conftest import NPROC, ROOT, run_plan
+
+from ddpify.projects import convert_project
+
+UNSEEN = ROOT / "fixtures" / "unseen"
+CASES = {path.stem: tomllib.loads(path.read_text()) for path in sorted(UNSEEN.glob("*.toml"))}
+RUNNABLE = [name for name, case in CASES.items() if case.get("runs", True) is True]
+
+
+def _convert(name: str):
+    case = CASES[name]
+    return convert_project(UNSEEN / name / case["entry"])
+
+
+def test_every_case_has_its_project():
+    assert CASES, "no case in fixtures/unseen"
+    for name, case in CASES.items():
+        assert (UNSEEN / name / case["entry"]).is_file(), name
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_unseen_conversion(name):
+    """What the conversion says and writes: exactly the TODOs listed, the code it must hold and
+    must not, and no summary line that the case rules out."""
+    case = CASES[name]
+    result = _convert(name)
+    root = (UNSEEN / name).resolve()
+    changed = {path.relative_to(root).as_posix(): r for path, (r, _, _) in result.changed.items()}
+    todos = [t.message for r in changed.values() for t in r.todos]
+    expected = case.get("todos", [])
+    assert len(todos) == len(expected), f"TODOs: {todos}"
+    for want in expected:
+        assert any(want in t for t in todos), f"no TODO says {want!r}: {todos}"
+    summary = [c.message for r in changed.values() for c in r.changes + r.notes]
+    for banned in case.get("not_in_summary", []):
+        assert not any(banned in line for line in summary), f"summary says {banned!r}: {summary}"
+    for file, wanted in case.get("in_code", {}).items():
+        assert file in changed, f"{file} did not change"
+        for text in wanted:
+            assert text in changed[file].code, f"{file} lacks {text!r}:\n{changed[file].code}"
+    for file, unwanted in case.get("not_in_code", {}).items():
+        code = changed[file].code if file in changed else (root / file).read_text()
+        for text in unwanted:
+            assert text not in code, f"{file} holds {text!r}:\n{code}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every runnable case converted with the CLI (`-o DIR/`) and trained in one torchrun launch."""
+    work = tmp_path_factory.mktemp("unseen")
+    plan = []
+    for name in RUNNABLE:
+        case, out = CASES[name], work / f"{name}.out"
+        result = ddpify("convert", str(UNSEEN / name / case["entry"]), "-o", f"{out}/", cwd=work)
+        assert result.returncode == 0, result.stderr
+        (work / name).mkdir()
+        env = {"PYTHONPATH": str(out), "CUDA_VISIBLE_DEVICES": ""}
+        plan.append({"label": name, "script": str(out / case["entry"]), "args": case.get("args", []), "env": env})
+    return run_plan(plan, work, nproc=NPROC)
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_unseen_under_torchrun(runs, name):
+    case = CASES[name]
+    traces = [runs.trace(name, rank) for rank in range(NPROC)]  # also: every rank's parameters agree
+    assert len(traces) == NPROC
+    for rank, t in enumerate(traces):
+        assert t["exit_code"] == 0, f"rank {rank}: {t['error']}\n{runs.log()}"
+        assert t["init_process_group"], f"rank {rank}: no process group"
+        assert t["ddp_wrapped"] == case.get("ddp_wrapped", 1), f"rank {rank}: {t['ddp_wrapped']} DDP models"
+        assert t["optimizer_steps"] and all(t["optimizer_steps"]), f"rank {rank}: an optimizer never stepped"
+    if "train_size" in case:
+        passes = [[p for p in t["passes"] if p["loader"] == 0 and p["complete"]] for t in traces]
+        epochs = case.get("epochs", min(len(p) for p in passes))
+        assert epochs and all(len(p) == epochs for p in passes), [len(p) for p in passes]
+        for epoch in range(epochs):
+            shards = [set(p[epoch]["indices"]) for p in passes]
+            assert not shards[0] & shards[1], f"epoch {epoch}: the ranks' shards overlap"
+            assert len(shards[0] | shards[1]) == case["train_size"], f"epoch {epoch}: the shards miss samples"
+        if epochs > 1:
+            assert passes[0][0]["indices"] != passes[0][1]["indices"], "the same order every epoch"
+    printed = [line for t in traces for line in t["stdout"].splitlines()]
+    for text in case.get("once", []):
+        count = sum(text in line for line in printed)
+        assert count == 1, f"{text!r} printed {count} times in the job"
+    cwd = runs.cwd / name
+    for file in case.get("rank0_files", []):
+        writers = [rank for rank, t in enumerate(traces) if os.path.normpath(cwd / file) in _written(t)]
+        assert writers == [0], f"{file} written by ranks {writers}"
+    for file in case.get("every_rank_files", []):
+        for rank in range(NPROC):
+            path = os.path.normpath(cwd / file.format(rank=rank))
+            assert path in _written(traces[rank]), f"rank {rank} wrote no {file.format(rank=rank)}"
+    if "loads_into" in case:
+        _loads_into(name, cwd, case["loads_into"])
+
+
+def _written(trace: dict) -> set[str]:
+    """The files a rank wrote (opened to write, or `torch.save`d), as absolute paths."""
+    opened = {f["path"] for f in trace["files"] if set(f["mode"]) & set("wax+")}
+    saved = {os.path.normpath(os.path.join(trace["cwd"], s["path"])) for s in trace["saves"]}
+    return opened | saved
+
+
+def _loads_into(name: str, cwd: Path, spec: dict) -> None:
+    import torch
+
+    sys.path.insert(0, str(UNSEEN / name))
+    try:
+        model = getattr(importlib.import_module(spec["module"]), spec["cls"])(*spec.get("args", []))
+        saved = torch.load(cwd / spec["file"], map_location="cpu")
+        model.load_state_dict(saved[spec["key"]] if spec.get("key") else saved)
+    finally:
+        sys.path.remove(str(UNSEEN / name))
+        top = spec["module"].split(".")[0]
+        for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+            sys.modules.pop(loaded, None)
