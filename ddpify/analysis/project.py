@@ -130,6 +130,7 @@ class ProjectFacts:
     optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
+    names_cuda: bool = False  # some module names CUDA (a "cuda" string, `.cuda()`, `torch.cuda.*`)
 
 
 def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
@@ -138,8 +139,10 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
     from ddpify.analysis.index import index_of
 
     methods, backward, loaders = set(), set(), set()
+    cuda = False
     for name, module in modules.items():
         index = index_of(module)
+        cuda = cuda or names_cuda(module, index)
         for ci in index.calls:
             if ci.receiver is not None and ci.name == "backward":
                 backward.add(name)
@@ -153,4 +156,17 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
                 isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
             ):
                 methods.add(ci.func.name.value)
-    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders))
+    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders), cuda)
+
+
+def names_cuda(module: cst.Module, index=None) -> bool:
+    """Does the module name CUDA anywhere: a `"cuda"`/`"cuda:N"` string (an option's default, a
+    parameter's default, `args.device = "cuda"`), `.cuda()`, or an API under `torch.cuda`? A device
+    the analysis cannot follow is then this process's accelerator, never the CPU."""
+    from ddpify.analysis import names as N
+    from ddpify.analysis.index import index_of, iter_nodes
+
+    index = index or index_of(module)
+    if any(ci.name == "cuda" or any(q.startswith("torch.cuda.") for q in ci.qnames) for ci in index.calls):
+        return True
+    return any(isinstance(node, (cst.SimpleString, cst.FormattedString)) and N.is_cuda_string(node) for node in iter_nodes(module))

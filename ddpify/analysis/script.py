@@ -20,7 +20,7 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
-from ddpify.analysis.project import ProjectFacts
+from ddpify.analysis.project import ProjectFacts, names_cuda
 from ddpify.analysis.training import step_analysis
 
 T = TypeVar("T", bound=cst.CSTNode)
@@ -313,9 +313,12 @@ class Script:
 
     @cached_property
     def uses_gpu(self) -> bool:
-        """Does the single-GPU script put anything on a GPU: `.cuda()`, `torch.cuda.*`, a "cuda"
-        string, or an integer device (`.to(0)`, `torch.device(0)`, `.to(gpu_id)` where `gpu_id`
-        is bound to an integer or is a parameter annotated `int`)?"""
+        """Does the single-GPU script (or its project) name a GPU: `.cuda()`, `torch.cuda.*`, a
+        "cuda" string anywhere (`args.device = "cuda"`, `device: str = "cuda:1"`), or an integer
+        device (`.to(0)`, `torch.device(0)`, `.to(gpu_id)` where `gpu_id` is bound to an integer
+        or is a parameter annotated `int`)? Only a project that names none trains on the CPU."""
+        if self.facts.names_cuda or any(names_cuda(root) for root in self.index.roots):
+            return True
         int_names = self._integer_names()
         for call in self.calls:
             if N.call_name(call) == "cuda" or any(q.startswith("torch.cuda.") for q in self.names(call.func)):
@@ -358,6 +361,11 @@ class Script:
 
 
 _DEVICE_NAME = re.compile(r"(^|_)(gpu|gpus|device|dev|cuda)(_|$)|^gpu|gpu_?id|device_?id", re.IGNORECASE)
+
+
+def is_device_name(ref: str) -> bool:
+    """Does a name (`device`, `self.gpu_id`) say it holds a device?"""
+    return bool(_DEVICE_NAME.search(ref.rpartition(".")[2]))
 
 
 def ref_of(node: cst.CSTNode) -> str | None:
@@ -514,7 +522,10 @@ def _find_model(script: Script) -> None:
     optimizer, it is the model whose `.parameters()` a training function updates by hand."""
     for call in script.calls:
         qualified = script.names(call.func)
-        factory = N.call_name(call) in script.facts.optimizer_methods and ref_of(N.receiver(call) or call)
+        receiver = N.receiver(call)
+        if m.matches(receiver, m.Attribute(attr=m.Name("module"))):
+            receiver = receiver.value  # `model.module.configure_optimizers(...)` in a converted trainer
+        factory = N.call_name(call) in script.facts.optimizer_methods and ref_of(receiver or call)
         by_name = any("torch.optim" in script.names(a.value) for a in call.args)  # `init_obj(cfg, "optimizer", torch.optim, params)`
         if not factory and not by_name and not any(
             q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
@@ -535,6 +546,11 @@ def _find_model(script: Script) -> None:
                 script.model_scope = _binding_scope(script, owner, scope)
                 if isinstance(scope, cst.Module) and built_here:
                     script.main_block = _main_block(script, call)
+                elif script.model_scope is script.module:  # an optimizer another module builds: where the model is
+                    script.main_block = next(
+                        (b for a in script.assigns.get(script.module, []) if ref_of(a.targets[0].target) == owner
+                         if (b := _main_block(script, a)) is not None), None,
+                    )  # fmt: skip
                 script.optimizer_stmt = (
                     script.top_statement(call, scope) if built_here and script.model_scope is scope else None
                 )
@@ -967,12 +983,20 @@ def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None
     if params[:1] == ["self"] and (isinstance(call.func, cst.Attribute) or fn.name.value == "__init__"):
         params = params[1:]
     for index, arg in enumerate(N.positional(call)):
-        if ref_of(arg.value) == ref and index < len(params):
+        if _passes(arg.value, ref) and index < len(params):
             return params[index]
     for arg in call.args:
-        if arg.keyword is not None and ref_of(arg.value) == ref:
+        if arg.keyword is not None and _passes(arg.value, ref):
             return arg.keyword.value
     return None
+
+
+def _passes(value: cst.BaseExpression, ref: str) -> bool:
+    """Does an argument hand over `ref`, or one item of it by a constant key (`loaders["train"]`:
+    a dict of loaders per split, each used by name)?"""
+    if m.matches(value, m.Subscript(slice=[m.SubscriptElement(m.Index(m.SimpleString()))])):
+        value = value.value
+    return ref_of(value) == ref
 
 
 def kept_by_objects(script: Script, ref: str, scope: ScopeNode) -> list[tuple[str, cst.FunctionDef]]:

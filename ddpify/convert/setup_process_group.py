@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis import distributed as D
-from ddpify.analysis.script import Script, ScopeNode, mentions, ref_of
+from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, ref_of
 from ddpify.convert.context import Context
 
 LOCAL_RANK = """
@@ -244,8 +244,8 @@ def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStateme
         targets = {t for t, _ in assigns}
         values = [v for _, v in assigns]
         if len(targets) == 1 and all(_is_device_value(script, v) or _chosen_at_run_time(v) for v in values):
-            if not any(_is_device_value(script, v) for v in values):
-                continue
+            if not any(_is_device_value(script, v) for v in values) and not (script.uses_gpu and is_device_name(next(iter(targets)))):
+                continue  # `device = args.device` counts where the project names CUDA: a value set elsewhere
             is_torch_device = all(_is_torch_device(script, v) for v in values)
             return stmt, targets.pop(), is_torch_device
     return None
