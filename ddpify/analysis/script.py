@@ -270,7 +270,28 @@ class Script:
             return None
         if len(self.index.roots) > 1:
             found = self.project_definition(call.func)
-            return found if isinstance(found, cst.FunctionDef) else None
+            if isinstance(found, cst.FunctionDef):
+                return found
+        return None
+
+    def method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
+        """`trainer.train(epoch)` where the call's scope binds `trainer = Trainer(...)` once, a
+        class of the script or its project: that class's method (or its bases')."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)) or func.value.value == "self":
+            return None
+        made = [
+            a.value for a in self.assigns.get(self.scope_of(call), [])
+            if ref_of(a.targets[0].target) == func.value.value
+        ]  # fmt: skip
+        if len(made) != 1 or not isinstance(made[0], cst.Call):
+            return None
+        cls = self.class_called(made[0])
+        while cls is not None:
+            method = self.methods(cls).get(func.attr.value)
+            if method is not None:
+                return method
+            cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
         return None
 
     def project_definition(self, node: cst.CSTNode) -> cst.FunctionDef | cst.ClassDef | None:
@@ -954,15 +975,18 @@ def _method_called_in_training(script: Script, method: cst.FunctionDef) -> bool:
     return False
 
 
-def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str, inner: cst.For) -> list[EpochLoop]:
+def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str, inner: cst.For, depth: int = 0) -> list[EpochLoop]:
     """`def train(epoch): for x in loader: ...` called as `for epoch in ...: train(epoch)`."""
     found = []
     for call in script.calls:
-        if script.local_function(call) is fn:
+        if (script.local_function(call) or script.method_of_object(call)) is fn:
             caller = script.scope_of(call)
             outer = script.enclosing_loop(call, caller)
             if outer is not None:
                 found.append(EpochLoop(outer, caller, ref, inner))
+            elif isinstance(caller, cst.FunctionDef) and caller is not fn and depth < 3:
+                # `def train(self, epoch): self.iteration(epoch, self.train_data)`, called in the epoch loop
+                found += _loops_around_calls(script, caller, ref, inner, depth + 1)
     return found
 
 
