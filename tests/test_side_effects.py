@@ -40,6 +40,7 @@ WRITES = {
     "neptune": ("import neptune", "    neptune.log_metric('loss', 1.0)"),
     "visdom": ("import visdom", "    visdom.Visdom().line([1.0])"),
     "comet": ("import comet_ml", "    comet_ml.log_metric('loss', 1.0)"),
+    "tqdm.write": ("from tqdm import tqdm", "    tqdm.write(f'epoch {epoch}')"),
 }
 
 

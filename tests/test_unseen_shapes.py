@@ -88,20 +88,25 @@ def test_unseen_conversion(name):
 def runs(tmp_path_factory):
     """Every runnable case converted with the CLI (`-o DIR/`) and trained in one torchrun launch."""
     work = tmp_path_factory.mktemp("unseen")
-    plan = []
+    plan, refused = [], {}
     for name in RUNNABLE:
         case, out = CASES[name], work / f"{name}.out"
         result = ddpify("convert", str(UNSEEN / name / case["entry"]), "-o", f"{out}/", cwd=work)
-        assert result.returncode == 0, result.stderr
+        if result.returncode != 0:
+            refused[name] = result.stderr  # that case fails; the others still run
+            continue
         (work / name).mkdir()
         env = {"PYTHONPATH": str(out), "CUDA_VISIBLE_DEVICES": ""}
         plan.append({"label": name, "script": str(out / case["entry"]), "args": case.get("args", []), "env": env})
-    return run_plan(plan, work, nproc=NPROC)
+    launch = run_plan(plan, work, nproc=NPROC)
+    launch.refused = refused
+    return launch
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_unseen_under_torchrun(runs, name):
     case = CASES[name]
+    assert name not in runs.refused, f"convert failed: {runs.refused.get(name)}"
     traces = [runs.trace(name, rank) for rank in range(NPROC)]  # also: every rank's parameters agree
     assert len(traces) == NPROC
     for rank, t in enumerate(traces):
