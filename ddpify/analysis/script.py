@@ -352,6 +352,25 @@ class Script:
                     return True
         return False
 
+    @cached_property
+    def gpu_gate(self) -> str | None:
+        """The flag every GPU move of the script waits for (`if args.cuda: model.cuda()`,
+        `x.cuda() if use_cuda else x`), as written; None when some move is unconditional or
+        the moves wait for different tests. Without the flag the script trains on the CPU, so
+        this process's device must be the CPU then too (NCCL cannot reduce CPU tensors)."""
+        gates = set()
+        for call in self.calls:
+            if not (N.call_name(call) == "cuda" or any(N.is_cuda_string(a.value) for a in call.args)):
+                continue
+            test = next(
+                (a.test for a in self.ancestors(call) if isinstance(a, (cst.If, cst.IfExp)) and not self.inside(call, a.test)),
+                None,
+            )
+            if not isinstance(test, (cst.Name, cst.Attribute)) or ref_of(test) is None and not isinstance(test.value, cst.Name):
+                return None
+            gates.add(self.module.code_for_node(test))
+        return gates.pop() if len(gates) == 1 else None
+
     def _integer_names(self) -> set[str]:
         """Names (or attribute names) bound to an integer literal, or parameters annotated `int`,
         that name a device: `device = 0`, `gpu_id: int`, `self.gpu_id = gpu_id`."""
