@@ -10,6 +10,7 @@ its own is a project of one module.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from ddpify.analysis.project import Project, find_project, project_facts
+from ddpify.analysis.project import Project, ProjectFacts, find_project, project_facts
 from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_source, parse, read_source
 from ddpify.parsing import runs_deep
 from ddpify.files import write_atomic
@@ -45,7 +46,7 @@ def is_project(entry: Path, root: Path | None = None) -> bool:
         project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
     except ConvertError:
         return False  # the entry's own conversion reports what is wrong with it
-    return len(project.files) > 1
+    return len(project.files) > 1 or bool(project.unreadable)
 
 
 @runs_deep
@@ -60,13 +61,15 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
     sources = {path: read_source(path) for path in project.files}
     if len(project.files) == 1:
         text, encoding = sources[project.entry]
-        converted = convert_source(text, str(project.entry), options)
+        facts = ProjectFacts(unreadable=tuple(project.unreadable.items())) if project.unreadable else None
+        converted = convert_source(text, str(project.entry), options, facts)
         result = ProjectResult(project)
         if not converted.already_distributed and converted.code != text:
             result.changed[project.entry] = (converted, text, encoding)
         return result
     modules = {project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()}
-    return _convert_together(project, sources, modules, options, project_facts(modules))
+    facts = dataclasses.replace(project_facts(modules), unreadable=tuple(project.unreadable.items()))
+    return _convert_together(project, sources, modules, options, facts)
 
 
 def _convert_together(project: Project, sources, modules: dict[str, cst.Module], options: ConvertOptions, facts) -> ProjectResult:

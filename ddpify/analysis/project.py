@@ -30,6 +30,7 @@ class Project:
     entry: Path
     modules: dict[Path, str] = field(default_factory=dict)  # file -> dotted module name ("__main__" for the entry)
     imports: dict[Path, list[Path]] = field(default_factory=dict)  # file -> the project files it imports
+    unreadable: dict[str, str] = field(default_factory=dict)  # dotted name -> why it cannot be analysed (a syntax error)
 
     @property
     def files(self) -> list[Path]:
@@ -60,8 +61,16 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None) -
         path, name = todo.pop(0)
         if path in project.modules:
             continue
+        try:
+            module = parse(read(path), str(path))
+        except Exception as exc:  # noqa: BLE001 - the engine's ConvertError, or a decoding error
+            if path == entry:
+                raise
+            line = getattr(exc, "line", None)
+            why = (getattr(exc, "message", None) or str(exc)) + (f", line {line} of {path.name}" if line else "")
+            project.unreadable[name] = why  # not followed: said where it is imported
+            continue
         project.modules[path] = name
-        module = parse(read(path), str(path))
         found = []
         for dotted in _imported_names(module, name, path):
             target = _resolve(dotted, search, root)
@@ -131,6 +140,7 @@ class ProjectFacts:
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
     names_cuda: bool = False  # some module names CUDA (a "cuda" string, `.cuda()`, `torch.cuda.*`)
+    unreadable: tuple[tuple[str, str], ...] = ()  # (dotted name, why) of project modules the analysis cannot read
 
 
 def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
