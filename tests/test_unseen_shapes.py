@@ -6,7 +6,7 @@ fixtures/unseen/<case>.toml    what the conversion must do (keys below)
 A new case is new files: no test code. Every case is converted by the engine (`convert_project`,
 the path `ddpify convert ENTRY -o DIR/` takes); every runnable one then trains under ONE
 `torchrun --nproc-per-node=2` launch (a plan of every case) and the tests read what the ranks
-did: exit 0, a DDP model and a process group on every rank, disjoint shards of the training
+did: exit 0, a DDP model and a process group on every rank, no training forward before the wrap, disjoint shards of the training
 set in a new order each epoch, identical parameters on every rank after every optimizer step
 (conftest's replica check), each listed line printed once in the job, each file written by
 rank 0 only and loadable, the files named per process written on every rank.
@@ -114,6 +114,7 @@ def test_unseen_under_torchrun(runs, name):
         assert t["init_process_group"], f"rank {rank}: no process group"
         assert t["ddp_wrapped"] == case.get("ddp_wrapped", 1), f"rank {rank}: {t['ddp_wrapped']} DDP models"
         assert t["optimizer_steps"] and all(t["optimizer_steps"]), f"rank {rank}: an optimizer never stepped"
+        assert not t["unwrapped_forwards"], f"rank {rank}: trained before the DDP wrap: {t['unwrapped_forwards'][:1]}"
     if "train_size" in case:
         passes = [[p for p in t["passes"] if p["loader"] == 0 and p["complete"]] for t in traces]
         epochs = case.get("epochs", min(len(p) for p in passes))

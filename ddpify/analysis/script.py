@@ -272,7 +272,23 @@ class Script:
             found = self.project_definition(call.func)
             if isinstance(found, cst.FunctionDef):
                 return found
-        return None
+        return self._returned_function(call)
+
+    def _returned_function(self, call: cst.Call) -> cst.FunctionDef | None:
+        """`update(x, y)` where the call's scope binds `update = make_update(model, optimizer)`
+        once, and every `return` of that function hands back the same function it defines
+        inside (a closure over the model): that inner function."""
+        if not isinstance(call.func, cst.Name):
+            return None
+        made = [a.value for a in self.assigns.get(self.scope_of(call), []) if ref_of(a.targets[0].target) == call.func.value]
+        if len(made) != 1 or not isinstance(made[0], cst.Call) or made[0].func is call.func:
+            return None
+        maker = self.local_function(made[0])
+        if maker is None:
+            return None
+        inner = {fn.name.value: fn for fn in self.nodes_in(maker.body, cst.FunctionDef)}
+        names = {ref_of(r.value) for r in returns(maker)}
+        return inner.get(names.pop()) if len(names) == 1 else None
 
     def method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
         """`trainer.train(epoch)` where the call's scope binds `trainer = Trainer(...)` once, a

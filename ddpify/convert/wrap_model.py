@@ -130,14 +130,24 @@ def _moved(script, stmts: list[cst.CSTNode], model: str) -> bool:
 def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
     """Does `stmt` train or call the model (directly, by handing it to a training function, or
     by giving it to an object of the script's own classes, e.g. `Trainer(model, ...)`)?"""
+    if isinstance(stmt, (cst.For, cst.While)) and _trains_inside(script, stmt):
+        return True  # a training loop, whatever it calls: the wrap is never after it
     for call in script.calls_in(stmt):
         if ref_of(call.func) == model or N.call_name(call) == "backward":
             return True
-        if script.local_function(call) in script.training_functions:
+        if (script.local_function(call) or script.method_of_object(call)) in script.training_functions:
             return True  # a training helper (it may use the model as a global)
         if script.class_called(call) is not None and any(ref_of(a.value) == model for a in call.args):
             return True  # the object keeps the model and trains it later: it must get the DDP one
     return False
+
+
+def _trains_inside(script, loop: cst.For | cst.While) -> bool:
+    """Does a loop step an optimizer or iterate a training loader (an epoch or step loop)?"""
+    train = {loader.name for loader in script.train_loaders}
+    if any(N.call_name(c) in ("backward", "step") and N.receiver(c) is not None for c in script.calls_in(loop)):
+        return True
+    return any(isinstance(f, cst.For) and any(mentions(f.iter, name) for name in train) for f in script.nodes_in(loop, cst.For))
 
 
 def _has_batchnorm(script) -> bool:
