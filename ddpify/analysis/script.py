@@ -899,7 +899,7 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
                 elif isinstance(where, cst.FunctionDef):
                     found += _loops_around_calls(script, where, ref, loop)
         for call in script.calls_in(where):
-            fn = script.local_function(call)
+            fn = script.local_function(call) or script.method_of_object(call)  # `trainer.train(loader, epochs)`
             if fn is None or script.scope_of(call) is not where or fn not in script.training_functions:
                 continue
             param = param_receiving(fn, call, ref)
@@ -936,7 +936,7 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
         for call in script.calls_in(where):
             if script.scope_of(call) is not where:
                 continue
-            fn = script.local_function(call)
+            fn = script.local_function(call) or script.method_of_object(call)
             param = param_receiving(fn, call, ref) if fn is not None else None
             if m.matches(call.func, m.Name("iter")) and call.args and mentions(call.args[0].value, ref):
                 if _drawn_in_training(script, call, where):  # `it = iter(loader)`
