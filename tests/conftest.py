@@ -126,7 +126,7 @@ class Launch(ProductLaunch):
             raise AssertionError(self.replicas[label])
 
 
-def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None) -> Launch:
+def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None, keep_going: bool = False) -> Launch:
     """Run ddpify/verify/tracer.py over a plan, under torchrun with nproc processes or plain python (None),
     with the product's launcher (ddpify.verify.launch, as `ddpify verify` runs it).
 
@@ -135,7 +135,8 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     parameters (a deliberately broken script); every other run with 2+ ranks has its replicas
     checked (assert_replicas_identical) by the first Launch.trace() of it. ranks: the processes
     each run has (default nproc, or 1 under python; NPROC for a script that calls mp.spawn).
-    Traces land in workdir. Never raises on failure: the caller asserts on the Launch.
+    Traces land in workdir. Never raises on failure: the caller asserts on the Launch. keep_going:
+    the runs after a failing one still run (give each a "timeout" so a rank left waiting ends).
     """
     plan = [dict(run, cwd=str(workdir / run.get("cwd", run["label"]))) for run in plan]
     ranks = ranks or nproc or 1
@@ -144,7 +145,7 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     done = launch_plan(
         plan, workdir, nproc, python=sys.executable, ranks=ranks,
         limit_s=PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S,
-        env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+        env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}, keep_going=keep_going,
     )  # fmt: skip
     launch = Launch(**vars(done))
     launch.may_diverge = {run["label"]: run["diverges"] for run in plan if run.get("diverges")}

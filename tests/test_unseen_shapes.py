@@ -97,8 +97,8 @@ def runs(tmp_path_factory):
             continue
         (work / name).mkdir()
         env = {"PYTHONPATH": str(out), "CUDA_VISIBLE_DEVICES": ""}
-        plan.append({"label": name, "script": str(out / case["entry"]), "args": case.get("args", []), "env": env})
-    launch = run_plan(plan, work, nproc=NPROC)
+        plan.append({"label": name, "script": str(out / case["entry"]), "args": case.get("args", []), "env": env, "timeout": 90})
+    launch = run_plan(plan, work, nproc=NPROC, keep_going=True)  # one case's failure is that case's
     launch.refused = refused
     return launch
 
