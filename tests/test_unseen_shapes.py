@@ -90,7 +90,7 @@ def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("unseen")
     plan, refused = [], {}
     for name in RUNNABLE:
-        case, out = CASES[name], work / f"{name}.out"
+        case, out = CASES[name], work / f"{name}-ddp"
         result = ddpify("convert", str(UNSEEN / name / case["entry"]), "-o", f"{out}/", cwd=work)
         if result.returncode != 0:
             refused[name] = result.stderr  # that case fails; the others still run
