@@ -949,3 +949,69 @@ def test_a_local_rank_guard_around_data_preparation_stays():
     guard = "    if local_rank in (-1, 0):\n        os.makedirs('data/cache', exist_ok=True)\n        print(epoch)\n"
     code = convert_source("import os\n" + LOCAL_GUARDED.format(value="-1", guard=guard), "train.py").code
     assert "    if local_rank in (-1, 0):\n" in code
+
+
+def _project(folder: Path, files: dict[str, str]) -> Path:
+    """A small project in `folder` (a pyproject.toml marks its root); returns the entry."""
+    (folder / "pyproject.toml").write_text("")
+    for name, code in files.items():
+        (folder / name).write_text(textwrap.dedent(code))
+    return folder / "train.py"
+
+
+HELPER_ENTRY = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import engine
+    from sampling import show
+
+    class Net(torch.nn.Sequential):
+        def summary(self):
+            return str(len(self))
+
+    model = Net(torch.nn.Linear(4, 1), torch.nn.BatchNorm1d(1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+    for epoch in range(2):
+        engine.train_epoch(loader, model, optimizer)
+        if epoch % 2 == 0:
+            print(show(model))
+"""
+TRAIN_EPOCH = """
+    def train_epoch(loader, model, optimizer):
+        for x, y in loader:
+            loss = (model(x) - y).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+
+def test_helpers_of_other_modules_get_the_plain_model(tmp_path):
+    """A function of another module that reads the model's own methods (through a function it
+    hands the model to), or that runs on rank 0 only (a DDP forward there waits for the other
+    ranks), gets `model.module`, in a project converted as one program and in one whose other
+    modules stay as they are."""
+    from ddpify.projects import convert_project
+
+    helpers = {
+        "reads its own methods": "def describe(net):\n    return net.summary()\n\ndef show(m):\n    return describe(m)\n",
+        "runs on rank 0 only": "import torch\n\n@torch.no_grad()\ndef show(net):\n    return float(net(torch.ones(2, 4)).sum())\n",
+    }
+    for why, sampling in helpers.items():
+        for together in (True, False):
+            files = {"train.py": HELPER_ENTRY, "sampling.py": sampling, "engine.py": TRAIN_EPOCH}
+            if not together:  # the loop in the entry; engine.py only a name
+                files["train.py"] = HELPER_ENTRY.replace(
+                    "engine.train_epoch(loader, model, optimizer)",
+                    "for x, y in loader:\n            optimizer.zero_grad()\n"
+                    "            (model(x) - y).pow(2).mean().backward()\n            optimizer.step()",
+                )
+            folder = tmp_path / f"{len(why)}{together}"
+            folder.mkdir()
+            result = convert_project(_project(folder, files))
+            code = {path.name: r.code for path, (r, _, _) in result.changed.items()}
+            assert "print(show(model.module))" in code["train.py"], (why, together, code["train.py"])
+            assert "sampling.py" not in code
+            if together:
+                assert "engine.train_epoch(loader, model, optimizer)" in code["train.py"]  # trains: the wrapper

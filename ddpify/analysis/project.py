@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from ddpify.analysis.index import dotted_name
+
+if TYPE_CHECKING:
+    from ddpify.analysis.summaries import FunctionSummaries
 
 ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
@@ -130,12 +134,16 @@ class ProjectFacts:
     optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
+    # what the functions of the modules besides the entry do with their parameters (asked per call)
+    summaries: FunctionSummaries | None = field(default=None, compare=False)
 
 
-def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
-    """Facts from every module of a project (dotted name -> parsed module)."""
+def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = frozenset()) -> ProjectFacts:
+    """Facts from every module of a project (dotted name -> parsed module; `packages`: the names
+    that are a package's `__init__`)."""
     from ddpify.analysis import names as N
     from ddpify.analysis.index import index_of
+    from ddpify.analysis.summaries import FunctionSummaries
 
     methods, backward, loaders = set(), set(), set()
     for name, module in modules.items():
@@ -153,4 +161,6 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
                 isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
             ):
                 methods.add(ci.func.name.value)
-    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders))
+    others = {name: module for name, module in modules.items() if name != "__main__"}
+    summaries = FunctionSummaries.of_project(others, packages) if others else None
+    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders), summaries)

@@ -21,6 +21,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
 from ddpify.analysis.project import ProjectFacts
+from ddpify.analysis.summaries import FunctionSummaries
 from ddpify.analysis.training import step_analysis
 
 T = TypeVar("T", bound=cst.CSTNode)
@@ -285,6 +286,11 @@ class Script:
     def class_of(self, node: cst.CSTNode) -> cst.ClassDef | None:
         """The class whose method holds `node`."""
         return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+
+    @cached_property
+    def summaries(self) -> FunctionSummaries:
+        """What the functions this script calls do with their parameters, in its project too."""
+        return FunctionSummaries(self.index, outer=self.facts.summaries)
 
     @cached_property
     def classes(self) -> dict[str, cst.ClassDef]:

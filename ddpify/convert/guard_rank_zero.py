@@ -73,7 +73,31 @@ def run(ctx: Context) -> None:
             line = script.statement_line(call)
             targets[line] = ctx.rank0_condition(line)
         _pass_unwrapped(ctx, call)
+    _unwrapped_on_rank0(ctx, targets, moved)
     _guard(ctx, targets, hoisted)
+
+
+def _unwrapped_on_rank0(ctx: Context, guarded, moved: set[cst.Call]) -> None:
+    """`print(sample(model, 3))` now runs on rank 0 only: a function of the project (this module's
+    or another's) that gets the DDP model there and does not train it gets `model.module`, since
+    a DDP forward on one rank waits for the others (buffers are broadcast) and DDP lacks the
+    model's own methods. (Functions that read those get it from unwrap_model already.)"""
+    script, edits = ctx.script, ctx.edits
+    for stmt in guarded:
+        for call in script.calls_in(stmt):
+            if call in moved or any(script.inside(call, m) for m in moved):
+                continue  # hoisted out of the guard: it runs on every rank
+            target = script.summaries.callee(call)
+            if target is None or target[0].trains(target[1]):
+                continue
+            for arg in call.args:
+                owner = ref_of(arg.value)
+                if owner is None or owner not in script.ddp_names.get(script.scope_of(call), ()):
+                    continue
+                if script.summaries.needs_plain(call, arg) is not None or not ctx.after_wrap(call, owner):
+                    continue  # unwrap_model's already, or no wrapper here
+                edits.replace(arg.value, edits.expression(f"{owner}.module"))
+                edits.change(call, f"`{target[1].name.value}()` gets `{owner}.module`: it runs on rank 0 only")
 
 
 def _writes_own_file(ctx: Context, own: PerProcess, call: cst.Call) -> bool:
