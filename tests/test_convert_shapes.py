@@ -1015,3 +1015,65 @@ def test_helpers_of_other_modules_get_the_plain_model(tmp_path):
             assert "sampling.py" not in code
             if together:
                 assert "engine.train_epoch(loader, model, optimizer)" in code["train.py"]  # trains: the wrapper
+
+
+DATA_PARALLEL_RESUME = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+model = nn.Linear(4, 1)
+{before}
+model = nn.DataParallel(model).cuda()
+{after}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(list(range(8)), batch_size=4, shuffle=True)
+for epoch in range(2):
+    for x in loader:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+"""
+
+
+def test_state_dicts_loaded_into_a_data_parallel_model_lose_the_prefix():
+    """A script that loaded into its nn.DataParallel model loads `module.` keys: the converted
+    script loads into the plain model, so it strips them (where present); a load before the
+    DataParallel wrap, or into `model.module`, loaded plain keys and stays."""
+    strip = '{k.removeprefix("module."): v for k, v in torch.load("old.pt", map_location=device).items()}'
+    cases = {
+        ("", 'model.load_state_dict(torch.load("old.pt"))'): f"model.load_state_dict({strip})",
+        ("", 'model.load_state_dict(state_dict=torch.load("old.pt"), strict=True)'): f"model.load_state_dict(state_dict={strip}, strict=True)",
+        ('model.load_state_dict(torch.load("old.pt"))', ""): 'model.load_state_dict(torch.load("old.pt", map_location=device))',
+        ("", 'model.module.load_state_dict(torch.load("old.pt"))'): 'model.load_state_dict(torch.load("old.pt", map_location=device))',
+    }  # fmt: skip
+    for (before, after), expected in cases.items():
+        result = convert_source(DATA_PARALLEL_RESUME.format(before=before, after=after), "train.py")
+        assert expected in result.code, result.code
+        assert convert_source(result.code, "train_ddp.py").code == result.code
+
+
+def test_a_trainer_that_wrapped_in_data_parallel_loads_without_the_prefix():
+    result = convert(
+        """
+        import torch
+        from torch import nn
+
+        class Trainer:
+            def __init__(self, model, loader):
+                self.model = nn.DataParallel(model).cuda()
+                self.loader = loader
+                self.optimizer = torch.optim.Adam(self.model.parameters())
+
+            def resume(self, path):
+                self.model.load_state_dict(torch.load(path)["model"])
+
+            def fit(self):
+                for x in self.loader:
+                    self.optimizer.zero_grad()
+                    self.model(x).sum().backward()
+                    self.optimizer.step()
+        """
+    )
+    strip = '{k.removeprefix("module."): v for k, v in torch.load(path, map_location="cpu")["model"].items()}'
+    assert f"self.model.module.load_state_dict({strip})" in result.code, result.code

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import ref_of
+from ddpify.analysis.script import data_parallel_modules, ref_of
 from ddpify.convert.context import Context
 
 ON_WRAPPER = N.DDP_ATTRIBUTES
@@ -22,6 +22,7 @@ ON_WRAPPER = N.DDP_ATTRIBUTES
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     _reload_into_module(ctx)
+    _plain_before_wrap(ctx)
     _unwrapped_to_objects(ctx)
     _unwrapped_to_helpers(ctx)
     for node in script.nodes_of(cst.Attribute):
@@ -38,6 +39,17 @@ def run(ctx: Context) -> None:
             if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
                 edits.replace(args[0].value, edits.expression(f"{owner}.module"))
                 edits.change(call, f"saves `{owner}.module`, not the DDP wrapper")
+
+
+def _plain_before_wrap(ctx: Context) -> None:
+    """`model = nn.DataParallel(net).cuda(); model.module.load_state_dict(...)`: DataParallel is
+    gone and the DDP wrap comes later, so before it `model` is the network itself."""
+    script, edits = ctx.script, ctx.edits
+    for node in data_parallel_modules(script):
+        owner = ref_of(node.value)
+        if owner in ctx.wrap_after and not ctx.after_wrap(node, owner):
+            edits.replace(node, node.value)
+            edits.change(node, f"`{owner}` before the DDP wrap is the network itself (no `.module`)")
 
 
 def _unwrapped_to_objects(ctx: Context) -> None:
