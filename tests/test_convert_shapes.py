@@ -1077,3 +1077,22 @@ def test_a_trainer_that_wrapped_in_data_parallel_loads_without_the_prefix():
     )
     strip = '{k.removeprefix("module."): v for k, v in torch.load(path, map_location="cpu")["model"].items()}'
     assert f"self.model.module.load_state_dict({strip})" in result.code, result.code
+
+
+def test_self_tests_of_imported_modules_stay_as_they_are(tmp_path):
+    """`if __name__ == "__main__":` in a module the entry imports runs only when that module is
+    run as a script: a conversion of the project (here as one program: the epoch is a helper of
+    another module) neither guards its prints nor counts its backward pass as training."""
+    from ddpify.projects import convert_project
+
+    models = (
+        "import torch\n\n\nclass Net(torch.nn.Linear):\n    pass\n\n\n"
+        'if __name__ == "__main__":\n    net = Net(4, 1)\n    net(torch.ones(1, 4)).sum().backward()\n'
+        '    print("grad", net.weight.grad.shape)\n    torch.save(net.state_dict(), "selftest.pt")\n'
+    )
+    entry = HELPER_ENTRY.replace("from sampling import show\n", "from models import Net as Plain\n")
+    entry = entry.replace("Net(torch.nn.Linear(4, 1), torch.nn.BatchNorm1d(1))", "Plain(4, 1)").replace("print(show(model))", 'print("epoch", epoch)')
+    result = convert_project(_project(tmp_path, {"train.py": entry, "models.py": models, "engine.py": TRAIN_EPOCH}))
+    changed = {path.name for path in result.changed}
+    assert changed == {"train.py"}, changed
+    assert "DDP(model" in result.changed[tmp_path / "train.py"][0].code

@@ -142,13 +142,17 @@ def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = fro
     """Facts from every module of a project (dotted name -> parsed module; `packages`: the names
     that are a package's `__init__`)."""
     from ddpify.analysis import names as N
-    from ddpify.analysis.index import index_of
+    from ddpify.analysis.index import index_of, main_guard
     from ddpify.analysis.summaries import FunctionSummaries
 
     methods, backward, loaders = set(), set(), set()
     for name, module in modules.items():
         index = index_of(module)
+        test = main_guard(module) if name != "__main__" else None
+        self_test = set(index.calls_under(test)) if test is not None else set()  # runs only as a script
         for ci in index.calls:
+            if ci in self_test:
+                continue
             if ci.receiver is not None and ci.name == "backward":
                 backward.add(name)
             if ci.qnames & N.DATALOADER:
