@@ -1096,3 +1096,40 @@ def test_self_tests_of_imported_modules_stay_as_they_are(tmp_path):
     changed = {path.name for path in result.changed}
     assert changed == {"train.py"}, changed
     assert "DDP(model" in result.changed[tmp_path / "train.py"][0].code
+
+
+RANK0_OBJECT = """
+import os
+import torch
+import wandb
+from torch.utils.data import DataLoader
+
+run = wandb.init(project="toy")
+run.config.update({{"lr": 0.1}})
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(list(range(8)), batch_size=4, shuffle=True)
+{use}
+for epoch in range({epochs}):
+    for x in loader:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    torch.save(model.state_dict(), os.path.join(out_dir, "last.pt"))
+"""
+
+
+def test_values_of_a_rank0_only_object_are_read_on_rank0_only():
+    """`run = wandb.init(...)` exists on rank 0 only: `run.config.update(...)`, a folder named
+    from it and every use of that folder run there too; a value from it that decides the
+    training on every rank cannot, and gets a TODO."""
+    source = RANK0_OBJECT.format(use="out_dir = os.path.join(run.dir, 'weights')\nos.makedirs(out_dir, exist_ok=True)", epochs=2)
+    result = convert_source(source, "train.py")
+    assert 'if int(os.environ.get("RANK", 0)) == 0:\n    run.config.update(' in result.code, result.code  # before the group
+    assert "if dist.get_rank() == 0:\n    out_dir = os.path.join(run.dir, 'weights')\n    os.makedirs(out_dir, exist_ok=True)\n" in result.code
+    assert "    if dist.get_rank() == 0:\n        torch.save(model.module.state_dict(), os.path.join(out_dir" in result.code
+    assert result.todos == []
+    assert convert_source(result.code, "train_ddp.py").code == result.code
+    source = RANK0_OBJECT.format(use="out_dir = run.dir\nepochs = len(run.name)", epochs="epochs")
+    result = convert_source(source, "train.py")
+    assert [t.message for t in result.todos] == ["`epochs` comes from `run`, which exists on rank 0 only: compute it on every rank"]

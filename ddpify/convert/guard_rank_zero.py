@@ -15,6 +15,7 @@ import libcst as cst
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.multinode import written_and_read_back
+from ddpify.analysis.rank0_objects import RANK0_WRITERS, rank0_objects, rank0_uses
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
@@ -24,7 +25,7 @@ from ddpify.convert.per_process import PerProcess, shared_temp_dirs
 ONCE = N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS
 ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "addHandler", "writerow", "writerows", "save_pretrained"})
 # Objects that write (TensorBoard, W&B runs) are made on rank 0 only; their calls are guarded.
-WRITERS = N.SUMMARY_WRITERS | frozenset({"wandb.init"})
+WRITERS = RANK0_WRITERS
 WRITE_MODES = ("w", "a", "x")
 FILE_SECOND = frozenset({"json.dump", "pickle.dump"})  # (obj, file): the file comes second
 FILE_KEYWORDS = ("f", "fp", "file", "fname", "path", "filename")
@@ -68,6 +69,7 @@ def run(ctx: Context) -> None:
         targets[line] = ctx.rank0_condition(line)
         if _hoist_model_calls(ctx, line, call, moved):
             hoisted.add(line)
+    _guard_rank0_values(ctx, targets, hoisted, moved)
     for call in script.eval_calls:
         if rank0_eval and not D.guarded_by_rank(script, call):
             line = script.statement_line(call)
@@ -98,6 +100,23 @@ def _unwrapped_on_rank0(ctx: Context, guarded, moved: set[cst.Call]) -> None:
                     continue  # unwrap_model's already, or no wrapper here
                 edits.replace(arg.value, edits.expression(f"{owner}.module"))
                 edits.change(call, f"`{target[1].name.value}()` gets `{owner}.module`: it runs on rank 0 only")
+
+
+def _guard_rank0_values(ctx: Context, targets: dict, hoisted: set, moved: set[cst.Call]) -> None:
+    """A writer exists on rank 0 only: every statement that reads it, or a value computed from
+    it (`folder = os.path.join(self.writer.log_dir, "weights")`, then `os.makedirs(folder)`),
+    runs on rank 0 only too; one that also trains or communicates cannot, and gets a TODO."""
+    script, edits = ctx.script, ctx.edits
+    for use in rank0_uses(script, rank0_objects(script)):
+        stmt = use.statement
+        if stmt in targets or D.guarded_by_rank(script, stmt):
+            continue
+        if use.every_rank:
+            edits.todo(stmt, stmt, f"`{use.reads}` comes from `{use.source}`, which exists on rank 0 only: compute it on every rank")
+            continue
+        targets[stmt] = ctx.rank0_condition(stmt)
+        if _hoist_model_calls(ctx, stmt, stmt, moved):
+            hoisted.add(stmt)
 
 
 def _writes_own_file(ctx: Context, own: PerProcess, call: cst.Call) -> bool:
