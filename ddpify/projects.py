@@ -68,7 +68,7 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
             result.changed[project.entry] = (converted, text, encoding)
         return result
     modules = {project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()}
-    facts = dataclasses.replace(project_facts(modules), unreadable=tuple(project.unreadable.items()))
+    facts = dataclasses.replace(project_facts(modules, _packages(project)), unreadable=tuple(project.unreadable.items()))
     return _convert_together(project, sources, modules, options, facts)
 
 
@@ -82,7 +82,7 @@ def _convert_together(project: Project, sources, modules: dict[str, cst.Module],
     paths = {name: path for path, name in project.modules.items()}
     modules = dict(modules)
     entry_module = modules.pop("__main__")
-    packages = frozenset(name for name, path in paths.items() if path.name == "__init__.py")
+    packages = _packages(project)
     try:
         converted = convert_modules(entry_module, modules, packages, options, facts)
     except AnalysisError as exc:
@@ -120,6 +120,11 @@ def _verify_project(result: ProjectResult, parsed: dict[str, cst.Module], option
         raise ConvertError(
             str(project.entry), line, f"internal error: converting the converted project again would change it (pass {name}: {what})"
         )
+
+
+def _packages(project: Project) -> frozenset[str]:
+    """The dotted names of the project's modules that are a package's `__init__`."""
+    return frozenset(name for path, name in project.modules.items() if path.name == "__init__.py")
 
 
 def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> list[Path]:

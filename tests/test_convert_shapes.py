@@ -949,3 +949,187 @@ def test_a_local_rank_guard_around_data_preparation_stays():
     guard = "    if local_rank in (-1, 0):\n        os.makedirs('data/cache', exist_ok=True)\n        print(epoch)\n"
     code = convert_source("import os\n" + LOCAL_GUARDED.format(value="-1", guard=guard), "train.py").code
     assert "    if local_rank in (-1, 0):\n" in code
+
+
+def _project(folder: Path, files: dict[str, str]) -> Path:
+    """A small project in `folder` (a pyproject.toml marks its root); returns the entry."""
+    (folder / "pyproject.toml").write_text("")
+    for name, code in files.items():
+        (folder / name).write_text(textwrap.dedent(code))
+    return folder / "train.py"
+
+
+HELPER_ENTRY = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import engine
+    from sampling import show
+
+    class Net(torch.nn.Sequential):
+        def summary(self):
+            return str(len(self))
+
+    model = Net(torch.nn.Linear(4, 1), torch.nn.BatchNorm1d(1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+    for epoch in range(2):
+        engine.train_epoch(loader, model, optimizer)
+        if epoch % 2 == 0:
+            print(show(model))
+"""
+TRAIN_EPOCH = """
+    def train_epoch(loader, model, optimizer):
+        for x, y in loader:
+            loss = (model(x) - y).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+
+def test_helpers_of_other_modules_get_the_plain_model(tmp_path):
+    """A function of another module that reads the model's own methods (through a function it
+    hands the model to), or that runs on rank 0 only (a DDP forward there waits for the other
+    ranks), gets `model.module`, in a project converted as one program and in one whose other
+    modules stay as they are."""
+    from ddpify.projects import convert_project
+
+    helpers = {
+        "reads its own methods": "def describe(net):\n    return net.summary()\n\ndef show(m):\n    return describe(m)\n",
+        "runs on rank 0 only": "import torch\n\n@torch.no_grad()\ndef show(net):\n    return float(net(torch.ones(2, 4)).sum())\n",
+    }
+    for why, sampling in helpers.items():
+        for together in (True, False):
+            files = {"train.py": HELPER_ENTRY, "sampling.py": sampling, "engine.py": TRAIN_EPOCH}
+            if not together:  # the loop in the entry; engine.py only a name
+                files["train.py"] = HELPER_ENTRY.replace(
+                    "engine.train_epoch(loader, model, optimizer)",
+                    "for x, y in loader:\n            optimizer.zero_grad()\n"
+                    "            (model(x) - y).pow(2).mean().backward()\n            optimizer.step()",
+                )
+            folder = tmp_path / f"{len(why)}{together}"
+            folder.mkdir()
+            result = convert_project(_project(folder, files))
+            code = {path.name: r.code for path, (r, _, _) in result.changed.items()}
+            assert "print(show(model.module))" in code["train.py"], (why, together, code["train.py"])
+            assert "sampling.py" not in code
+            if together:
+                assert "engine.train_epoch(loader, model, optimizer)" in code["train.py"]  # trains: the wrapper
+
+
+DATA_PARALLEL_RESUME = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+model = nn.Linear(4, 1)
+{before}
+model = nn.DataParallel(model).cuda()
+{after}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(list(range(8)), batch_size=4, shuffle=True)
+for epoch in range(2):
+    for x in loader:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+"""
+
+
+def test_state_dicts_loaded_into_a_data_parallel_model_lose_the_prefix():
+    """A script that loaded into its nn.DataParallel model loads `module.` keys: the converted
+    script loads into the plain model, so it strips them (where present); a load before the
+    DataParallel wrap, or into `model.module`, loaded plain keys and stays."""
+    strip = '{k.removeprefix("module."): v for k, v in torch.load("old.pt", map_location=device).items()}'
+    cases = {
+        ("", 'model.load_state_dict(torch.load("old.pt"))'): f"model.load_state_dict({strip})",
+        ("", 'model.load_state_dict(state_dict=torch.load("old.pt"), strict=True)'): f"model.load_state_dict(state_dict={strip}, strict=True)",
+        ('model.load_state_dict(torch.load("old.pt"))', ""): 'model.load_state_dict(torch.load("old.pt", map_location=device))',
+        ("", 'model.module.load_state_dict(torch.load("old.pt"))'): 'model.load_state_dict(torch.load("old.pt", map_location=device))',
+    }  # fmt: skip
+    for (before, after), expected in cases.items():
+        result = convert_source(DATA_PARALLEL_RESUME.format(before=before, after=after), "train.py")
+        assert expected in result.code, result.code
+        assert convert_source(result.code, "train_ddp.py").code == result.code
+
+
+def test_a_trainer_that_wrapped_in_data_parallel_loads_without_the_prefix():
+    result = convert(
+        """
+        import torch
+        from torch import nn
+
+        class Trainer:
+            def __init__(self, model, loader):
+                self.model = nn.DataParallel(model).cuda()
+                self.loader = loader
+                self.optimizer = torch.optim.Adam(self.model.parameters())
+
+            def resume(self, path):
+                self.model.load_state_dict(torch.load(path)["model"])
+
+            def fit(self):
+                for x in self.loader:
+                    self.optimizer.zero_grad()
+                    self.model(x).sum().backward()
+                    self.optimizer.step()
+        """
+    )
+    strip = '{k.removeprefix("module."): v for k, v in torch.load(path, map_location="cpu")["model"].items()}'
+    assert f"self.model.module.load_state_dict({strip})" in result.code, result.code
+
+
+def test_self_tests_of_imported_modules_stay_as_they_are(tmp_path):
+    """`if __name__ == "__main__":` in a module the entry imports runs only when that module is
+    run as a script: a conversion of the project (here as one program: the epoch is a helper of
+    another module) neither guards its prints nor counts its backward pass as training."""
+    from ddpify.projects import convert_project
+
+    models = (
+        "import torch\n\n\nclass Net(torch.nn.Linear):\n    pass\n\n\n"
+        'if __name__ == "__main__":\n    net = Net(4, 1)\n    net(torch.ones(1, 4)).sum().backward()\n'
+        '    print("grad", net.weight.grad.shape)\n    torch.save(net.state_dict(), "selftest.pt")\n'
+    )
+    entry = HELPER_ENTRY.replace("from sampling import show\n", "from models import Net as Plain\n")
+    entry = entry.replace("Net(torch.nn.Linear(4, 1), torch.nn.BatchNorm1d(1))", "Plain(4, 1)").replace("print(show(model))", 'print("epoch", epoch)')
+    result = convert_project(_project(tmp_path, {"train.py": entry, "models.py": models, "engine.py": TRAIN_EPOCH}))
+    changed = {path.name for path in result.changed}
+    assert changed == {"train.py"}, changed
+    assert "DDP(model" in result.changed[tmp_path / "train.py"][0].code
+
+
+RANK0_OBJECT = """
+import os
+import torch
+import wandb
+from torch.utils.data import DataLoader
+
+run = wandb.init(project="toy")
+run.config.update({{"lr": 0.1}})
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(list(range(8)), batch_size=4, shuffle=True)
+{use}
+for epoch in range({epochs}):
+    for x in loader:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    torch.save(model.state_dict(), os.path.join(out_dir, "last.pt"))
+"""
+
+
+def test_values_of_a_rank0_only_object_are_read_on_rank0_only():
+    """`run = wandb.init(...)` exists on rank 0 only: `run.config.update(...)`, a folder named
+    from it and every use of that folder run there too; a value from it that decides the
+    training on every rank cannot, and gets a TODO."""
+    source = RANK0_OBJECT.format(use="out_dir = os.path.join(run.dir, 'weights')\nos.makedirs(out_dir, exist_ok=True)", epochs=2)
+    result = convert_source(source, "train.py")
+    assert 'if int(os.environ.get("RANK", 0)) == 0:\n    run.config.update(' in result.code, result.code  # before the group
+    assert "if dist.get_rank() == 0:\n    out_dir = os.path.join(run.dir, 'weights')\n    os.makedirs(out_dir, exist_ok=True)\n" in result.code
+    assert "    if dist.get_rank() == 0:\n        torch.save(model.module.state_dict(), os.path.join(out_dir" in result.code
+    assert result.todos == []
+    assert convert_source(result.code, "train_ddp.py").code == result.code
+    source = RANK0_OBJECT.format(use="out_dir = run.dir\nepochs = len(run.name)", epochs="epochs")
+    result = convert_source(source, "train.py")
+    assert [t.message for t in result.todos] == ["`epochs` comes from `run`, which exists on rank 0 only: compute it on every rank"]

@@ -24,6 +24,7 @@ Keys of <case>.toml:
   todos        substrings, one for each TODO the conversion leaves (exactly that many)
   in_code      {"file" = ["substring", ...]}: the converted file holds each
   not_in_code  {"file" = ["substring", ...]}: the converted file holds none
+  unchanged    files of the project the conversion leaves as they are
   not_in_summary  substrings no summary line may hold ("never uses a GPU")
   loads_into   {file = "checkpoint", module = "m", cls = "Net", key = "state_dict"}: the checkpoint loads into the original model
 """
@@ -78,6 +79,8 @@ def test_unseen_conversion(name):
         assert file in changed, f"{file} did not change"
         for text in wanted:
             assert text in changed[file].code, f"{file} lacks {text!r}:\n{changed[file].code}"
+    for file in case.get("unchanged", []):
+        assert file not in changed, f"{file} changed:\n{changed[file].code}"
     for file, unwanted in case.get("not_in_code", {}).items():
         code = changed[file].code if file in changed else (root / file).read_text()
         for text in unwanted:

@@ -257,10 +257,27 @@ class FileIndex:
             self._bindings[other] = {}
             self._qualname[other] = name
             self._scopes = [other]
-            self._walk(other)
+            self._walk_imported(other)
         del self._funcs, self._loop_stack, self._scopes, self._withs, self._handlers, self._root, self._packages
 
     # the traversal --------------------------------------------------------------------------------
+    def _walk_imported(self, module: cst.Module) -> None:
+        """A module the program imports: walked without its `if __name__ == "__main__":` block
+        (its self-test), which never runs on import, so no analysis sees it and no pass edits it."""
+        test = main_guard(module)
+        if test is None:
+            self._walk(module)
+            return
+        visit, leave, _ = self._handlers.get(cst.Module) or self._handlers_for(cst.Module)
+        for fn in visit:
+            fn(module)
+        for stmt in module.body:  # a Module's one field that holds nodes
+            self.parents[stmt] = module
+            if stmt is not test:
+                self._walk(stmt)
+        for fn in leave:
+            fn(module)
+
     def _handlers_for(self, cls: type) -> tuple:
         name = cls.__name__
         visit, leave = [], []
@@ -836,6 +853,19 @@ class FileIndex:
         if key not in store:
             store[key] = compute(self)
         return store[key]
+
+
+def main_guard(module: cst.Module) -> Optional[cst.If]:
+    """The module's top-level `if __name__ == "__main__":` (what runs only as a script)."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison):
+            test = stmt.test
+            names = [test.left, *(c.comparator for c in test.comparisons)]
+            if len(test.comparisons) == 1 and isinstance(test.comparisons[0].operator, cst.Equal) and any(
+                isinstance(n, cst.Name) and n.value == "__name__" for n in names
+            ) and any(isinstance(n, cst.SimpleString) and n.evaluated_value == "__main__" for n in names):
+                return stmt
+    return None
 
 
 def _definitions(index: FileIndex) -> dict[str, cst.CSTNode]:

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from ddpify.analysis.index import dotted_name
+
+if TYPE_CHECKING:
+    from ddpify.analysis.summaries import FunctionSummaries
 
 ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
@@ -141,19 +145,27 @@ class ProjectFacts:
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
     names_cuda: bool = False  # some module names CUDA (a "cuda" string, `.cuda()`, `torch.cuda.*`)
     unreadable: tuple[tuple[str, str], ...] = ()  # (dotted name, why) of project modules the analysis cannot read
+    # what the functions of the modules besides the entry do with their parameters (asked per call)
+    summaries: FunctionSummaries | None = field(default=None, compare=False)
 
 
-def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
-    """Facts from every module of a project (dotted name -> parsed module)."""
+def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = frozenset()) -> ProjectFacts:
+    """Facts from every module of a project (dotted name -> parsed module; `packages`: the names
+    that are a package's `__init__`)."""
     from ddpify.analysis import names as N
-    from ddpify.analysis.index import index_of
+    from ddpify.analysis.index import index_of, main_guard
+    from ddpify.analysis.summaries import FunctionSummaries
 
     methods, backward, loaders = set(), set(), set()
     cuda = False
     for name, module in modules.items():
         index = index_of(module)
         cuda = cuda or names_cuda(module, index)
+        test = main_guard(module) if name != "__main__" else None
+        self_test = set(index.calls_under(test)) if test is not None else set()  # runs only as a script
         for ci in index.calls:
+            if ci in self_test:
+                continue
             if ci.receiver is not None and ci.name == "backward":
                 backward.add(name)
             if ci.qnames & N.DATALOADER:
@@ -166,7 +178,9 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
                 isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
             ):
                 methods.add(ci.func.name.value)
-    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders), cuda)
+    others = {name: module for name, module in modules.items() if name != "__main__"}
+    summaries = FunctionSummaries.of_project(others, packages) if others else None
+    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders), cuda, summaries=summaries)
 
 
 def names_cuda(module: cst.Module, index=None) -> bool:

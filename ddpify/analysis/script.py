@@ -21,6 +21,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
 from ddpify.analysis.project import ProjectFacts, names_cuda
+from ddpify.analysis.summaries import FunctionSummaries
 from ddpify.analysis.training import step_analysis
 
 T = TypeVar("T", bound=cst.CSTNode)
@@ -322,6 +323,11 @@ class Script:
     def class_of(self, node: cst.CSTNode) -> cst.ClassDef | None:
         """The class whose method holds `node`."""
         return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+
+    @cached_property
+    def summaries(self) -> FunctionSummaries:
+        """What the functions this script calls do with their parameters, in its project too."""
+        return FunctionSummaries(self.index, outer=self.facts.summaries)
 
     @cached_property
     def classes(self) -> dict[str, cst.ClassDef]:
@@ -872,6 +878,65 @@ def returns(fn: cst.FunctionDef) -> list[cst.Return]:
         for n in iter_nodes(fn, prune=lambda n: isinstance(n, cst.FunctionDef))
         if isinstance(n, cst.Return) and n.value is not None
     ]
+
+
+def data_parallel_loads(script: Script) -> list[cst.Call]:
+    """`model.load_state_dict(state)` where `model` holds an `nn.DataParallel` model: what it
+    loads has `module.` keys (an earlier run saved the wrapper's state dict), which the plain
+    model a conversion loads into does not have."""
+    bound = _data_parallel_bindings(script)
+    return [
+        call for call in script.calls
+        if N.call_name(call) == "load_state_dict" and (N.positional(call) or N.keyword(call, "state_dict"))
+        and _holds_data_parallel(script, bound, N.receiver(call), call)
+    ]  # fmt: skip
+
+
+def data_parallel_modules(script: Script) -> list[cst.Attribute]:
+    """`model.module` where `model` holds an `nn.DataParallel` model: the network inside it."""
+    bound = _data_parallel_bindings(script)
+    return [
+        node for node in script.nodes_of(cst.Attribute)
+        if bound and node.attr.value == "module" and _holds_data_parallel(script, bound, node.value, node)
+    ]  # fmt: skip
+
+
+def _holds_data_parallel(script: Script, bound: dict, expr: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    """Does `expr` (a name or `self.x`) hold an `nn.DataParallel` model where `node` runs: bound
+    to `nn.DataParallel(net)` (or `.to(device)`/`.cuda()` of it) before, in its scope, or in
+    another method for `self.x`?"""
+    ref = ref_of(expr) if expr is not None else None
+    if ref is None:
+        return False
+    scope = script.scope_of(node)
+    return any(
+        scope in script.scopes_for(ref, where) and (scope is not where or script.before(assign, node))
+        for assign, where in bound.get(ref, ())
+    )
+
+
+def _data_parallel_bindings(script: Script) -> dict[str, list[tuple[cst.Assign, ScopeNode]]]:
+    """Each name bound to an `nn.DataParallel` model -> (the assignment, its scope)."""
+    found: dict[str, list[tuple[cst.Assign, ScopeNode]]] = {}
+    for node in script.data_parallel:
+        call = script.parent(node)
+        if not (isinstance(call, cst.Call) and call.func is node):
+            continue
+        outer = _chained(script, call)
+        assign = script.parent(outer)
+        if isinstance(assign, cst.Assign) and assign.value is outer and ref_of(assign.targets[0].target):
+            found.setdefault(ref_of(assign.targets[0].target), []).append((assign, script.scope_of(assign)))
+    return found
+
+
+def _chained(script: Script, call: cst.Call) -> cst.Call:
+    """`nn.DataParallel(net).to(device).cuda()`: the outermost call of the chain."""
+    while True:
+        attr = script.parent(call)
+        outer = script.parent(attr) if isinstance(attr, cst.Attribute) and attr.value is call else None
+        if not (isinstance(outer, cst.Call) and outer.func is attr and attr.attr.value in ("to", "cuda", "float", "half")):
+            return call
+        call = outer
 
 
 def mentions(node: cst.CSTNode, ref: str) -> bool:

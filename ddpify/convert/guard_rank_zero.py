@@ -16,6 +16,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
 from ddpify.analysis.multinode import written_and_read_back
+from ddpify.analysis.rank0_objects import RANK0_WRITERS, rank0_objects, rank0_uses
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
@@ -25,7 +26,7 @@ from ddpify.convert.per_process import PerProcess, shared_temp_dirs
 ONCE = N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS
 ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "addHandler", "writerow", "writerows", "save_pretrained"})
 # Objects that write (TensorBoard, W&B runs) are made on rank 0 only; their calls are guarded.
-WRITERS = N.SUMMARY_WRITERS | frozenset({"wandb.init"})
+WRITERS = RANK0_WRITERS
 WRITE_MODES = ("w", "a", "x")
 FILE_SECOND = frozenset({"json.dump", "pickle.dump"})  # (obj, file): the file comes second
 FILE_KEYWORDS = ("f", "fp", "file", "fname", "path", "filename")
@@ -69,12 +70,54 @@ def run(ctx: Context) -> None:
         targets[line] = ctx.rank0_condition(line)
         if _hoist_model_calls(ctx, line, call, moved):
             hoisted.add(line)
+    _guard_rank0_values(ctx, targets, hoisted, moved)
     for call in script.eval_calls:
         if rank0_eval and not D.guarded_by_rank(script, call):
             line = script.statement_line(call)
             targets[line] = ctx.rank0_condition(line)
         _pass_unwrapped(ctx, call)
+    _unwrapped_on_rank0(ctx, targets, moved)
     _guard(ctx, targets, hoisted)
+
+
+def _unwrapped_on_rank0(ctx: Context, guarded, moved: set[cst.Call]) -> None:
+    """`print(sample(model, 3))` now runs on rank 0 only: a function of the project (this module's
+    or another's) that gets the DDP model there and does not train it gets `model.module`, since
+    a DDP forward on one rank waits for the others (buffers are broadcast) and DDP lacks the
+    model's own methods. (Functions that read those get it from unwrap_model already.)"""
+    script, edits = ctx.script, ctx.edits
+    for stmt in guarded:
+        for call in script.calls_in(stmt):
+            if call in moved or any(script.inside(call, m) for m in moved):
+                continue  # hoisted out of the guard: it runs on every rank
+            target = script.summaries.callee(call)
+            if target is None or target[0].trains(target[1]):
+                continue
+            for arg in call.args:
+                owner = ref_of(arg.value)
+                if owner is None or owner not in script.ddp_names.get(script.scope_of(call), ()):
+                    continue
+                if script.summaries.needs_plain(call, arg) is not None or not ctx.after_wrap(call, owner):
+                    continue  # unwrap_model's already, or no wrapper here
+                edits.replace(arg.value, edits.expression(f"{owner}.module"))
+                edits.change(call, f"`{target[1].name.value}()` gets `{owner}.module`: it runs on rank 0 only")
+
+
+def _guard_rank0_values(ctx: Context, targets: dict, hoisted: set, moved: set[cst.Call]) -> None:
+    """A writer exists on rank 0 only: every statement that reads it, or a value computed from
+    it (`folder = os.path.join(self.writer.log_dir, "weights")`, then `os.makedirs(folder)`),
+    runs on rank 0 only too; one that also trains or communicates cannot, and gets a TODO."""
+    script, edits = ctx.script, ctx.edits
+    for use in rank0_uses(script, rank0_objects(script)):
+        stmt = use.statement
+        if stmt in targets or D.guarded_by_rank(script, stmt):
+            continue
+        if use.every_rank:
+            edits.todo(stmt, stmt, f"`{use.reads}` comes from `{use.source}`, which exists on rank 0 only: compute it on every rank")
+            continue
+        targets[stmt] = ctx.rank0_condition(stmt)
+        if _hoist_model_calls(ctx, stmt, stmt, moved):
+            hoisted.add(stmt)
 
 
 def _writes_own_file(ctx: Context, own: PerProcess, call: cst.Call) -> bool:
@@ -214,7 +257,8 @@ def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.Simp
         script.is_call_to(call, ONCE)
         or (owner is not None and N.call_name(call) in ONCE_METHODS)
         or (owner is not None and ref_of(owner) in writers)
-        or side_effects.writes(
+        or isinstance(line.body[0], cst.Expr)  # a writer object a statement makes is _rank0_writers'
+        and side_effects.writes(
             script.names(call.func), N.call_name(call) or "",
             side_effects.bound_call_roots(script.names, script.assigns.get(script.scope_of(call), []), owner),
             method=owner is not None,

@@ -2,7 +2,10 @@
 
 `model = nn.DataParallel(model)` (also under `if torch.cuda.device_count() > 1:`) goes
 away; `nn.DataParallel(net).to(device)` keeps `net.to(device)`; `isinstance(m,
-nn.DataParallel)` asks about DDP, so `.module` code keeps working.
+nn.DataParallel)` asks about DDP, so `.module` code keeps working. A state dict the script
+loaded into its DataParallel model has `module.` keys (the checkpoints of its earlier runs):
+it is loaded with that prefix stripped, since the model now loads unwrapped (`model` before the
+DDP wrap, `model.module` after it); checkpoints without the prefix load as they are.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import ref_of
+from ddpify.analysis.script import data_parallel_loads, ref_of
 from ddpify.convert.context import Context
 
 
@@ -30,6 +33,25 @@ def run(ctx: Context) -> None:
         else:
             edits.replace(node, cst.Name("DDP"))
             edits.change(node, "`DataParallel` check now asks about `DDP`")
+    for call in data_parallel_loads(script):
+        _strip_prefix(ctx, call)
+
+
+def _strip_prefix(ctx: Context, call: cst.Call) -> None:
+    """`model.load_state_dict(state)` -> `model.load_state_dict({k.removeprefix("module."): v
+    for k, v in state.items()})` (what other passes do inside `state` stays)."""
+    arg = (N.positional(call) or [N.keyword(call, "state_dict")])[0]
+    template = ctx.edits.expression('{k.removeprefix("module."): v for k, v in state.items()}')
+
+    def strip(updated: cst.BaseExpression) -> cst.DictComp:
+        if isinstance(updated, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.Await)) and not updated.lpar:
+            updated = updated.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        items = template.for_in.iter
+        iterate = items.with_changes(func=items.func.with_changes(value=updated))
+        return template.with_changes(for_in=template.for_in.with_changes(iter=iterate))
+
+    ctx.edits.rewrite(arg.value, strip)
+    ctx.edits.change(call, "the nn.DataParallel model's state dict has `module.` keys: loaded with the prefix stripped")
 
 
 def _unwrap(ctx: Context, call: cst.Call) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import param_receiving, ref_of
+from ddpify.analysis.script import data_parallel_modules, ref_of
 from ddpify.convert.context import Context
 
 ON_WRAPPER = N.DDP_ATTRIBUTES
@@ -22,6 +22,7 @@ ON_WRAPPER = N.DDP_ATTRIBUTES
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     _reload_into_module(ctx)
+    _plain_before_wrap(ctx)
     _unwrapped_to_objects(ctx)
     _unwrapped_to_helpers(ctx)
     for node in script.nodes_of(cst.Attribute):
@@ -38,6 +39,17 @@ def run(ctx: Context) -> None:
             if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
                 edits.replace(args[0].value, edits.expression(f"{owner}.module"))
                 edits.change(call, f"saves `{owner}.module`, not the DDP wrapper")
+
+
+def _plain_before_wrap(ctx: Context) -> None:
+    """`model = nn.DataParallel(net).cuda(); model.module.load_state_dict(...)`: DataParallel is
+    gone and the DDP wrap comes later, so before it `model` is the network itself."""
+    script, edits = ctx.script, ctx.edits
+    for node in data_parallel_modules(script):
+        owner = ref_of(node.value)
+        if owner in ctx.wrap_after and not ctx.after_wrap(node, owner):
+            edits.replace(node, node.value)
+            edits.change(node, f"`{owner}` before the DDP wrap is the network itself (no `.module`)")
 
 
 def _unwrapped_to_objects(ctx: Context) -> None:
@@ -65,29 +77,21 @@ def _unwrapped_to_objects(ctx: Context) -> None:
 
 
 def _unwrapped_to_helpers(ctx: Context) -> None:
-    """`generate(model, idx, ...)`: a helper of the script that does not train but uses the
-    model's own methods or attributes (`model.get_block_size()`, `model.config`) gets
-    `model.module`; DDP has none of them."""
+    """`generate(model, idx, ...)`: a function of the project, in this module or another
+    (`sampling.generate(model, 3)`), that does not train but reads the model's own methods or
+    attributes (`model.get_block_size()`, `decoder.init_hidden(1)`), itself or in a function it
+    hands the model to, gets `model.module`; DDP has none of them."""
     script, edits = ctx.script, ctx.edits
     for call in script.calls:
-        fn = script.local_function(call)
-        if fn is None or fn in script.training_functions or not isinstance(call.func, cst.Name):
-            continue
-        for owner in script.ddp_names.get(script.scope_of(call), ()):
-            param = param_receiving(fn, call, owner)
-            if param is None or not _uses_own_members(script, fn, param) or not ctx.after_wrap(call, owner):
+        for arg in call.args:
+            owner = ref_of(arg.value)
+            if owner is None or owner not in script.ddp_names.get(script.scope_of(call), ()):
                 continue
-            arg = next(a for a in call.args if ref_of(a.value) == owner)
+            fn = script.summaries.needs_plain(call, arg)
+            if fn is None or not ctx.after_wrap(call, owner):
+                continue
             edits.replace(arg.value, edits.expression(f"{owner}.module"))
             edits.change(call, f"`{fn.name.value}()` gets `{owner}.module`: it uses the model's own methods")
-
-
-def _uses_own_members(script, fn: cst.FunctionDef, param: str) -> bool:
-    """Does `fn` use `param.x` for an `x` that DDP does not answer for the module?"""
-    return any(
-        ref_of(a.value) == param and a.attr.value not in ON_WRAPPER
-        for a in script.nodes_of(cst.Attribute) if script.inside(a, fn)
-    )
 
 
 def _reload_into_module(ctx: Context) -> None:
