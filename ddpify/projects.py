@@ -67,7 +67,7 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
         if not converted.already_distributed and converted.code != text:
             result.changed[project.entry] = (converted, text, encoding)
         return result
-    modules = {project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()}
+    modules = {project.modules[path]: project.parsed[path] for path in project.files}  # parsed once, by find_project
     facts = dataclasses.replace(project_facts(modules, _packages(project)), unreadable=tuple(project.unreadable.items()))
     return _convert_together(project, sources, modules, options, facts)
 

@@ -35,6 +35,7 @@ class Project:
     modules: dict[Path, str] = field(default_factory=dict)  # file -> dotted module name ("__main__" for the entry)
     imports: dict[Path, list[Path]] = field(default_factory=dict)  # file -> the project files it imports
     unreadable: dict[str, str] = field(default_factory=dict)  # dotted name -> why it cannot be analysed (a syntax error)
+    parsed: dict[Path, cst.Module] = field(default_factory=dict, repr=False)  # file -> its module, parsed once
 
     @property
     def files(self) -> list[Path]:
@@ -75,6 +76,7 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None) -
             project.unreadable[name] = why  # not followed: said where it is imported
             continue
         project.modules[path] = name
+        project.parsed[path] = module
         found = []
         for dotted in _imported_names(module, name, path):
             target = _resolve(dotted, search, root)
