@@ -141,7 +141,9 @@ def _stdout(data: bytes) -> None:
 @app.command()
 def convert(
     src: Path = typer.Argument(..., help="The single-GPU training script.", show_default=False),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Write the DDP script here."),
+    output_arg: Optional[str] = typer.Option(
+        None, "-o", "--output", metavar="PATH", help="Write the DDP script here (DIR/: a converted copy of the project)."
+    ),
     in_place: bool = typer.Option(False, "--in-place", help="Overwrite SRC with the DDP script."),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff instead; exit 1 if it is not empty."),
     check: bool = typer.Option(
@@ -176,6 +178,9 @@ def convert(
     Without -o, --in-place or --diff the converted script goes to stdout. Arguments after `--`
     go to the script in the launch commands: ddpify convert train.py -o out.py --launch slurm -- --epochs 10
     """
+    output = Path(output_arg) if output_arg else None
+    # `-o out/` is a folder (pathlib drops the slash), also when only the entry changes
+    folder = output is not None and output_arg.endswith(("/", os.sep))
     if sum(bool(x) for x in (output, in_place, diff)) > 1:
         _fail("use only one of -o/--output, --in-place and --diff", 2)
     if check and output is None:
@@ -189,8 +194,8 @@ def convert(
     options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0,
                              launcher=launcher.value, shared_fs=shared_fs)  # fmt: skip
     try:
-        if trains_elsewhere(src):
-            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan)
+        if folder or trains_elsewhere(src):
+            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan, folder=folder)
             return
         result, encoding = convert_file(src, options)
     except ConvertError as exc:
@@ -285,9 +290,9 @@ def _up_to_date(expected: dict[Path, bytes], encoding: str) -> None:
     raise typer.Exit(1 if stale else 0)
 
 
-def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check=False, plan=None) -> None:
+def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check=False, plan=None, folder=False) -> None:
     """The entry and the project modules it imports: one diff, a copy of the project in a
-    folder, or the changed modules rewritten in place."""
+    folder, or the changed modules rewritten in place. `folder`: -o names a folder (`out/`)."""
     from ddpify.launch_files import LaunchPlan
     from ddpify.projects import convert_project, copy_project, reads_left_out
 
@@ -304,7 +309,7 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
             )))  # fmt: skip
         raise typer.Exit(1 if changed else 0)
     others = [shown[p] for p in changed if p != entry]
-    directory = output is not None and (output.is_dir() or not output.suffix)  # `-o out/` (the slash is gone here)
+    directory = output is not None and (folder or output.is_dir() or not output.suffix)
     if check and changed and (directory or not others):  # the files the conversion writes, as they would be
         where = {path: output / path.relative_to(project.root) for path in changed} if directory else {entry: output}
         expected = {where[p]: c.code.encode(e) for p, (c, _, e) in changed.items() if p in where}
@@ -349,6 +354,9 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         for path, where, line in reads_left_out(project, left_out):
             typer.echo(f"  {_shown(where, src, entry)}:{line} reads {path}/ relative to where it runs: copy or link it into {output}")
     _write_all(launch_files)
+    if not changed:
+        copied = "" if in_place else f"; {output} holds an unchanged copy of its project"
+        typer.echo(f"{src}: nothing to convert{copied}", err=True)
     for path, (converted, _, _) in changed.items():
         if path != entry:
             _summary(Path(shown[path]), Path(targets[path]), converted, global_batch, launcher, err=False, launch=False)

@@ -949,3 +949,35 @@ def test_a_local_rank_guard_around_data_preparation_stays():
     guard = "    if local_rank in (-1, 0):\n        os.makedirs('data/cache', exist_ok=True)\n        print(epoch)\n"
     code = convert_source("import os\n" + LOCAL_GUARDED.format(value="-1", guard=guard), "train.py").code
     assert "    if local_rank in (-1, 0):\n" in code
+
+
+def test_torch_serialization_spellings_are_torch_save_and_load():
+    """`from torch.serialization import save, load`, `torch.serialization.save` and an aliased
+    module are torch.save/torch.load: guarded, given a map_location, and check-clean after."""
+    from ddpify.check.runner import check_source
+
+    result = convert(
+        """
+        import torch
+        import torch.serialization as ser
+        from torch.serialization import load, save
+        from torch.utils.data.dataloader import DataLoader
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+        for epoch in range(2):
+            for x, y in loader:
+                model(x).sub(y).pow(2).mean().backward()
+                optimizer.step()
+            save(model.state_dict(), "m.pt")
+            torch.serialization.save(optimizer.state_dict(), "o.pt")
+        model.load_state_dict(load("m.pt"))
+        optimizer.load_state_dict(ser.load("o.pt"))
+        """
+    )
+    assert "    if dist.get_rank() == 0:\n        save(model.module.state_dict()" in result.code
+    assert 'load("m.pt", map_location=device)' in result.code
+    assert 'ser.load("o.pt", map_location=device)' in result.code
+    assert "DistributedSampler(" in result.code
+    findings = check_source(result.code, "train_ddp.py", codes=["DDP301", "DDP109"]).findings
+    assert findings == [], findings

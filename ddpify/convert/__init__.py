@@ -9,7 +9,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.options import dead_options
 from ddpify.analysis.project import ProjectFacts
-from ddpify.analysis.script import Script, analyze, fully_distributed
+from ddpify.analysis.script import AnalysisError, Script, analyze, fully_distributed
 from ddpify.convert import (
     average_gradients,
     agree_on_stop,
@@ -39,7 +39,17 @@ from ddpify.convert import (
     wrap_model,
 )
 from ddpify.convert.context import Context
-from ddpify.convert.edits import Edits, add_imports, apply, bound_name, edited_nodes, imports_module, names_read
+from ddpify.convert.edits import (
+    Edits,
+    add_imports,
+    apply,
+    bound_name,
+    edited_nodes,
+    imports_module,
+    names_bound,
+    names_read,
+    unbound_reads,
+)
 from ddpify.results import ConvertOptions, ConvertResult, Note
 
 # Order matters: later passes read the names and positions earlier ones chose.
@@ -107,7 +117,7 @@ def convert_module(
         notes += [Note(at, f"not converted: {what} ({name})") for name, at, what in pending]
         return ConvertResult(module.code, notes, already_distributed=True, pending=pending)
     script, edits = _plan(wrapper, options, script, driver=driver)
-    converted = _imports(apply(wrapper.module, edits, script.parent), edits)
+    converted = _complete(wrapper.module, _imports(apply(wrapper.module, edits, script.parent), edits, original=wrapper.module))
     dead = [Note(line, note) for line, note in dead_options(wrapper.module, converted, script.line)]
     return ConvertResult(
         converted.code,
@@ -142,7 +152,7 @@ def convert_modules(
             """Is a note about this module's code? (A bare line number is the entry's.)"""
             return module is entry if isinstance(where, int) else script.root_of(where) is module
 
-        converted = _imports(apply(module, edits, script.parent), edits, prune=True)
+        converted = _complete(module, _imports(apply(module, edits, script.parent), edits, prune=True, original=module), name)
         results[name] = ConvertResult(
             converted.code,
             sorted(dict.fromkeys(edits.changes_where(mine)), key=lambda n: n.line),
@@ -199,14 +209,24 @@ def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, dri
     return script, edits
 
 
-def _imports(module: cst.Module, edits: Edits, prune: bool = False) -> cst.Module:
+# Modules the code the passes write reads without asking for them (`torch.device(...)`,
+# `torch.tensor(...)`, `os.environ`): imported where the converted code reads them anew.
+IMPLICIT_IMPORTS = (("torch", None, None), ("os", None, None))
+
+
+def _imports(module: cst.Module, edits: Edits, prune: bool = False, original: cst.Module | None = None) -> cst.Module:
     """`module` with the imports the passes need added and the ones they made unused removed
     (the same object when nothing changes). `prune`: a module of a project, which gets only the
-    added imports its own code reads (the passes ask for them for the whole program)."""
+    added imports its own code reads (the passes ask for them for the whole program).
+    `original`: the module before the edits; a name of IMPLICIT_IMPORTS its new code reads
+    (a helper module that never imported torch) is imported too."""
     needed = edits.imports
     if prune:
         read = names_read(module)
         needed = [item for item in needed if bound_name(item) in read]
+    if original is not None and module is not original:
+        new = names_read(module) - names_read(original) - names_bound(module)
+        needed = [*needed, *(item for item in IMPLICIT_IMPORTS if bound_name(item) in new)]
     converted = add_imports(module, needed)
     # libcst's RemoveImportsVisitor resolves scopes over the whole module: only where one is there
     unused = [item for item in edits.unused_imports if imports_module(converted, item[0])]
@@ -219,4 +239,14 @@ def _imports(module: cst.Module, edits: Edits, prune: bool = False) -> cst.Modul
             converted = removed
     if prune and converted is not module and converted.deep_equals(module):
         return module
+    return converted
+
+
+def _complete(original: cst.Module, converted: cst.Module, name: str = "") -> cst.Module:
+    """`converted`, once sure that every name its new code reads is bound in it (an unbound
+    one would be a NameError at run time, so a bug of a pass, never a guess to write)."""
+    unbound = unbound_reads(original, converted) if converted is not original else []
+    if unbound:
+        where = name or "the script"
+        raise AnalysisError(1, f"internal error: the converted code of {where} reads {', '.join(unbound)}, which it never binds")
     return converted

@@ -8,6 +8,7 @@ is also guarded keeps both changes. Untouched code stays byte-identical.
 
 from __future__ import annotations
 
+import builtins
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -446,4 +447,58 @@ def names_read(module: cst.Module) -> set[str]:
             skip.add(id(node.attr))
         elif isinstance(node, cst.Arg) and node.keyword is not None:
             skip.add(id(node.keyword))
+    return {node.value for node in iter_nodes(module) if isinstance(node, cst.Name) and id(node) not in skip}
+
+
+def names_bound(module: cst.Module) -> set[str]:
+    """Every name the module binds anywhere (imports, assignments, definitions, parameters,
+    loop, `with`, `except` and comprehension targets, `global`): what a read may refer to."""
+    bound = set()
+    for node in iter_nodes(module):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Param)):
+            bound.add(node.name.value)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                full = dotted_name(alias.name) or ""
+                bound.add(_alias(alias) or (full.partition(".")[0] if isinstance(node, cst.Import) else full))
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            bound.update(n.name.value for n in node.names)
+        else:
+            target = _binding_target(node)
+            if target is not None:
+                bound.update(n.value for n in iter_nodes(target) if isinstance(n, cst.Name))
+    return bound
+
+
+def _binding_target(node: cst.CSTNode) -> cst.CSTNode | None:
+    """The part of a node that binds names (`x` in `x = ...`, `for x in`, `as x`), if any."""
+    if isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
+        return node.target
+    if isinstance(node, (cst.For, cst.CompFor)):
+        return node.target
+    if isinstance(node, cst.AsName):
+        return node.name
+    return None
+
+
+def unbound_reads(original: cst.Module, converted: cst.Module) -> list[str]:
+    """Names the converted module reads anew that nothing binds (a NameError when it runs):
+    what a conversion adds must be complete Python in its module."""
+    new = _names_used(converted) - _names_used(original)
+    if not new or any(isinstance(n, cst.ImportFrom) and isinstance(n.names, cst.ImportStar) for n in iter_nodes(converted)):
+        return []  # `from m import *` may bind anything
+    return sorted(new - names_bound(converted) - set(dir(builtins)) - {"__name__", "__file__"})
+
+
+def _names_used(module: cst.Module) -> set[str]:
+    """The plain names the module's code reads: `names_read` outside import statements (`x` of
+    `from m import x as y` reads nothing)."""
+    skip = set()
+    for node in iter_nodes(module):
+        if isinstance(node, cst.Attribute):
+            skip.add(id(node.attr))
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            skip.add(id(node.keyword))
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            skip.update(id(n) for n in iter_nodes(node))
     return {node.value for node in iter_nodes(module) if isinstance(node, cst.Name) and id(node) not in skip}
