@@ -981,3 +981,75 @@ def test_torch_serialization_spellings_are_torch_save_and_load():
     assert "DistributedSampler(" in result.code
     findings = check_source(result.code, "train_ddp.py", codes=["DDP301", "DDP109"]).findings
     assert findings == [], findings
+
+
+RANDOM_PRELUDE = """
+import random
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+"""
+
+
+def test_a_schedule_drawn_at_random_is_rank0s_and_data_draws_stay_each_ranks():
+    """A learning rate drawn in main() and handed to a training function is broadcast from
+    rank 0 after setup; a NumPy array of samples and a per-batch coin stay each rank's own."""
+    result = convert(
+        RANDOM_PRELUDE
+        + textwrap.dedent(
+            """
+        def train(model, loader, optimizer, epochs):
+            for epoch in range(epochs):
+                for x, y in loader:
+                    if random.random() < 0.5:
+                        x = -x
+                    model(x).sub(y).pow(2).mean().backward()
+                    optimizer.step()
+
+        def main():
+            noise = np.random.rand(8, 2)
+            epochs = random.randint(2, 4)
+            model = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+            train(model, loader, optimizer, epochs)
+
+        main()
+        """
+        )
+    )
+    assert "drawn_by_rank0 = [epochs]" in result.code and "[epochs] = drawn_by_rank0" in result.code
+    assert result.code.index("dist.init_process_group") < result.code.index("dist.broadcast_object_list(drawn_by_rank0)")
+    assert [c.message for c in result.changes if "drawn at random" in c.message] == [
+        "`epochs` drawn at random: every rank uses rank 0's draws (dist.broadcast_object_list)"
+    ]
+    assert not result.todos
+
+
+def test_a_module_level_schedule_read_in_a_function_gets_a_todo():
+    """A global drawn at import, read by the training function: sharing it means rebinding a
+    global after the process group exists, so the conversion says what to do instead."""
+    result = convert(
+        RANDOM_PRELUDE
+        + textwrap.dedent(
+            """
+            EPOCHS = random.choice([2, 3])
+
+            def main():
+                model = torch.nn.Linear(2, 1)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+                for epoch in range(EPOCHS):
+                    for x, y in loader:
+                        model(x).sub(y).pow(2).mean().backward()
+                        optimizer.step()
+
+            main()
+            """
+        )
+    )
+    assert [t.message for t in result.todos] == [
+        "`EPOCHS`: drawn at random, a different value on every rank; share rank 0's draws "
+        "(dist.broadcast_object_list) once the process group exists, before they are used"
+    ]
+    assert "drawn_by_rank0" not in result.code

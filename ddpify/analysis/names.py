@@ -112,6 +112,11 @@ RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at ran
      "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
      "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}
 )  # fmt: skip
+# Draws of one value (a learning rate, an epoch count): RANDOM_DRAWS and the scalar draws.
+RANDOM_VALUES = RANDOM_DRAWS | {
+    f"random.{n}" for n in ("random", "uniform", "gauss", "normalvariate", "lognormvariate", "expovariate",
+                            "betavariate", "triangular", "choices", "getrandbits")
+} | {f"numpy.random.{n}" for n in ("random", "random_sample", "lognormal", "exponential")}  # fmt: skip
 TORCH_SEED = spelled({"torch.manual_seed"})
 RANDOM_SPLIT = spelled({"torch.utils.data.random_split"})
 SEEDS = TORCH_SEED | {"numpy.random.seed", "random.seed"}
