@@ -1021,7 +1021,7 @@ def test_a_schedule_drawn_at_random_is_rank0s_and_data_draws_stay_each_ranks():
     assert "drawn_by_rank0 = [epochs]" in result.code and "[epochs] = drawn_by_rank0" in result.code
     assert result.code.index("dist.init_process_group") < result.code.index("dist.broadcast_object_list(drawn_by_rank0)")
     assert [c.message for c in result.changes if "drawn at random" in c.message] == [
-        "`epochs` drawn at random: every rank uses rank 0's draws (dist.broadcast_object_list)"
+        "`epochs` drawn at random: every rank takes rank 0's (dist.broadcast_object_list)"
     ]
     assert not result.todos
 
@@ -1049,7 +1049,46 @@ def test_a_module_level_schedule_read_in_a_function_gets_a_todo():
         )
     )
     assert [t.message for t in result.todos] == [
-        "`EPOCHS`: drawn at random, a different value on every rank; share rank 0's draws "
+        "`EPOCHS`: drawn at random, a different value on every rank; share rank 0's "
         "(dist.broadcast_object_list) once the process group exists, before they are used"
     ]
     assert "drawn_by_rank0" not in result.code
+
+
+def test_a_run_folder_named_by_the_clock_is_made_by_rank0_and_its_name_shared():
+    """`run_dir` from `datetime.now().strftime(...)`, made with exist_ok=False before the
+    process group exists: rank 0 makes it, every rank takes its name; a start time kept as a
+    number stays each rank's own."""
+    result = convert(
+        """
+        import os
+        import time
+        from datetime import datetime
+        import torch
+        from torch.utils.data import DataLoader
+
+        def main():
+            start = time.time()
+            run_dir = os.path.join("runs", datetime.now().strftime("%m%d_%H%M%S"))
+            os.makedirs(run_dir, exist_ok=False)
+            model = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+            for epoch in range(2):
+                for x, y in loader:
+                    model(x).sub(y).pow(2).mean().backward()
+                    optimizer.step()
+                torch.save(model.state_dict(), os.path.join(run_dir, "m.pt"))
+            print("took", time.time() - start)
+
+        main()
+        """
+    )
+    code = result.code
+    assert '    if int(os.environ.get("RANK", 0)) == 0:\n        os.makedirs(run_dir, exist_ok=False)\n' in code
+    assert code.index("dist.init_process_group") < code.index("dist.broadcast_object_list(run_dir_of_rank0)")
+    assert "[run_dir] = run_dir_of_rank0\n" in code and "start_of_rank0" not in code
+    assert "`run_dir` named by the clock, made by rank 0 alone: every rank takes rank 0's (dist.broadcast_object_list)" in [
+        c.message for c in result.changes
+    ]
+    assert not result.todos

@@ -117,6 +117,13 @@ RANDOM_VALUES = RANDOM_DRAWS | {
     f"random.{n}" for n in ("random", "uniform", "gauss", "normalvariate", "lognormvariate", "expovariate",
                             "betavariate", "triangular", "choices", "getrandbits")
 } | {f"numpy.random.{n}" for n in ("random", "random_sample", "lognormal", "exponential")}  # fmt: skip
+# Reads of the clock: a name made from one (a run folder `0612_142233`) differs between ranks.
+CLOCK = frozenset(
+    {"datetime.datetime.now", "datetime.datetime.today", "datetime.datetime.utcnow", "datetime.date.today",
+     "time.time", "time.strftime", "time.localtime", "time.gmtime", "time.ctime", "time.time_ns"}
+)  # fmt: skip
+# Calls that take a path to write or make (a clock-named value reaching one names files).
+PATH_SINKS = MAKEDIRS | MKDIR | TORCH_SAVE | OPEN | SUMMARY_WRITERS | {"os.path.join", "pathlib.Path", "shutil.copyfile"}
 TORCH_SEED = spelled({"torch.manual_seed"})
 RANDOM_SPLIT = spelled({"torch.utils.data.random_split"})
 SEEDS = TORCH_SEED | {"numpy.random.seed", "random.seed"}

@@ -130,6 +130,9 @@ class ProjectFacts:
     optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
+    # `config.run_folder`: module-level functions that name a folder by the clock, make it and
+    # return its name (every rank would make its own, racing; analysis.schedule.clock_names)
+    clock_folder_makers: frozenset[str] = frozenset()
 
 
 def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
@@ -137,9 +140,10 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
     from ddpify.analysis import names as N
     from ddpify.analysis.index import index_of
 
-    methods, backward, loaders = set(), set(), set()
+    methods, backward, loaders, makers = set(), set(), set(), set()
     for name, module in modules.items():
         index = index_of(module)
+        makers.update(f"{name}.{fn.name.value}" for fn in module.body if _makes_clock_folder(index, fn))
         for ci in index.calls:
             if ci.receiver is not None and ci.name == "backward":
                 backward.add(name)
@@ -153,4 +157,24 @@ def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
                 isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
             ):
                 methods.add(ci.func.name.value)
-    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders))
+    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders), frozenset(makers))
+
+
+def makes_clock_folder(calls, qnames_of, fn: cst.FunctionDef) -> bool:
+    """Does `fn` read the clock, make a folder and return a value (the folder's name)? `calls`:
+    the calls inside `fn`; `qnames_of(call)`: their qualified names."""
+    from ddpify.analysis import names as N
+    from ddpify.analysis.index import iter_nodes
+
+    if not any(isinstance(n, cst.Return) and n.value is not None for n in iter_nodes(fn)):
+        return False
+    clock = any(qnames_of(c) & N.CLOCK for c in calls)
+    makes = any(qnames_of(c) & (N.MAKEDIRS | N.MKDIR) or N.call_name(c) == "mkdir" for c in calls)
+    return clock and makes
+
+
+def _makes_clock_folder(index, fn: cst.CSTNode) -> bool:
+    if not isinstance(fn, cst.FunctionDef):
+        return False
+    calls = [ci.node for ci in index.calls_under(fn)]
+    return makes_clock_folder(calls, lambda c: index.qnames(c.func), fn)

@@ -1,4 +1,5 @@
-"""Values drawn at random once per run that decide how training goes.
+"""Values every rank computes differently but must agree on: schedules drawn at random, and
+names read from the clock (a per-run folder).
 
 `lr = random.random() * 0.0005` or `epochs = random.choice([100, 150, 200])` in `main()` draw
 a different value in every process (Python's and NumPy's generators are seeded from the OS), so
@@ -8,22 +9,33 @@ stops first leaves the others waiting in a collective forever. A draw matters wh
 scheduler setting, the bounds of a loop that trains, a DataLoader's batch size, or an argument
 of a function or object that trains. Per-step randomness (augmentation, dropout masks) and data
 tensors are not schedule draws.
+
+`folder = run_folder()` where the helper names a folder by the time (`datetime.now().strftime(
+"%m%d_%H%M%S")`) and makes it (`os.makedirs(path, exist_ok=False)`) gives every rank its own
+name, a second apart or not, and the ranks race to make it: rank 0 alone may call it, and its
+name must reach the other ranks. A timestamp kept as a number (`start = time.time()`) names
+nothing and is each rank's own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
+from ddpify.analysis.project import makes_clock_folder
 from ddpify.analysis.script import ScopeNode, Script, mentions, ref_of
+
+
+RANDOM, CLOCK = "drawn at random", "named by the clock"
 
 
 @dataclass
 class ScheduleDraws:
-    """The draws of one function (or the module) whose values decide the schedule."""
+    """Values of one function (or the module) that every rank must take from rank 0: draws
+    that decide the schedule, or a name read from the clock."""
 
     scope: ScopeNode
     refs: list[str]  # the names (or `args.x` attributes) bound to drawn values, in order
@@ -31,6 +43,97 @@ class ScheduleDraws:
     first_use: cst.BaseStatement | None  # the first statement of that block reading one of them
     # (None: other functions or methods read them, a module-level global or a `self.` attribute)
     shared: bool = False  # the script broadcasts them already (a converted script)
+    kind: str = RANDOM
+    rank0_call: cst.Call | None = None  # a call that makes files: rank 0 alone may run it
+    made_at: list[cst.BaseStatement] = field(default_factory=list)  # `os.makedirs(run_dir)` before the first use
+
+
+def rank0_values(script: Script) -> list[ScheduleDraws]:
+    """Every value the ranks must take from rank 0: schedule draws and clock-named folders."""
+    return schedule_draws(script) + clock_names(script)
+
+
+def clock_names(script: Script) -> list[ScheduleDraws]:
+    """`folder = run_folder()` (a project function that reads the clock, returns a value and
+    makes a folder) or `name = datetime.now().strftime(...)` reaching a path: per statement."""
+    found = []
+    makers = {script.local_function(c) for c in script.calls if _folder_maker(script, c) is not None} - {None}
+    for scope, stmts in script.assigns.items():
+        if scope in makers:
+            continue  # rank 0 alone runs it, once the call is rank 0's
+        for assign in stmts:
+            stmt = script.parent(assign)
+            if not isinstance(stmt, cst.SimpleStatementLine) or not _assigns_one(stmt):
+                continue
+            if script.top_statement(stmt, scope) is not stmt:
+                continue
+            maker = _folder_maker(script, assign.value)
+            if maker is None and not (_clock_text(script, assign.value) and _names_a_path(script, scope, stmt)):
+                continue
+            ref = _target(stmt)
+            elsewhere = any(where is not scope and _reads(where, ref) for where in script.scopes_for(ref, scope))
+            made_at, first_use = _makes_then_uses(script, scope, ref, stmt)
+            if elsewhere:
+                made_at, first_use = [], None
+            elif first_use is None:
+                continue
+            shared = first_use is not None and _broadcast(script, scope, [ref], first_use)
+            found.append(ScheduleDraws(scope, [ref], stmt, first_use, shared, CLOCK, maker, made_at))
+    return found
+
+
+def _makes_then_uses(script: Script, scope: ScopeNode, ref: str, stmt: cst.BaseStatement):
+    """The statements right after `stmt` that only make the folder `ref` names
+    (`os.makedirs(run_dir, exist_ok=False)`, also under an `if` already), and the first
+    statement after them that reads `ref`."""
+    body = list(script.block_of(scope).body)
+    made = []
+    for later in body[body.index(stmt) + 1 :]:
+        if not _reads(later, ref):
+            continue
+        inner = later.body.body[0] if isinstance(later, cst.If) and len(later.body.body) == 1 and later.orelse is None else later
+        calls = [c for c in script.calls_in(inner) if _reads(c, ref)]
+        makes = isinstance(inner, cst.SimpleStatementLine) and len(inner.body) == 1 and isinstance(inner.body[0], cst.Expr)
+        if makes and calls and all(script.is_call_to(c, N.MAKEDIRS | N.MKDIR) or N.call_name(c) == "mkdir" for c in calls[:1]):
+            made.append(later)
+            continue
+        return made, later
+    return made, None
+
+
+def _folder_maker(script: Script, value: cst.BaseExpression) -> cst.Call | None:
+    """`run_folder(...)`, when that project function reads the clock, makes a folder and
+    returns a value (the folder's name)."""
+    if not isinstance(value, cst.Call):
+        return None
+    if script.names(value.func) & script.facts.clock_folder_makers:
+        return value  # a function of another module of the project, as its summary tells
+    fn = script.local_function(value)
+    if fn is None:
+        return None
+    return value if makes_clock_folder(script.calls_in(fn), lambda c: script.names(c.func), fn) else None
+
+
+def _clock_text(script: Script, value: cst.BaseExpression) -> bool:
+    """A clock read made into text: `datetime.now().strftime(...)`, `time.strftime(...)`, an
+    f-string or `str()` around one."""
+    calls = [value, *script.calls_in(value)] if isinstance(value, cst.Call) else script.calls_in(value)
+    if not any(script.is_call_to(c, N.CLOCK) for c in calls):
+        return False
+    texts = any(N.call_name(c) in {"strftime", "isoformat", "str", "format"} for c in calls if isinstance(c, cst.Call))
+    return texts or any(isinstance(n, cst.FormattedString) for n in iter_nodes(value))
+
+
+def _names_a_path(script: Script, scope: ScopeNode, stmt: cst.BaseStatement) -> bool:
+    """Does the value of `stmt` (or a name computed from it) reach a path: a folder made, a
+    file opened or saved, `os.path.join`, `Path(...)`?"""
+    refs = _derived(script, scope, _target(stmt), stmt)
+    return any(
+        script.scope_of(call) is scope and script.after(call, stmt)
+        and (script.is_call_to(call, N.PATH_SINKS) or N.call_name(call) == "mkdir")
+        and any(_reads(arg.value, r) for arg in call.args for r in refs)
+        for call in script.calls_in(scope)
+    )  # fmt: skip
 
 
 def schedule_draws(script: Script) -> list[ScheduleDraws]:

@@ -27,7 +27,7 @@ from ddpify.convert import (
     resume_after_restart,
     seed_random_split,
     setup_process_group,
-    share_random_schedule,
+    share_rank0_values,
     shard_data,
     shard_hand_batches,
     shard_split_loaders,
@@ -65,7 +65,7 @@ PASSES = (
     skip_sync_on_accumulation,
     flag_double_forward,
     seed_random_split,
-    share_random_schedule,
+    share_rank0_values,
     download_once,  # before shard_data: its barriers must enclose a dataset shard_data lifts out of a loader
     shard_data,
     shard_split_loaders,
