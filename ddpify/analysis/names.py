@@ -162,8 +162,6 @@ CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
 DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | DISTRIBUTED_SAMPLER | SPAWN
 AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
 SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
-# Modules whose names say a file runs several processes itself (check: FileContext.is_distributed).
-DISTRIBUTED_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.multiprocessing")
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
 FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horovod", "colossalai")
 

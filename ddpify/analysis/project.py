@@ -166,11 +166,11 @@ def makes_clock_folder(calls, qnames_of, fn: cst.FunctionDef) -> bool:
     from ddpify.analysis import names as N
     from ddpify.analysis.index import iter_nodes
 
-    if not any(isinstance(n, cst.Return) and n.value is not None for n in iter_nodes(fn)):
+    if not any(qnames_of(c) & N.CLOCK for c in calls):
         return False
-    clock = any(qnames_of(c) & N.CLOCK for c in calls)
-    makes = any(qnames_of(c) & (N.MAKEDIRS | N.MKDIR) or N.call_name(c) == "mkdir" for c in calls)
-    return clock and makes
+    if not any(qnames_of(c) & (N.MAKEDIRS | N.MKDIR) or N.call_name(c) == "mkdir" for c in calls):
+        return False
+    return any(isinstance(n, cst.Return) and n.value is not None for n in iter_nodes(fn))
 
 
 def _makes_clock_folder(index, fn: cst.CSTNode) -> bool:

@@ -57,7 +57,8 @@ def clock_names(script: Script) -> list[ScheduleDraws]:
     """`folder = run_folder()` (a project function that reads the clock, returns a value and
     makes a folder) or `name = datetime.now().strftime(...)` reaching a path: per statement."""
     found = []
-    makers = {script.local_function(c) for c in script.calls if _folder_maker(script, c) is not None} - {None}
+    called = {fn for c in script.calls if (fn := script.local_function(c)) is not None}
+    makers = {fn for fn in called if makes_clock_folder(script.calls_in(fn), lambda c: script.names(c.func), fn)}
     for scope, stmts in script.assigns.items():
         if scope in makers:
             continue  # rank 0 alone runs it, once the call is rank 0's

@@ -47,9 +47,8 @@ from ddpify.convert.edits import (
     bound_name,
     edited_nodes,
     imports_module,
-    names_bound,
+    NameUse,
     names_read,
-    unbound_reads,
 )
 from ddpify.results import ConvertOptions, ConvertResult, Note
 
@@ -119,7 +118,7 @@ def convert_module(
         notes += [Note(at, f"not converted: {what} ({name})") for name, at, what in pending]
         return ConvertResult(module.code, notes, already_distributed=True, pending=pending)
     script, edits = _plan(wrapper, options, script, driver=driver)
-    converted = _complete(wrapper.module, _imports(apply(wrapper.module, edits, script.parent), edits, original=wrapper.module))
+    converted = _finish(wrapper.module, edits, script)
     dead = [Note(line, note) for line, note in dead_options(wrapper.module, converted, script.line)]
     return ConvertResult(
         converted.code,
@@ -154,7 +153,7 @@ def convert_modules(
             """Is a note about this module's code? (A bare line number is the entry's.)"""
             return module is entry if isinstance(where, int) else script.root_of(where) is module
 
-        converted = _complete(module, _imports(apply(module, edits, script.parent), edits, prune=True, original=module), name)
+        converted = _finish(module, edits, script, prune=True, name=name)
         results[name] = ConvertResult(
             converted.code,
             sorted(dict.fromkeys(edits.changes_where(mine)), key=lambda n: n.line),
@@ -216,19 +215,34 @@ def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, dri
 IMPLICIT_IMPORTS = (("torch", None, None), ("os", None, None))
 
 
-def _imports(module: cst.Module, edits: Edits, prune: bool = False, original: cst.Module | None = None) -> cst.Module:
+def _finish(original: cst.Module, edits: Edits, script: Script, prune: bool = False, name: str = "") -> cst.Module:
+    """`original` with the edits applied and its imports completed: what the new code reads is
+    bound in the module (a name of IMPLICIT_IMPORTS is imported; any other unbound one is a bug
+    of a pass, an internal error, never output that fails with a NameError)."""
+    applied = apply(original, edits, script.parent)
+    if applied is original:
+        return _imports(applied, edits, prune)
+    before, after = NameUse(original), NameUse(applied)
+    new = after.read - before.read - after.bound
+    extra = [item for item in IMPLICIT_IMPORTS if bound_name(item) in new]
+    unbound = after.unbound(before, {bound_name(item) for item in [*edits.imports, *extra]})
+    if unbound:
+        where = name or "the script"
+        raise AnalysisError(1, f"internal error: the converted code of {where} reads {', '.join(unbound)}, which it never binds")
+    return _imports(applied, edits, prune, read=after.read, extra=extra)
+
+
+def _imports(
+    module: cst.Module, edits: Edits, prune: bool = False, read: set[str] | None = None, extra: list | None = None
+) -> cst.Module:
     """`module` with the imports the passes need added and the ones they made unused removed
     (the same object when nothing changes). `prune`: a module of a project, which gets only the
-    added imports its own code reads (the passes ask for them for the whole program).
-    `original`: the module before the edits; a name of IMPLICIT_IMPORTS its new code reads
-    (a helper module that never imported torch) is imported too."""
-    needed = edits.imports
+    added imports its own code reads (`read`, when known; the passes ask for them for the whole
+    program). `extra`: imports its new code needs besides (`_finish`)."""
+    needed = [*edits.imports, *(extra or ())]
     if prune:
-        read = names_read(module)
+        read = names_read(module) if read is None else read
         needed = [item for item in needed if bound_name(item) in read]
-    if original is not None and module is not original:
-        new = names_read(module) - names_read(original) - names_bound(module)
-        needed = [*needed, *(item for item in IMPLICIT_IMPORTS if bound_name(item) in new)]
     converted = add_imports(module, needed)
     # libcst's RemoveImportsVisitor resolves scopes over the whole module: only where one is there
     unused = [item for item in edits.unused_imports if imports_module(converted, item[0])]
@@ -243,12 +257,3 @@ def _imports(module: cst.Module, edits: Edits, prune: bool = False, original: cs
         return module
     return converted
 
-
-def _complete(original: cst.Module, converted: cst.Module, name: str = "") -> cst.Module:
-    """`converted`, once sure that every name its new code reads is bound in it (an unbound
-    one would be a NameError at run time, so a bug of a pass, never a guess to write)."""
-    unbound = unbound_reads(original, converted) if converted is not original else []
-    if unbound:
-        where = name or "the script"
-        raise AnalysisError(1, f"internal error: the converted code of {where} reads {', '.join(unbound)}, which it never binds")
-    return converted

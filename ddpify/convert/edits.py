@@ -450,55 +450,58 @@ def names_read(module: cst.Module) -> set[str]:
     return {node.value for node in iter_nodes(module) if isinstance(node, cst.Name) and id(node) not in skip}
 
 
-def names_bound(module: cst.Module) -> set[str]:
-    """Every name the module binds anywhere (imports, assignments, definitions, parameters,
-    loop, `with`, `except` and comprehension targets, `global`): what a read may refer to."""
-    bound = set()
-    for node in iter_nodes(module):
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Param)):
-            bound.add(node.name.value)
-        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
-            for alias in node.names:
-                full = dotted_name(alias.name) or ""
-                bound.add(_alias(alias) or (full.partition(".")[0] if isinstance(node, cst.Import) else full))
-        elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            bound.update(n.name.value for n in node.names)
-        else:
-            target = _binding_target(node)
-            if target is not None:
-                bound.update(n.value for n in iter_nodes(target) if isinstance(n, cst.Name))
-    return bound
+class NameUse:
+    """The plain names a module's code reads and the names it binds, from one walk: reads skip
+    attribute names (`x.dist`), keywords (`f(dist=1)`) and what import statements spell;
+    bindings are imports, assignments, definitions, parameters, loop, `with`, `except` and
+    comprehension targets, `global`. `star`: a `from m import *` may bind anything."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.read: set[str] = set()
+        self.bound: set[str] = set()
+        self.star = False
+        skip: set[int] = set()
+        for node in iter_nodes(module):  # node classes compared by identity: this walk is hot
+            cls = node.__class__
+            if cls is cst.Name:
+                if id(node) not in skip:
+                    self.read.add(node.value)
+            elif cls is cst.Attribute:
+                skip.add(id(node.attr))
+            elif cls is cst.Arg:
+                if node.keyword is not None:
+                    skip.add(id(node.keyword))
+            elif cls in _BINDS_TARGET:
+                self.bound.update(n.value for n in iter_nodes(getattr(node, _BINDS_TARGET[cls])) if n.__class__ is cst.Name)
+            elif cls in _DEFINES:
+                self.bound.add(node.name.value)
+            elif cls is cst.Import or cls is cst.ImportFrom:
+                skip.update(id(n) for n in iter_nodes(node))
+                self._imports(node)
+            elif cls is cst.Global or cls is cst.Nonlocal:
+                self.bound.update(n.name.value for n in node.names)
+
+    def _imports(self, node: cst.Import | cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            self.star = True
+            return
+        for alias in node.names:
+            full = dotted_name(alias.name) or ""
+            self.bound.add(_alias(alias) or (full.partition(".")[0] if isinstance(node, cst.Import) else full))
+
+    def unbound(self, original: NameUse, added: set[str] = frozenset()) -> list[str]:
+        """Names this module reads anew (not read in `original`) that nothing binds, the
+        imports `added` aside: a NameError when the code runs."""
+        if self.star:
+            return []
+        new = self.read - original.read - self.bound - added
+        return sorted(new - set(dir(builtins)) - {"__name__", "__file__"})
 
 
-def _binding_target(node: cst.CSTNode) -> cst.CSTNode | None:
-    """The part of a node that binds names (`x` in `x = ...`, `for x in`, `as x`), if any."""
-    if isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
-        return node.target
-    if isinstance(node, (cst.For, cst.CompFor)):
-        return node.target
-    if isinstance(node, cst.AsName):
-        return node.name
-    return None
-
-
-def unbound_reads(original: cst.Module, converted: cst.Module) -> list[str]:
-    """Names the converted module reads anew that nothing binds (a NameError when it runs):
-    what a conversion adds must be complete Python in its module."""
-    new = _names_used(converted) - _names_used(original)
-    if not new or any(isinstance(n, cst.ImportFrom) and isinstance(n.names, cst.ImportStar) for n in iter_nodes(converted)):
-        return []  # `from m import *` may bind anything
-    return sorted(new - names_bound(converted) - set(dir(builtins)) - {"__name__", "__file__"})
-
-
-def _names_used(module: cst.Module) -> set[str]:
-    """The plain names the module's code reads: `names_read` outside import statements (`x` of
-    `from m import x as y` reads nothing)."""
-    skip = set()
-    for node in iter_nodes(module):
-        if isinstance(node, cst.Attribute):
-            skip.add(id(node.attr))
-        elif isinstance(node, cst.Arg) and node.keyword is not None:
-            skip.add(id(node.keyword))
-        elif isinstance(node, (cst.Import, cst.ImportFrom)):
-            skip.update(id(n) for n in iter_nodes(node))
-    return {node.value for node in iter_nodes(module) if isinstance(node, cst.Name) and id(node) not in skip}
+# Nodes that bind the names in one of their fields (`x` of `x = ...`, `for x in`, `as x`), and
+# the nodes that bind their `name`.
+_BINDS_TARGET = {
+    cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target", cst.NamedExpr: "target",
+    cst.For: "target", cst.CompFor: "target", cst.AsName: "name",
+}  # fmt: skip
+_DEFINES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Param})
