@@ -20,7 +20,6 @@ _DEFINED_IN: dict[str, list[tuple[str, frozenset[str] | None]]] = {
     "torch": [
         ("torch.serialization", frozenset({"save", "load"})),
         ("torch.random", frozenset({"manual_seed", "initial_seed", "seed", "get_rng_state", "set_rng_state"})),
-        ("torch.functional", frozenset({"split"})),
     ],
     "torch.distributed": [("torch.distributed.distributed_c10d", None)],
     "torch.nn": [
@@ -151,9 +150,7 @@ COLLECTIVES = spelled(
 ALL_REDUCE = spelled({"torch.distributed.all_reduce", "torch.distributed.all_gather_object", "torch.distributed.all_gather"})
 DDP_CLASSES = spelled({"torch.nn.DistributedDataParallel", "torch.nn.parallel.DistributedDataParallel"})
 DISTRIBUTED_SAMPLER = spelled({"torch.utils.data.DistributedSampler"})
-SYNC_BATCHNORM = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm"}) | {
-    f"{s}.convert_sync_batchnorm" for s in spellings("torch.nn.SyncBatchNorm")
-}
+SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in spellings("torch.nn.SyncBatchNorm"))
 SPAWN = spelled({"torch.multiprocessing.spawn"})
 START_PROCESSES = spelled({"torch.multiprocessing.start_processes"})
 CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
