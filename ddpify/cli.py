@@ -141,8 +141,8 @@ def _stdout(data: bytes) -> None:
 @app.command()
 def convert(
     src: Path = typer.Argument(..., help="The single-GPU training script.", show_default=False),
-    output_name: Optional[str] = typer.Option(
-        None, "-o", "--output", metavar="PATH", help="Write the DDP script here (DIR/: a converted copy of its project)."
+    output_arg: Optional[str] = typer.Option(
+        None, "-o", "--output", metavar="PATH", help="Write the DDP script here (DIR/: a converted copy of the project)."
     ),
     in_place: bool = typer.Option(False, "--in-place", help="Overwrite SRC with the DDP script."),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff instead; exit 1 if it is not empty."),
@@ -178,8 +178,9 @@ def convert(
     Without -o, --in-place or --diff the converted script goes to stdout. Arguments after `--`
     go to the script in the launch commands: ddpify convert train.py -o out.py --launch slurm -- --epochs 10
     """
-    output = Path(output_name) if output_name is not None else None
-    folder = output_name is not None and output_name.endswith(("/", os.sep))  # `-o out/`: a copy of the project
+    output = Path(output_arg) if output_arg else None
+    # `-o out/` is a folder (pathlib drops the slash), also when only the entry changes
+    folder = output is not None and output_arg.endswith(("/", os.sep))
     if sum(bool(x) for x in (output, in_place, diff)) > 1:
         _fail("use only one of -o/--output, --in-place and --diff", 2)
     if check and output is None:
@@ -353,6 +354,9 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         for path, where, line in reads_left_out(project, left_out):
             typer.echo(f"  {_shown(where, src, entry)}:{line} reads {path}/ relative to where it runs: copy or link it into {output}")
     _write_all(launch_files)
+    if not changed:
+        copied = "" if in_place else f"; {output} holds an unchanged copy of its project"
+        typer.echo(f"{src}: nothing to convert{copied}", err=True)
     for path, (converted, _, _) in changed.items():
         if path != entry:
             _summary(Path(shown[path]), Path(targets[path]), converted, global_batch, launcher, err=False, launch=False)

@@ -43,6 +43,18 @@ def test_output_file_and_summary_with_lines_and_launch_command(script: Path, tmp
     assert result.stdout.count("\n") >= 5
 
 
+def test_output_with_a_trailing_slash_is_a_folder_also_for_one_module(script: Path, tmp_path: Path) -> None:
+    """`-o out/` names a folder even when the project is one module: out/train.py, never a
+    file named `out`."""
+    out = tmp_path / "out"
+    result = ddpify("convert", str(script), "-o", f"{out}/", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert out.is_dir() and "dist.init_process_group" in (out / "train.py").read_text()
+    assert f"-> {out / 'train.py'}:" in result.stdout
+    up_to_date = ddpify("convert", str(script), "-o", f"{out}/", "--check", cwd=tmp_path)
+    assert up_to_date.returncode == 0, up_to_date.stdout + up_to_date.stderr
+
+
 def test_output_equal_to_input_is_refused(script: Path) -> None:
     before = script.read_bytes()
     result = ddpify("convert", str(script), "-o", str(script))

@@ -1133,3 +1133,146 @@ def test_values_of_a_rank0_only_object_are_read_on_rank0_only():
     source = RANK0_OBJECT.format(use="out_dir = run.dir\nepochs = len(run.name)", epochs="epochs")
     result = convert_source(source, "train.py")
     assert [t.message for t in result.todos] == ["`epochs` comes from `run`, which exists on rank 0 only: compute it on every rank"]
+
+
+def test_torch_serialization_spellings_are_torch_save_and_load():
+    """`from torch.serialization import save, load`, `torch.serialization.save` and an aliased
+    module are torch.save/torch.load: guarded, given a map_location, and check-clean after."""
+    from ddpify.check.runner import check_source
+
+    result = convert(
+        """
+        import torch
+        import torch.serialization as ser
+        from torch.serialization import load, save
+        from torch.utils.data.dataloader import DataLoader
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+        for epoch in range(2):
+            for x, y in loader:
+                model(x).sub(y).pow(2).mean().backward()
+                optimizer.step()
+            save(model.state_dict(), "m.pt")
+            torch.serialization.save(optimizer.state_dict(), "o.pt")
+        model.load_state_dict(load("m.pt"))
+        optimizer.load_state_dict(ser.load("o.pt"))
+        """
+    )
+    assert "    if dist.get_rank() == 0:\n        save(model.module.state_dict()" in result.code
+    assert 'load("m.pt", map_location=device)' in result.code
+    assert 'ser.load("o.pt", map_location=device)' in result.code
+    assert "DistributedSampler(" in result.code
+    findings = check_source(result.code, "train_ddp.py", codes=["DDP301", "DDP109"]).findings
+    assert findings == [], findings
+
+
+RANDOM_PRELUDE = """
+import random
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+"""
+
+
+def test_a_schedule_drawn_at_random_is_rank0s_and_data_draws_stay_each_ranks():
+    """A learning rate drawn in main() and handed to a training function is broadcast from
+    rank 0 after setup; a NumPy array of samples and a per-batch coin stay each rank's own."""
+    result = convert(
+        RANDOM_PRELUDE
+        + textwrap.dedent(
+            """
+        def train(model, loader, optimizer, epochs):
+            for epoch in range(epochs):
+                for x, y in loader:
+                    if random.random() < 0.5:
+                        x = -x
+                    model(x).sub(y).pow(2).mean().backward()
+                    optimizer.step()
+
+        def main():
+            noise = np.random.rand(8, 2)
+            epochs = random.randint(2, 4)
+            model = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+            train(model, loader, optimizer, epochs)
+
+        main()
+        """
+        )
+    )
+    assert "drawn_by_rank0 = [epochs]" in result.code and "[epochs] = drawn_by_rank0" in result.code
+    assert result.code.index("dist.init_process_group") < result.code.index("dist.broadcast_object_list(drawn_by_rank0)")
+    assert [c.message for c in result.changes if "drawn at random" in c.message] == [
+        "`epochs` drawn at random: every rank takes rank 0's (dist.broadcast_object_list)"
+    ]
+    assert not result.todos
+
+
+def test_a_module_level_schedule_read_in_a_function_gets_a_todo():
+    """A global drawn at import, read by the training function: sharing it means rebinding a
+    global after the process group exists, so the conversion says what to do instead."""
+    result = convert(
+        RANDOM_PRELUDE
+        + textwrap.dedent(
+            """
+            EPOCHS = random.choice([2, 3])
+
+            def main():
+                model = torch.nn.Linear(2, 1)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+                for epoch in range(EPOCHS):
+                    for x, y in loader:
+                        model(x).sub(y).pow(2).mean().backward()
+                        optimizer.step()
+
+            main()
+            """
+        )
+    )
+    assert [t.message for t in result.todos] == [
+        "`EPOCHS`: drawn at random, a different value on every rank; share rank 0's "
+        "(dist.broadcast_object_list) once the process group exists, before they are used"
+    ]
+    assert "drawn_by_rank0" not in result.code
+
+
+def test_a_run_folder_named_by_the_clock_is_made_by_rank0_and_its_name_shared():
+    """`run_dir` from `datetime.now().strftime(...)`, made with exist_ok=False before the
+    process group exists: rank 0 makes it, every rank takes its name; a start time kept as a
+    number stays each rank's own."""
+    result = convert(
+        """
+        import os
+        import time
+        from datetime import datetime
+        import torch
+        from torch.utils.data import DataLoader
+
+        def main():
+            start = time.time()
+            run_dir = os.path.join("runs", datetime.now().strftime("%m%d_%H%M%S"))
+            os.makedirs(run_dir, exist_ok=False)
+            model = torch.nn.Linear(2, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+            for epoch in range(2):
+                for x, y in loader:
+                    model(x).sub(y).pow(2).mean().backward()
+                    optimizer.step()
+                torch.save(model.state_dict(), os.path.join(run_dir, "m.pt"))
+            print("took", time.time() - start)
+
+        main()
+        """
+    )
+    code = result.code
+    assert '    if int(os.environ.get("RANK", 0)) == 0:\n        os.makedirs(run_dir, exist_ok=False)\n' in code
+    assert code.index("dist.init_process_group") < code.index("dist.broadcast_object_list(run_dir_of_rank0)")
+    assert "[run_dir] = run_dir_of_rank0\n" in code and "start_of_rank0" not in code
+    assert "`run_dir` named by the clock, made by rank 0 alone: every rank takes rank 0's (dist.broadcast_object_list)" in [
+        c.message for c in result.changes
+    ]
+    assert not result.todos

@@ -12,19 +12,18 @@ import libcst.matchers as m
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
 
-INIT_PROCESS_GROUP = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
-DESTROY_PROCESS_GROUP = frozenset(
-    {"torch.distributed.destroy_process_group", "torch.distributed.distributed_c10d.destroy_process_group"}
-)
-DDP = N.DDP_CLASSES  # the API names live once, in analysis/names.py
+# the API names live once, in analysis/names.py
+INIT_PROCESS_GROUP = N.INIT_PROCESS_GROUP
+DESTROY_PROCESS_GROUP = N.DESTROY_PROCESS_GROUP
+DDP = N.DDP_CLASSES
 DISTRIBUTED_SAMPLER = N.DISTRIBUTED_SAMPLER
-BARRIER = frozenset({"torch.distributed.barrier"})
-ALL_REDUCE = frozenset({"torch.distributed.all_reduce", "torch.distributed.all_gather_object", "torch.distributed.all_gather"})
-GET_RANK = frozenset({"torch.distributed.get_rank"})
-GET_WORLD_SIZE = frozenset({"torch.distributed.get_world_size"})
-SYNC_BATCHNORM = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm"})
-SPAWN = frozenset({"torch.multiprocessing.spawn"})
-CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
+BARRIER = N.BARRIERS
+ALL_REDUCE = N.ALL_REDUCE
+GET_RANK = N.GET_RANK
+GET_WORLD_SIZE = N.GET_WORLD_SIZE
+SYNC_BATCHNORM = N.SYNC_BATCHNORM
+SPAWN = N.SPAWN
+CURRENT_DEVICE = N.CURRENT_DEVICE
 
 RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})
 WORLD_VARIABLES = frozenset({"WORLD_SIZE"})

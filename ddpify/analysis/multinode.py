@@ -32,13 +32,13 @@ TORCHRUN_VARIABLES = frozenset(
 )
 RENDEZVOUS_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
 ENVIRON = "os.environ"
-SPAWN = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+SPAWN = N.SPAWN | N.START_PROCESSES
 
 LOCAL, GLOBAL, OPAQUE = "local", "global", "opaque"
 # Output meant once per job: checkpoints, messages, trackers, result files.
 ONCE = (
     N.PRINT | N.TORCH_SAVE | N.LOGGING_CALLS | N.SIDE_EFFECTS | N.SUMMARY_WRITERS
-    | {"wandb.init", "mlflow.start_run", "torch.serialization.save"}
+    | {"wandb.init", "mlflow.start_run"}
 )  # fmt: skip
 ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "writerow", "writerows", "save_pretrained", "addHandler"})
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log"})
@@ -164,7 +164,7 @@ def _launched_by_torchrun(index: FileIndex) -> bool:
     return any(
         not any(a.keyword is not None and a.keyword.value in ("rank", "world_size", "store") for a in ci.node.args)
         and len(positional(ci.node)) < 4  # world_size and rank come 4th and 5th
-        for ci in index.calls_to(N.INIT_PROCESS_GROUP, "torch.distributed.distributed_c10d.init_process_group")
+        for ci in index.calls_to(*N.INIT_PROCESS_GROUP)
     )
 
 
@@ -174,7 +174,7 @@ def _launched_by_torchrun(index: FileIndex) -> bool:
 def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
     """`local_rank`, `args.local_rank`, `int(os.environ["LOCAL_RANK"])`, `dist.get_node_local_rank()`."""
     if isinstance(e, cst.Call):
-        if index.qnames(e.func) & {"torch.distributed.get_node_local_rank"}:
+        if index.qnames(e.func) & N.spelled({"torch.distributed.get_node_local_rank"}):
             return True
         if last_name(e.func) == "int" and e.args:
             return is_local_rank(index, e.args[0].value)

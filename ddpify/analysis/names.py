@@ -1,29 +1,89 @@
-"""Qualified names of the PyTorch APIs that ddpify recognises, and helpers to match them."""
+"""Qualified names of the PyTorch APIs that ddpify recognises, and helpers to match them.
+
+Every set holds all the spellings of its objects that libcst's qualified names can give: the
+public name (`torch.save`) and the module that defines it (`from torch.serialization import
+save` is `torch.serialization.save`); `spelled` adds the latter from one table, so a pass or a
+rule that reads a set matches every spelling alike. Passes and rules never write a `"torch.`
+name of their own (tests/test_layout.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import libcst as cst
 from libcst.metadata import QualifiedName
 
-DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
-RANDOM_SAMPLER = frozenset({"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"})
-SEQUENTIAL_SAMPLER = frozenset(
-    {"torch.utils.data.SequentialSampler", "torch.utils.data.sampler.SequentialSampler"}
-)
+# Where torch defines what its public modules re-export: public module -> [(defining module,
+# the names it defines there; None: all of them)].
+_DEFINED_IN: dict[str, list[tuple[str, frozenset[str] | None]]] = {
+    "torch": [
+        ("torch.serialization", frozenset({"save", "load"})),
+        ("torch.random", frozenset({"manual_seed", "initial_seed", "seed", "get_rng_state", "set_rng_state"})),
+    ],
+    "torch.distributed": [("torch.distributed.distributed_c10d", None)],
+    "torch.nn": [
+        ("torch.nn.parallel", frozenset({"DataParallel", "DistributedDataParallel"})),
+        ("torch.nn.modules.batchnorm", frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"})),
+    ],
+    "torch.nn.parallel": [
+        ("torch.nn.parallel.distributed", frozenset({"DistributedDataParallel"})),
+        ("torch.nn.parallel.data_parallel", frozenset({"DataParallel"})),
+    ],
+    "torch.utils.data": [
+        ("torch.utils.data.dataloader", frozenset({"DataLoader"})),
+        ("torch.utils.data.distributed", frozenset({"DistributedSampler"})),
+        ("torch.utils.data.sampler", frozenset(
+            {"RandomSampler", "SequentialSampler", "SubsetRandomSampler", "BatchSampler", "WeightedRandomSampler"}
+        )),
+        ("torch.utils.data.dataset", frozenset(
+            {"Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset", "random_split"}
+        )),
+    ],
+    "torch.utils.tensorboard": [("torch.utils.tensorboard.writer", frozenset({"SummaryWriter"}))],
+    "tensorboardX": [("tensorboardX.writer", frozenset({"SummaryWriter"}))],
+    "torch.multiprocessing": [("torch.multiprocessing.spawn", frozenset({"spawn", "start_processes"}))],
+}
+
+
+def spellings(name: str) -> set[str]:
+    """`name` and every other qualified name of the same object (`torch.nn.DataParallel`,
+    `torch.nn.parallel.DataParallel`, `torch.nn.parallel.data_parallel.DataParallel`)."""
+    found, todo = {name}, [name]
+    while todo:
+        module, _, attr = todo.pop().rpartition(".")
+        for home, defined in _DEFINED_IN.get(module, ()):
+            other = f"{home}.{attr}"
+            if (defined is None or attr in defined) and other not in found:
+                found.add(other)
+                todo.append(other)
+    return found
+
+
+def spelled(names: Iterable[str]) -> frozenset[str]:
+    """A set of qualified names with all their spellings."""
+    return frozenset(s for name in names for s in spellings(name))
+
+
+DATALOADER = spelled({"torch.utils.data.DataLoader"})
+RANDOM_SAMPLER = spelled({"torch.utils.data.RandomSampler"})
+SEQUENTIAL_SAMPLER = spelled({"torch.utils.data.SequentialSampler"})
+SUBSET_RANDOM_SAMPLER = spelled({"torch.utils.data.SubsetRandomSampler"})
 TORCH_DEVICE = frozenset({"torch.device"})
-ITERABLE_DATASET = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})
+DATASETS = spelled({"torch.utils.data.Dataset", "torch.utils.data.IterableDataset"})
+ITERABLE_DATASET = spelled({"torch.utils.data.IterableDataset"})
 CURRENT_ACCELERATOR = frozenset({"torch.accelerator.current_accelerator"})
-TORCH_SAVE = frozenset({"torch.save"})
-TORCH_LOAD = frozenset({"torch.load"})
+TORCH_SAVE = spelled({"torch.save"})
+TORCH_LOAD = spelled({"torch.load"})
 OPEN = frozenset({"builtins.open", "open"})
-DATA_PARALLEL = frozenset(
-    {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"}
-)
+DATA_PARALLEL = spelled({"torch.nn.DataParallel"})
 SET_DEVICE = frozenset({"torch.cuda.set_device"})
 PRINT = frozenset({"builtins.print", "print"})
 OPTIMIZER_PREFIX = "torch.optim."
+CUDA_PREFIX = "torch.cuda."  # `torch.cuda.X`: the script names CUDA
+NN_PREFIX = "torch.nn."  # modules and functions of torch.nn (losses among them)
+FUNCTIONAL_PREFIX = "torch.nn.functional."
+BATCHNORMS = spelled(f"torch.nn.BatchNorm{d}d" for d in (1, 2, 3))
 LOGGING_CALLS = frozenset(
     f"logging.{level}" for level in ("debug", "info", "warning", "error", "critical", "exception", "log")
 )
@@ -43,9 +103,7 @@ SIDE_EFFECTS = frozenset(
         "shutil.copyfile",
     }
 )
-SUMMARY_WRITERS = frozenset(
-    {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
-)
+SUMMARY_WRITERS = spelled({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"})
 MAKEDIRS = frozenset({"os.makedirs"})
 MKDIR = frozenset({"os.mkdir"})
 RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at random
@@ -53,38 +111,34 @@ RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at ran
      "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
      "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}
 )  # fmt: skip
-TORCH_SEED = frozenset({"torch.manual_seed", "torch.random.manual_seed"})
-RANDOM_SPLIT = frozenset({"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"})
+# Draws of one value (a learning rate, an epoch count): RANDOM_DRAWS and the scalar draws.
+RANDOM_VALUES = RANDOM_DRAWS | {
+    f"random.{n}" for n in ("random", "uniform", "gauss", "normalvariate", "lognormvariate", "expovariate",
+                            "betavariate", "triangular", "choices", "getrandbits")
+} | {f"numpy.random.{n}" for n in ("random", "random_sample", "lognormal", "exponential")}  # fmt: skip
+# Reads of the clock: a name made from one (a run folder `0612_142233`) differs between ranks.
+CLOCK = frozenset(
+    {"datetime.datetime.now", "datetime.datetime.today", "datetime.datetime.utcnow", "datetime.date.today",
+     "time.time", "time.strftime", "time.localtime", "time.gmtime", "time.ctime", "time.time_ns"}
+)  # fmt: skip
+# Calls that take a path to write or make (a clock-named value reaching one names files).
+PATH_SINKS = MAKEDIRS | MKDIR | TORCH_SAVE | OPEN | SUMMARY_WRITERS | {"os.path.join", "pathlib.Path", "shutil.copyfile"}
+TORCH_SEED = spelled({"torch.manual_seed"})
+RANDOM_SPLIT = spelled({"torch.utils.data.random_split"})
 SEEDS = TORCH_SEED | {"numpy.random.seed", "random.seed"}
 TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"})
+NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 
-# What a distributed script uses; one with a process group, a DDP wrap and a DistributedSampler
-# (or no DataLoader) is left alone (analysis.script.fully_distributed).
-DISTRIBUTED_MARKERS = frozenset(
-    {
-        "torch.distributed.init_process_group",
-        "torch.nn.parallel.DistributedDataParallel",
-        "torch.nn.parallel.distributed.DistributedDataParallel",
-        "torch.nn.DistributedDataParallel",
-        "torch.utils.data.DistributedSampler",
-        "torch.utils.data.distributed.DistributedSampler",
-        "torch.multiprocessing.spawn",
-    }
-)
-
-# The linter's API names (`ddpify check`), next to the converter's.
-DDP_CLASSES = frozenset(
-    {
-        "torch.nn.parallel.DistributedDataParallel",
-        "torch.nn.parallel.distributed.DistributedDataParallel",
-        "torch.nn.DistributedDataParallel",
-    }
-)
-DISTRIBUTED_SAMPLER = frozenset(
-    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
-)
+# torch.distributed, every function also as `torch.distributed.distributed_c10d.X`.
+INIT_PROCESS_GROUP = spelled({"torch.distributed.init_process_group"})
+DESTROY_PROCESS_GROUP = spelled({"torch.distributed.destroy_process_group"})
+BARRIERS = spelled({"torch.distributed.barrier", "torch.distributed.monitored_barrier"})
+BROADCAST_OBJECTS = spelled({"torch.distributed.broadcast_object_list"})
+RANK_CALLS = spelled({"torch.distributed.get_rank", "torch.distributed.get_node_local_rank"})
+GET_RANK = spelled({"torch.distributed.get_rank"})
+GET_WORLD_SIZE = spelled({"torch.distributed.get_world_size"})
 # Collectives: every rank must call them, in the same order.
-COLLECTIVES = frozenset(
+COLLECTIVES = spelled(
     "torch.distributed." + n
     for n in (
         "barrier", "monitored_barrier", "all_reduce", "all_gather", "all_gather_into_tensor",
@@ -93,13 +147,28 @@ COLLECTIVES = frozenset(
         "scatter_object_list", "new_group", "destroy_process_group",
     )
 )  # fmt: skip
-NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
-RANK_CALLS = frozenset({"torch.distributed.get_rank", "torch.distributed.get_node_local_rank"})
+ALL_REDUCE = spelled({"torch.distributed.all_reduce", "torch.distributed.all_gather_object", "torch.distributed.all_gather"})
+DDP_CLASSES = spelled({"torch.nn.DistributedDataParallel", "torch.nn.parallel.DistributedDataParallel"})
+DISTRIBUTED_SAMPLER = spelled({"torch.utils.data.DistributedSampler"})
+SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in spellings("torch.nn.SyncBatchNorm"))
+SPAWN = spelled({"torch.multiprocessing.spawn"})
+START_PROCESSES = spelled({"torch.multiprocessing.start_processes"})
+CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
+# What a distributed script uses; one with a process group, a DDP wrap and a DistributedSampler
+# (or no DataLoader) is left alone (analysis.script.fully_distributed).
+DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | DISTRIBUTED_SAMPLER | SPAWN
 AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
 SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
-INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
 FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horovod", "colossalai")
+
+# The modules the converted code imports: `import torch.distributed as dist`, `from
+# torch.nn.parallel import DistributedDataParallel as DDP`, ...
+DIST_MODULE = "torch.distributed"
+DDP_MODULE = "torch.nn.parallel"
+SAMPLER_MODULE = "torch.utils.data.distributed"
+MP_MODULE = "torch.multiprocessing"
+DATA_MODULES = ("torch.utils.data", "torch.utils.data.sampler")  # where the samplers may be imported from
 
 QualifiedNames = Mapping[cst.CSTNode, "set[QualifiedName]"]
 

@@ -149,6 +149,9 @@ class ProjectFacts:
     unreadable: tuple[tuple[str, str], ...] = ()  # (dotted name, why) of project modules the analysis cannot read
     # what the functions of the modules besides the entry do with their parameters (asked per call)
     summaries: FunctionSummaries | None = field(default=None, compare=False)
+    # `config.run_folder`: module-level functions that name a folder by the clock, make it and
+    # return its name (every rank would make its own, racing; analysis.schedule.clock_names)
+    clock_folder_makers: frozenset[str] = frozenset()
 
 
 def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = frozenset()) -> ProjectFacts:
@@ -158,11 +161,12 @@ def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = fro
     from ddpify.analysis.index import index_of, main_guard
     from ddpify.analysis.summaries import FunctionSummaries
 
-    methods, backward, loaders = set(), set(), set()
+    methods, backward, loaders, makers = set(), set(), set(), set()
     cuda = False
     for name, module in modules.items():
         index = index_of(module)
         cuda = cuda or names_cuda(module, index)
+        makers.update(f"{name}.{fn.name.value}" for fn in module.body if _makes_clock_folder(index, fn))
         test = main_guard(module) if name != "__main__" else None
         self_test = set(index.calls_under(test)) if test is not None else set()  # runs only as a script
         for ci in index.calls:
@@ -182,7 +186,10 @@ def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = fro
                 methods.add(ci.func.name.value)
     others = {name: module for name, module in modules.items() if name != "__main__"}
     summaries = FunctionSummaries.of_project(others, packages) if others else None
-    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders), cuda, summaries=summaries)
+    return ProjectFacts(
+        frozenset(methods), frozenset(backward), frozenset(loaders), cuda, summaries=summaries,
+        clock_folder_makers=frozenset(makers),
+    )
 
 
 def names_cuda(module: cst.Module, index=None) -> bool:
@@ -196,3 +203,23 @@ def names_cuda(module: cst.Module, index=None) -> bool:
     if any(ci.name == "cuda" or any(q.startswith("torch.cuda.") for q in ci.qnames) for ci in index.calls):
         return True
     return any(isinstance(node, (cst.SimpleString, cst.FormattedString)) and N.is_cuda_string(node) for node in iter_nodes(module))
+
+
+def makes_clock_folder(calls, qnames_of, fn: cst.FunctionDef) -> bool:
+    """Does `fn` read the clock, make a folder and return a value (the folder's name)? `calls`:
+    the calls inside `fn`; `qnames_of(call)`: their qualified names."""
+    from ddpify.analysis import names as N
+    from ddpify.analysis.index import iter_nodes
+
+    if not any(qnames_of(c) & N.CLOCK for c in calls):
+        return False
+    if not any(qnames_of(c) & (N.MAKEDIRS | N.MKDIR) or N.call_name(c) == "mkdir" for c in calls):
+        return False
+    return any(isinstance(n, cst.Return) and n.value is not None for n in iter_nodes(fn))
+
+
+def _makes_clock_folder(index, fn: cst.CSTNode) -> bool:
+    if not isinstance(fn, cst.FunctionDef):
+        return False
+    calls = [ci.node for ci in index.calls_under(fn)]
+    return makes_clock_folder(calls, lambda c: index.qnames(c.func), fn)

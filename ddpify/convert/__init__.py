@@ -9,7 +9,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.options import dead_options
 from ddpify.analysis.project import ProjectFacts
-from ddpify.analysis.script import Script, analyze, fully_distributed
+from ddpify.analysis.script import AnalysisError, Script, analyze, fully_distributed
 from ddpify.convert import (
     average_gradients,
     agree_on_stop,
@@ -28,6 +28,7 @@ from ddpify.convert import (
     resume_after_restart,
     seed_random_split,
     setup_process_group,
+    share_rank0_values,
     shard_data,
     shard_hand_batches,
     shard_split_loaders,
@@ -40,7 +41,16 @@ from ddpify.convert import (
     wrap_model,
 )
 from ddpify.convert.context import Context
-from ddpify.convert.edits import Edits, add_imports, apply, bound_name, edited_nodes, imports_module, names_read
+from ddpify.convert.edits import (
+    Edits,
+    add_imports,
+    apply,
+    bound_name,
+    edited_nodes,
+    imports_module,
+    NameUse,
+    names_read,
+)
 from ddpify.results import ConvertOptions, ConvertResult, Note
 
 # Order matters: later passes read the names and positions earlier ones chose.
@@ -55,6 +65,7 @@ PASSES = (
     skip_sync_on_accumulation,
     flag_double_forward,
     seed_random_split,
+    share_rank0_values,
     download_once,  # before shard_data: its barriers must enclose a dataset shard_data lifts out of a loader
     shard_data,
     shard_split_loaders,
@@ -109,7 +120,7 @@ def convert_module(
         notes += [Note(at, f"not converted: {what} ({name})") for name, at, what in pending]
         return ConvertResult(module.code, notes, already_distributed=True, pending=pending)
     script, edits = _plan(wrapper, options, script, driver=driver)
-    converted = _imports(apply(wrapper.module, edits, script.parent), edits)
+    converted = _finish(wrapper.module, edits, script)
     dead = [Note(line, note) for line, note in dead_options(wrapper.module, converted, script.line)]
     return ConvertResult(
         converted.code,
@@ -144,7 +155,7 @@ def convert_modules(
             """Is a note about this module's code? (A bare line number is the entry's.)"""
             return module is entry if isinstance(where, int) else script.root_of(where) is module
 
-        converted = _imports(apply(module, edits, script.parent), edits, prune=True)
+        converted = _finish(module, edits, script, prune=True, name=name)
         results[name] = ConvertResult(
             converted.code,
             sorted(dict.fromkeys(edits.changes_where(mine)), key=lambda n: n.line),
@@ -201,13 +212,38 @@ def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, dri
     return script, edits
 
 
-def _imports(module: cst.Module, edits: Edits, prune: bool = False) -> cst.Module:
+# Modules the code the passes write reads without asking for them (`torch.device(...)`,
+# `torch.tensor(...)`, `os.environ`): imported where the converted code reads them anew.
+IMPLICIT_IMPORTS = (("torch", None, None), ("os", None, None))
+
+
+def _finish(original: cst.Module, edits: Edits, script: Script, prune: bool = False, name: str = "") -> cst.Module:
+    """`original` with the edits applied and its imports completed: what the new code reads is
+    bound in the module (a name of IMPLICIT_IMPORTS is imported; any other unbound one is a bug
+    of a pass, an internal error, never output that fails with a NameError)."""
+    applied = apply(original, edits, script.parent)
+    if applied is original:
+        return _imports(applied, edits, prune)
+    before, after = NameUse(original), NameUse(applied)
+    new = after.read - before.read - after.bound
+    extra = [item for item in IMPLICIT_IMPORTS if bound_name(item) in new]
+    unbound = after.unbound(before, {bound_name(item) for item in [*edits.imports, *extra]})
+    if unbound:
+        where = name or "the script"
+        raise AnalysisError(1, f"internal error: the converted code of {where} reads {', '.join(unbound)}, which it never binds")
+    return _imports(applied, edits, prune, read=after.read, extra=extra)
+
+
+def _imports(
+    module: cst.Module, edits: Edits, prune: bool = False, read: set[str] | None = None, extra: list | None = None
+) -> cst.Module:
     """`module` with the imports the passes need added and the ones they made unused removed
     (the same object when nothing changes). `prune`: a module of a project, which gets only the
-    added imports its own code reads (the passes ask for them for the whole program)."""
-    needed = edits.imports
+    added imports its own code reads (`read`, when known; the passes ask for them for the whole
+    program). `extra`: imports its new code needs besides (`_finish`)."""
+    needed = [*edits.imports, *(extra or ())]
     if prune:
-        read = names_read(module)
+        read = names_read(module) if read is None else read
         needed = [item for item in needed if bound_name(item) in read]
     converted = add_imports(module, needed)
     # libcst's RemoveImportsVisitor resolves scopes over the whole module: only where one is there
@@ -222,3 +258,4 @@ def _imports(module: cst.Module, edits: Edits, prune: bool = False) -> cst.Modul
     if prune and converted is not module and converted.deep_equals(module):
         return module
     return converted
+

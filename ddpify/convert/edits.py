@@ -8,6 +8,7 @@ is also guarded keeps both changes. Untouched code stays byte-identical.
 
 from __future__ import annotations
 
+import builtins
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -447,3 +448,60 @@ def names_read(module: cst.Module) -> set[str]:
         elif isinstance(node, cst.Arg) and node.keyword is not None:
             skip.add(id(node.keyword))
     return {node.value for node in iter_nodes(module) if isinstance(node, cst.Name) and id(node) not in skip}
+
+
+class NameUse:
+    """The plain names a module's code reads and the names it binds, from one walk: reads skip
+    attribute names (`x.dist`), keywords (`f(dist=1)`) and what import statements spell;
+    bindings are imports, assignments, definitions, parameters, loop, `with`, `except` and
+    comprehension targets, `global`. `star`: a `from m import *` may bind anything."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.read: set[str] = set()
+        self.bound: set[str] = set()
+        self.star = False
+        skip: set[int] = set()
+        for node in iter_nodes(module):  # node classes compared by identity: this walk is hot
+            cls = node.__class__
+            if cls is cst.Name:
+                if id(node) not in skip:
+                    self.read.add(node.value)
+            elif cls is cst.Attribute:
+                skip.add(id(node.attr))
+            elif cls is cst.Arg:
+                if node.keyword is not None:
+                    skip.add(id(node.keyword))
+            elif cls in _BINDS_TARGET:
+                self.bound.update(n.value for n in iter_nodes(getattr(node, _BINDS_TARGET[cls])) if n.__class__ is cst.Name)
+            elif cls in _DEFINES:
+                self.bound.add(node.name.value)
+            elif cls is cst.Import or cls is cst.ImportFrom:
+                skip.update(id(n) for n in iter_nodes(node))
+                self._imports(node)
+            elif cls is cst.Global or cls is cst.Nonlocal:
+                self.bound.update(n.name.value for n in node.names)
+
+    def _imports(self, node: cst.Import | cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            self.star = True
+            return
+        for alias in node.names:
+            full = dotted_name(alias.name) or ""
+            self.bound.add(_alias(alias) or (full.partition(".")[0] if isinstance(node, cst.Import) else full))
+
+    def unbound(self, original: NameUse, added: set[str] = frozenset()) -> list[str]:
+        """Names this module reads anew (not read in `original`) that nothing binds, the
+        imports `added` aside: a NameError when the code runs."""
+        if self.star:
+            return []
+        new = self.read - original.read - self.bound - added
+        return sorted(new - set(dir(builtins)) - {"__name__", "__file__"})
+
+
+# Nodes that bind the names in one of their fields (`x` of `x = ...`, `for x in`, `as x`), and
+# the nodes that bind their `name`.
+_BINDS_TARGET = {
+    cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target", cst.NamedExpr: "target",
+    cst.For: "target", cst.CompFor: "target", cst.AsName: "name",
+}  # fmt: skip
+_DEFINES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Param})

@@ -74,7 +74,7 @@ def _slice(ctx: Context, loader: Loader) -> None:
         if dataset is not None:  # `sampler=SequentialSampler(ds)`: in order, so a slice per rank reads the same
             edits.replace(sampler.value, edits.expression(SLICE.format(rank=rank, world=world, dataset=dataset)))
             edits.change(call, f"`{loader.name}` gives each rank its own slice (no padding)")
-            for module in ("torch.utils.data", "torch.utils.data.sampler"):
+            for module in N.DATA_MODULES:
                 edits.drop_import_if_unused(module, "SequentialSampler")
             return
     if sampler is not None or N.keyword(call, "batch_sampler") is not None:

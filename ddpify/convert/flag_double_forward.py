@@ -20,7 +20,7 @@ from ddpify.analysis.script import ref_of
 from ddpify.check.rules.forward_twice_before_backward import ForwardTwiceBeforeBackward as Rule
 from ddpify.convert.context import Context
 
-NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+NO_GRAD = N.NO_GRAD
 TODO = f"{Rule.CODE} {Rule.MESSAGE}"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.analysis.multinode import LOCAL, guard_kind, output_once_per_node
 from ddpify.analysis.rank import RankAnalysis, rank_analysis
 from ddpify.convert.context import Context
@@ -34,7 +35,7 @@ def run(ctx: Context) -> None:
                 if "os.environ" in condition:
                     edits.need_import("os")
                 else:
-                    edits.need_import("torch.distributed", asname="dist")
+                    edits.need_import(N.DIST_MODULE, asname="dist")
                 old = script.module.code_for_node(part)
                 edits.replace(part, edits.expression(condition))
                 edits.change(part, f"`{old}` tests the local rank (once per node): job-wide output is guarded by `{condition}`")

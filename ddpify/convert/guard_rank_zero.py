@@ -147,7 +147,7 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: s
         if "os.environ" in condition:
             edits.need_import("os")
         else:
-            edits.need_import("torch.distributed", asname="dist")
+            edits.need_import(N.DIST_MODULE, asname="dist")
         block = script.parent(line)
         owner = script.parent(block)
         if (

@@ -18,6 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import distributed as D
+from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError
 from ddpify.convert.context import Context
 
@@ -59,7 +60,7 @@ def run(ctx: Context) -> None:
     guard = script.parent(script.parent(stmt))
     edits.insert_before(guard, HELPERS.format(params="".join(f", {n}" for n in names), call=code))
     edits.need_import("socket")
-    edits.need_import("torch.multiprocessing", asname="mp")
+    edits.need_import(N.MP_MODULE, asname="mp")
     edits.change(stmt, "without torchrun the script starts its own processes with mp.spawn (nprocs = world size)")
 
 

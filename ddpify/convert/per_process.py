@@ -34,9 +34,7 @@ TEMP_DIRS = frozenset(
 TEMPORARY_DIRECTORY = frozenset({"tempfile.TemporaryDirectory"})
 MKDTEMP = frozenset({"tempfile.mkdtemp"})
 GETPID = frozenset({"os.getpid"})
-DATASETS = frozenset(
-    {"torch.utils.data.Dataset", "torch.utils.data.dataset.Dataset"} | N.ITERABLE_DATASET
-)
+DATASETS = N.DATASETS
 PIPELINE_METHODS = frozenset({"__getitem__", "__getitems__", "__len__", "__iter__"})
 PIPELINE_KEYWORDS = ("collate_fn", "worker_init_fn")
 # A name spelled like this process's rank or id (a parameter or attribute ddpify cannot follow).

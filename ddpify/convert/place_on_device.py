@@ -82,7 +82,7 @@ def _note_tensor_types(ctx: Context) -> None:
     for node in script.nodes_of(cst.Attribute):
         if not node.attr.value.endswith("Tensor"):
             continue
-        names = [n for n in script.names(node) if n.startswith("torch.cuda.") and n.count(".") == 2]
+        names = [n for n in script.names(node) if n.startswith(N.CUDA_PREFIX) and n.count(".") == 2]
         if names:
             ctx.edits.change(
                 node,
@@ -114,7 +114,8 @@ def _map_location(ctx: Context, call: cst.Call, where: str) -> None:
     """`torch.load(f)` -> `torch.load(f, map_location=device)`: not every rank onto GPU 0."""
     arg = keyword_arg("map_location", ctx.edits.expression(where))
     ctx.edits.rewrite(call, lambda updated: append_arg(updated, arg))
-    ctx.edits.change(call, f"`torch.load(..., map_location={where})`")
+    callee = ctx.script.module.code_for_node(call.func)  # `torch.load`, or `load` imported from torch.serialization
+    ctx.edits.change(call, f"`{callee}(..., map_location={where})`")
 
 
 def _selects_own_gpu(ctx: Context, call: cst.Call) -> bool:

@@ -100,7 +100,7 @@ def run(ctx: Context) -> None:
     _rebound_device(ctx)
     _device_option(ctx)
     edits.need_import("os")
-    edits.need_import("torch.distributed", asname="dist")
+    edits.need_import(N.DIST_MODULE, asname="dist")
     edits.change(
         body[min(ctx.init_index, len(body) - 1)],
         "process group from torchrun's environment (NCCL with CUDA after set_device, gloo on CPU)",
@@ -405,7 +405,7 @@ def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
         if (
             N.call_name(call) in {"cuda", "to"}
             or qualified & (N.DATALOADER | N.TORCH_DEVICE | N.PRINT | N.TORCH_SAVE)
-            or any(q.startswith("torch.cuda.") for q in qualified)
+            or any(q.startswith(N.CUDA_PREFIX) for q in qualified)
             or script.local_function(call) is not None
             or N.keyword(call, "download") is not None
         ):

@@ -58,7 +58,7 @@ def run(ctx: Context) -> None:
             edits.insert_before(loader.stmt, SAMPLER.format(sampler=sampler, dataset=dataset, shuffle=shuffle, extra=extra))
         elif not sampler:
             continue
-        edits.need_import("torch.utils.data.distributed", "DistributedSampler")
+        edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
         edits.change(loader.stmt, f"`{loader.name}` reads this process's shard through `{sampler}`")
         if ctx.options.global_batch:
             split_batch(ctx, loader)

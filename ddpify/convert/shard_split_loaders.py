@@ -88,7 +88,7 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
         train_sampler = f"{name}[{split.keys[train]}]"
     if ctx.options.global_batch:
         split_batch(ctx, _named_loader(ctx, split.calls[train]) or Loader(split.name, split.calls[train], split.stmt, split.scope))
-    edits.need_import("torch.utils.data.distributed", "DistributedSampler")
+    edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
     others = "the other splits a slice per rank" if walked else "the other splits are read whole on every rank"
     edits.change(line, f"`{split.name}[{split.keys[train]}]` reads this process's shard; {others}")
     _per_epoch(ctx, split, train, train_sampler, reduce=walked)

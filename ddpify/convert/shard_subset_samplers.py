@@ -16,9 +16,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 
-SUBSET_RANDOM_SAMPLER = frozenset(
-    {"torch.utils.data.SubsetRandomSampler", "torch.utils.data.sampler.SubsetRandomSampler"}
-)
+SUBSET_RANDOM_SAMPLER = N.SUBSET_RANDOM_SAMPLER
 SLICE = '{indices}[int(os.environ.get("RANK", 0)) :: int(os.environ.get("WORLD_SIZE", 1))]'
 
 

@@ -27,7 +27,7 @@ SHARE = (
     "{d} = {d}_of_rank0[0]\n"
 )
 READ_BARRIER = "dist.barrier()  # every rank is done with rank 0's temporary folder before it goes\n"
-BROADCAST_OBJECTS = frozenset({"torch.distributed.broadcast_object_list"})
+BROADCAST_OBJECTS = N.BROADCAST_OBJECTS
 
 
 def run(ctx: Context) -> None:
@@ -51,18 +51,18 @@ def run(ctx: Context) -> None:
                 reads.append((_code(ctx, args[0].value), call))
         elif script.is_call_to(call, N.TORCH_LOAD) and args and not _is_handle(args[0].value, handles):
             reads.append((_code(ctx, args[0].value), call))
-    done = set()
+    waited = set()  # statements that read after a barrier
     for path, call in reads:
         first_write = written.get(path)
         if first_write is None or not script.before(first_write, call):
             continue
         stmt = _statement(script, call)
-        if stmt is None or stmt in done:
+        if stmt is None or stmt in waited:
             continue
-        done.add(stmt)
+        waited.add(stmt)
         previous = D.sibling(script, stmt, -1)
-        if isinstance(previous, cst.SimpleStatementLine) and D.barrier_in(script, previous):
-            continue  # every rank waits there already
+        if previous in waited or isinstance(previous, cst.SimpleStatementLine) and D.barrier_in(script, previous):
+            continue  # every rank waits there already (or right before the read above)
         edits.insert_before(stmt, BARRIER)
         edits.change(call, "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():

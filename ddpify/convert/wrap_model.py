@@ -62,7 +62,7 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         if script.uses_gpu and not _moved(script, body[: body.index(last) + 1], model):  # `Trainer(model, ...)` moves it later
             wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
         edits.insert_after(last, wrap)
-    edits.need_import("torch.nn.parallel", "DistributedDataParallel", "DDP")
+    edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
     edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
 
@@ -151,7 +151,4 @@ def _trains_inside(script, loop: cst.For | cst.While) -> bool:
 
 
 def _has_batchnorm(script) -> bool:
-    return any(
-        any(q.startswith(("torch.nn.BatchNorm", "torch.nn.modules.batchnorm")) for q in script.names(c.func))
-        for c in script.calls
-    )
+    return any(script.is_call_to(c, N.BATCHNORMS) for c in script.calls)

@@ -776,6 +776,7 @@ def install_hooks() -> None:
     _wrap(DistributedSampler, "__init__", _distributed_sampler_init)
     _wrap(torch, "save", _save)
     _wrap(torch, "load", _load)
+    torch.serialization.save, torch.serialization.load = torch.save, torch.load  # `from torch.serialization import save`
     _wrap(builtins, "open", _open)
     io.open = builtins.open
     _wrap(torch.Tensor, "backward", _backward)

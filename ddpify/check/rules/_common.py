@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.analysis import rank
 from ddpify.check.context import FileContext, dotted_name
 
@@ -61,7 +62,7 @@ def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
     line = ctx.line(node)
     if any(
         c.func is func and ctx.line(c.node) < line
-        for c in ctx.calls_to("torch.distributed.init_process_group")
+        for c in ctx.calls_to(*N.INIT_PROCESS_GROUP)
     ):
         return True
     if _depth < 3:

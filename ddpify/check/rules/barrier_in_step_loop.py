@@ -1,3 +1,4 @@
+from ddpify.analysis import names as N
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -42,6 +43,6 @@ class BarrierInStepLoop(Rule):
     INVALID = [Invalid("import torch.distributed as dist\nfor x in loader:\n    model(x).sum().backward()\n    dist.barrier()\n")]
 
     def check(self, ctx):
-        for ci in ctx.calls_to("torch.distributed.barrier", "torch.distributed.monitored_barrier"):
+        for ci in ctx.calls_to(*N.BARRIERS):
             if ctx.in_step(ci.node):
                 yield Report(ci.node)

@@ -1,9 +1,6 @@
+from ddpify.analysis import names as N
 from ddpify.check.context import DDP_CLASSES
 from ddpify.check.rule import Invalid, Report, Rule
-
-BATCHNORMS = tuple(f"torch.nn.{n}" for n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")) + tuple(
-    f"torch.nn.modules.batchnorm.{n}" for n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
-)
 
 
 class BatchNormWithoutSyncBatchNorm(Rule):
@@ -48,5 +45,5 @@ class BatchNormWithoutSyncBatchNorm(Rule):
     def check(self, ctx):
         if not ctx.calls_to(*DDP_CLASSES) or ctx.method_calls("convert_sync_batchnorm"):
             return
-        for ci in ctx.calls_to(*BATCHNORMS):
+        for ci in ctx.calls_to(*N.BATCHNORMS):
             yield Report(ci.node)

@@ -1,8 +1,7 @@
+from ddpify.analysis import names as N
 from ddpify.check.context import COLLECTIVES
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import in_conditional_inside_loop
-
-_BARRIERS = {"torch.distributed.barrier", "torch.distributed.monitored_barrier"}
 
 
 class CollectiveEveryStep(Rule):
@@ -54,6 +53,6 @@ class CollectiveEveryStep(Rule):
     ]
 
     def check(self, ctx):
-        for ci in ctx.calls_to(*(COLLECTIVES - _BARRIERS)):
+        for ci in ctx.calls_to(*(COLLECTIVES - N.BARRIERS)):
             if ctx.in_step(ci.node) and not in_conditional_inside_loop(ctx, ci.node):
                 yield Report(ci.node)

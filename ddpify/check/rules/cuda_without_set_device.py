@@ -1,3 +1,4 @@
+from ddpify.analysis import names as N
 from ddpify.check.context import positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -51,7 +52,7 @@ class CudaWithoutSetDevice(Rule):
         for ci in ctx.calls:
             if ci.receiver is not None and ci.name == "cuda" and not ci.node.args:
                 yield Report(ci.node)
-            elif ci.is_("torch.device") or (ci.receiver is not None and ci.name == "to"):
+            elif ci.is_(*N.TORCH_DEVICE) or (ci.receiver is not None and ci.name == "to"):
                 pos = positional(ci.node)
                 if pos and string_value(pos[0].value) == "cuda":
                     yield Report(ci.node)

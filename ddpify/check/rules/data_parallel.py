@@ -1,3 +1,4 @@
+from ddpify.analysis import names as N
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -39,6 +40,5 @@ class DataParallel(Rule):
                Invalid("from torch.nn import DataParallel as DP\nm = DP(net)\n")]
 
     def check(self, ctx):
-        for ci in ctx.calls_to("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-                               "torch.nn.parallel.data_parallel.DataParallel"):
+        for ci in ctx.calls_to(*N.DATA_PARALLEL):
             yield Report(ci.node)

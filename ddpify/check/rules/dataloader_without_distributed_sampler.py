@@ -1,17 +1,11 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import assigned_name, iterated_name
 
-_LOCAL_SAMPLERS = frozenset(
-    {
-        "torch.utils.data.RandomSampler",
-        "torch.utils.data.SequentialSampler",
-        "torch.utils.data.sampler.RandomSampler",
-        "torch.utils.data.sampler.SequentialSampler",
-    }
-)
+_LOCAL_SAMPLERS = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER
 
 
 class DataLoaderWithoutDistributedSampler(Rule):

@@ -1,3 +1,4 @@
+from ddpify.analysis import names as N
 from ddpify.check.context import DDP_CLASSES
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -50,10 +51,8 @@ class DDPBeforeInitProcessGroup(Rule):
         ),
     ]
 
-    INIT = ("torch.distributed.init_process_group",)
-
     def check(self, ctx):
-        inits = ctx.calls_to(*self.INIT)
+        inits = ctx.calls_to(*N.INIT_PROCESS_GROUP)
         # helpers named like setup functions that we cannot see into (imported) count as init
         helper = any(
             c.name in ("init_distributed_mode", "init_distributed", "setup_distributed", "ddp_setup", "setup")

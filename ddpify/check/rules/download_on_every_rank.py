@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.check.context import is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -64,7 +65,7 @@ def _after_barrier(ctx, node) -> bool:
         if isinstance(parent, (cst.Module, cst.IndentedBlock)):
             earlier = parent.body[: parent.body.index(child)]
             return any(
-                c.node is not None and c.qname_startswith("torch.distributed.barrier") and any(_inside(ctx, c.node, s) for s in earlier)
+                c.node is not None and c.qnames & N.BARRIERS and any(_inside(ctx, c.node, s) for s in earlier)
                 for c in ctx.calls
             )
         child = parent

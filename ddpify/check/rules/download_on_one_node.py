@@ -1,3 +1,4 @@
+from ddpify.analysis import names as N
 from ddpify.analysis.multinode import GLOBAL, fetches, guard_kind, launched_by_torchrun, rank0_paths
 from ddpify.analysis.rank import rank_analysis
 from ddpify.check.context import kwarg
@@ -60,7 +61,7 @@ class DownloadOnOneNode(Rule):
     ]
 
     def check(self, ctx):
-        barriers = [ctx.line(c.node) for c in ctx.calls_to("torch.distributed.barrier")]
+        barriers = [ctx.line(c.node) for c in ctx.calls_to(*N.BARRIERS)]
         if not barriers or not launched_by_torchrun(ctx.index):
             return  # no barrier, or mp.spawn: one node
         rank = rank_analysis(ctx.index)

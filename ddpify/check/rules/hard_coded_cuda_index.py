@@ -1,6 +1,7 @@
 import re
 
 
+from ddpify.analysis import names as N
 from ddpify.check.context import int_value, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -53,7 +54,7 @@ class HardCodedCudaIndex(Rule):
     def check(self, ctx):
         for ci in ctx.calls:
             args = ci.node.args
-            if ci.is_("torch.device") and len(args) >= 2 and int_value(args[1].value) is not None:
+            if ci.is_(*N.TORCH_DEVICE) and len(args) >= 2 and int_value(args[1].value) is not None:
                 if string_value(args[0].value) == "cuda":
                     yield Report(ci.node)
                     continue

@@ -72,7 +72,7 @@ class HardCodedRendezvous(Rule):
             if name in RENDEZVOUS_VARIABLES and not isinstance(node, cst.Call) and _constant(value):
                 if not _fallback(ctx, node):
                     yield Report(node)
-        for ci in ctx.calls_to(INIT_PROCESS_GROUP, "torch.distributed.distributed_c10d.init_process_group"):
+        for ci in ctx.calls_to(*INIT_PROCESS_GROUP):
             args = positional(ci.node)
             method = kwarg(ci.node, "init_method") or (args[1] if len(args) > 1 else None)
             if method is not None and _tcp_literal_host(method.value) and not _fallback(ctx, ci.node):

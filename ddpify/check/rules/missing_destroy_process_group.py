@@ -1,3 +1,4 @@
+from ddpify.analysis import names as N
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -41,10 +42,10 @@ class MissingDestroyProcessGroup(Rule):
     INVALID = [Invalid("import torch.distributed as dist\ndist.init_process_group('gloo')\n")]
 
     def check(self, ctx):
-        if ctx.calls_to("torch.distributed.destroy_process_group") or any(
+        if ctx.calls_to(*N.DESTROY_PROCESS_GROUP) or any(
             c.name in ("cleanup", "destroy_process_group", "ddp_cleanup", "cleanup_distributed") and not ctx.local_callees(c)
             for c in ctx.calls
         ):
             return
-        for ci in ctx.calls_to("torch.distributed.init_process_group"):
+        for ci in ctx.calls_to(*N.INIT_PROCESS_GROUP):
             yield Report(ci.node)

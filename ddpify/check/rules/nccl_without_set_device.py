@@ -1,4 +1,5 @@
 
+from ddpify.analysis import names as N
 from ddpify.check.context import kwarg, positional
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -48,7 +49,7 @@ class NcclWithoutSetDevice(Rule):
     def check(self, ctx):
         if ctx.has_set_device:
             return
-        for ci in ctx.calls_to("torch.distributed.init_process_group"):
+        for ci in ctx.calls_to(*N.INIT_PROCESS_GROUP):
             arg = kwarg(ci.node, "backend")
             value = arg.value if arg else (positional(ci.node)[0].value if positional(ci.node) else None)
             if value is not None and "nccl" in ctx.code(value).lower():

@@ -1,3 +1,4 @@
+from ddpify.analysis import names as N
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank
 
@@ -41,6 +42,6 @@ class SaveOnEveryRank(Rule):
     INVALID = [Invalid("import torch, torch.distributed as dist\ntorch.save(sd, 'm.pt')\n")]
 
     def check(self, ctx):
-        for ci in ctx.calls_to("torch.save", "torch.serialization.save"):
+        for ci in ctx.calls_to(*N.TORCH_SAVE):
             if every_rank(ctx, ci.node):
                 yield Report(ci.node)

@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.check.context import kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -47,7 +48,7 @@ class SpawnNprocsMismatch(Rule):
     ]
 
     def check(self, ctx):
-        for ci in ctx.calls_to("torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"):
+        for ci in ctx.calls_to(*N.SPAWN):
             args = kwarg(ci.node, "args")
             if args is None and len(ci.node.args) > 1 and ci.node.args[1].keyword is None:
                 args = ci.node.args[1]

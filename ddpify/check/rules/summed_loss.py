@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.check.context import kwarg, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import assigned_name
@@ -53,12 +54,12 @@ class SummedLoss(Rule):
         backward_funcs = {c.func for c in ctx.calls if ctx.is_backward(c)}
         for ci in ctx.calls:
             k = kwarg(ci.node, "reduction")
-            if k is None or string_value(k.value) != "sum" or not ci.qname_startswith("torch.nn."):
+            if k is None or string_value(k.value) != "sum" or not ci.qname_startswith(N.NN_PREFIX):
                 continue
             if ci.in_no_grad or isinstance(ctx.parent(ci.node), cst.Attribute):
                 continue
             name = assigned_name(ctx, ci.node)
-            if ci.qname_startswith("torch.nn.functional."):
+            if ci.qname_startswith(N.FUNCTIONAL_PREFIX):
                 if ci.func in backward_funcs:
                     yield Report(ci.node)
             elif name and any(

@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.check.context import has_star_kwargs, kwarg, positional
 from ddpify.check.fix import add_kwarg
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
@@ -55,7 +56,7 @@ class TorchLoadWithoutMapLocation(Rule):
     ]
 
     def check(self, ctx):
-        for ci in ctx.calls_to("torch.load", "torch.serialization.load"):
+        for ci in ctx.calls_to(*N.TORCH_LOAD):
             call = ci.node
             if kwarg(call, "map_location") or has_star_kwargs(call) or len(positional(call)) >= 2:
                 continue

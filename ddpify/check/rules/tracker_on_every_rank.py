@@ -1,14 +1,9 @@
+from ddpify.analysis import names as N
 from ddpify.check.context import kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank
 
-TRACKERS = (
-    "torch.utils.tensorboard.SummaryWriter",
-    "torch.utils.tensorboard.writer.SummaryWriter",
-    "tensorboardX.SummaryWriter",
-    "wandb.init",
-    "mlflow.start_run",
-)
+TRACKERS = N.SUMMARY_WRITERS | {"wandb.init", "mlflow.start_run"}
 
 
 class TrackerOnEveryRank(Rule):

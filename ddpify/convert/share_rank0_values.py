@@ -1,0 +1,88 @@
+"""Values each process computes differently but every rank must agree on are rank 0's.
+
+    lr = random.random() * 0.0005
+    epochs = random.choice([100, 150, 200])
+    folder = run_folder() if int(os.environ.get("RANK", 0)) == 0 else None
+    ... (the process group is set up here)
+    drawn_by_rank0 = [lr, epochs]  # drawn at random: every rank trains with rank 0's draws
+    dist.broadcast_object_list(drawn_by_rank0)
+    lr, epochs = drawn_by_rank0
+    folder_of_rank0 = [folder]  # named by the clock: every rank takes rank 0's
+    dist.broadcast_object_list(folder_of_rank0)
+    [folder] = folder_of_rank0
+
+Schedules drawn at random: each process draws its own value, so the ranks would train with
+different learning rates and step counts, and the first to finish leaves the others hanging in
+a collective. Every rank still draws (its generator advances as before); rank 0's values are
+broadcast once the process group exists, before their first use. Seeding every rank alike
+before the draw was the other choice; it would make every run draw the same schedule, which
+defeats a random search.
+
+A per-run folder named by the clock: each rank reads its own time, and a helper that makes the
+folder (`os.makedirs(path, exist_ok=False)`) races the others to it. Rank 0 alone calls the
+helper; the other ranks take its name.
+
+Which values count is `ddpify.analysis.schedule`. Where no statement between the values and
+their first use runs after the process group exists, or other functions read them (a global,
+an attribute), a TODO says what to share.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.schedule import RANDOM, ScheduleDraws, rank0_values
+from ddpify.convert.context import RANK0, Context
+
+SHARE = (
+    "{shared} = [{refs}]  # {kind}: every rank takes rank 0's\n"
+    "dist.broadcast_object_list({shared})\n"
+    "{targets} = {shared}\n"
+)
+
+
+def run(ctx: Context) -> None:
+    for values in rank0_values(ctx.script):
+        if values.shared:
+            continue
+        names = ", ".join(f"`{ref}`" for ref in values.refs)
+        at = _after_setup(ctx, values) if values.first_use is not None else None
+        if at is None:
+            ctx.edits.todo(
+                values.first_use or values.last, values.last,
+                f"{names}: {values.kind}, a different value on every rank; share rank 0's "
+                "(dist.broadcast_object_list) once the process group exists, before they are used",
+            )  # fmt: skip
+            continue
+        if values.rank0_call is not None and not _rank0_only(ctx, values.rank0_call):
+            condition = ctx.rank0_condition(values.last)
+            test = ctx.edits.expression(condition)
+            ctx.edits.rewrite(values.rank0_call, lambda updated: cst.IfExp(test=test, body=updated, orelse=cst.Name("None")))
+            if "os.environ" in condition:
+                ctx.edits.need_import("os")
+        for made in values.made_at:
+            if isinstance(made, cst.SimpleStatementLine):  # not under a rank test yet
+                ctx.edits.guard(made, ctx.rank0_condition(made))
+                ctx.edits.need_import("os")
+        refs = ", ".join(values.refs)
+        targets = refs if len(values.refs) > 1 else f"[{refs}]"
+        shared = "drawn_by_rank0" if values.kind == RANDOM else f"{values.refs[0].replace('.', '_')}_of_rank0"
+        ctx.edits.insert_before(at, SHARE.format(shared=shared, refs=refs, kind=values.kind, targets=targets))
+        ctx.edits.need_import(N.DIST_MODULE, asname="dist")
+        maker = ", made by rank 0 alone" if values.rank0_call is not None or values.made_at else ""
+        ctx.edits.change(values.last, f"{names} {values.kind}{maker}: every rank takes rank 0's (dist.broadcast_object_list)")
+
+
+def _after_setup(ctx: Context, values: ScheduleDraws) -> cst.BaseStatement | None:
+    """The first statement after the values, up to their first use, that runs once the process
+    group exists (the broadcast goes before it); None if there is none."""
+    body = list(ctx.script.block_of(values.scope).body)
+    candidates = body[body.index(values.last) + 1 : body.index(values.first_use) + 1]
+    return next((stmt for stmt in candidates if ctx.rank0_condition(stmt) == RANK0), None)
+
+
+def _rank0_only(ctx: Context, call: cst.Call) -> bool:
+    """`run_folder() if rank == 0 else None` already (a converted script)."""
+    parent = ctx.script.parent(call)
+    return isinstance(parent, cst.IfExp) and parent.body is call
