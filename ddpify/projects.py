@@ -41,8 +41,9 @@ class ProjectResult:
 
 @runs_deep
 def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
-    """Does a module of the entry's project besides the entry run a backward pass or build a
-    DataLoader? (Then the entry is converted as part of its project.)"""
+    """Does a module of the entry's project besides the entry run a backward pass, build a
+    DataLoader, or build an optimizer for the entry's model (a factory, a model class's method)?
+    (Then the entry is converted as part of its project.)"""
     try:
         project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
         if len(project.files) == 1:
@@ -51,7 +52,9 @@ def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
         facts = project_facts({project.modules[path]: parse(text, str(path)) for path, text in sources.items()})
     except ConvertError:
         return False  # the entry's own conversion reports what is wrong with it
-    return bool(facts.runs_backward or facts.builds_loaders)
+    return bool(
+        facts.runs_backward or facts.builds_loaders or facts.factories or facts.optimizer_methods or facts.parameter_methods
+    )
 
 
 @runs_deep
@@ -67,6 +70,7 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
     result = ProjectResult(project)
     loops_elsewhere: list[ConvertError] = []
     trainers = 0  # modules that run the training themselves (converted now or before)
+    trainer_modules = {"__main__"}
     for path in project.files[1:]:
         if project.modules[path] not in facts.runs_backward:
             continue  # models, datasets, helpers: code the training modules use as it is
@@ -79,11 +83,13 @@ def convert_project(entry: Path, options: ConvertOptions | None = None, root: Pa
             loops_elsewhere.append(exc)
             continue
         trainers += 1
+        trainer_modules.add(project.modules[path])
         if not converted.already_distributed and converted.code != text:
             result.changed[path] = (converted, text, encoding)
-    if loops_elsewhere or (not trainers and facts.builds_loaders - {"__main__"}):
+    if loops_elsewhere or facts.builds_loaders - trainer_modules:
         # a loop over a model and data another module builds, or loaders a helper module builds
-        # (`utils.get_training_dataloader()`): the project as one program
+        # (`utils.get_training_dataloader()`, `data_loader.get_loader()` handed to a `Solver`):
+        # the project as one program
         return _convert_together(project, sources, modules, options, facts)
     text, encoding = sources[project.entry]
     try:

@@ -130,27 +130,36 @@ class ProjectFacts:
     optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
+    parameter_methods: frozenset[str] = frozenset()  # `model.get_1x_lr_params()`: model methods that hand out its parameters
+    module_classes: frozenset[str] = frozenset()  # qualified names of the project's nn.Module classes
+    plain_classes: frozenset[str] = frozenset()  # ... and of its classes that are certainly no nn.Module
+    # `optim.optim4GPU` -> what the optimizer it builds trains (`Trains("model", 1)`: its argument `model`)
+    factories: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
     """Facts from every module of a project (dotted name -> parsed module)."""
     from ddpify.analysis import names as N
     from ddpify.analysis.index import index_of
+    from ddpify.analysis.optimizers import Summaries
 
-    methods, backward, loaders = set(), set(), set()
+    backward, loaders = set(), set()
     for name, module in modules.items():
-        index = index_of(module)
-        for ci in index.calls:
+        for ci in index_of(module).calls:
             if ci.receiver is not None and ci.name == "backward":
                 backward.add(name)
             if ci.qnames & N.DATALOADER:
                 loaders.add(name)
-            builds_optimizer = any(
-                q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
-                for q in ci.qnames
-            )
-            if builds_optimizer and ci.func is not None and any(
-                isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
-            ):
-                methods.add(ci.func.name.value)
-    return ProjectFacts(frozenset(methods), frozenset(backward), frozenset(loaders))
+    facts = ProjectFacts(runs_backward=frozenset(backward), builds_loaders=frozenset(loaders))
+    for _ in range(2):  # a module's facts may rest on a module summarised after it
+        found = [Summaries(index_of(module), known=facts).exported(name) for name, module in modules.items()]
+        facts = ProjectFacts(
+            optimizer_methods=frozenset().union(*(f["optimizer_methods"] for f in found)),
+            runs_backward=facts.runs_backward,
+            builds_loaders=facts.builds_loaders,
+            parameter_methods=frozenset().union(*(f["parameter_methods"] for f in found)),
+            module_classes=frozenset().union(*(f["module_classes"] for f in found)),
+            plain_classes=frozenset().union(*(f["plain_classes"] for f in found)),
+            factories={q: t for f in found for q, t in f["factories"].items()},
+        )
+    return facts

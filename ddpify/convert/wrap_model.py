@@ -135,9 +135,24 @@ def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
             return True
         if script.local_function(call) in script.training_functions:
             return True  # a training helper (it may use the model as a global)
-        if script.class_called(call) is not None and any(ref_of(a.value) == model for a in call.args):
+        cls = script.class_called(call)
+        if cls is not None and any(ref_of(a.value) == model for a in call.args):
+            if _rebuilds(script, call, cls, model):
+                continue  # `model = LossWrapper(model)`: the model is the wrapper now, wrapped after it
             return True  # the object keeps the model and trains it later: it must get the DDP one
     return False
+
+
+def _rebuilds(script, call: cst.Call, cls: cst.ClassDef, model: str) -> bool:
+    """`model = LossWrapper(model)`: an nn.Module built around the model under its own name; the
+    training step calls the wrapper's forward, so the wrapper is what DDP wraps."""
+    assign = script.parent(call)
+    return (
+        isinstance(assign, cst.Assign)
+        and assign.value is call
+        and ref_of(assign.targets[0].target) == model
+        and script.summaries.is_module(cls) is True
+    )
 
 
 def _has_batchnorm(script) -> bool:
