@@ -184,12 +184,12 @@ def convert(
         _fail(f"{src}: refusing to overwrite the input ({output} is the same file); pass --in-place to do that", 2)
     plan = dataclasses.replace(_launch_plan(launch, nodes, nproc_per_node, output, in_place, diff), shared_fs=shared_fs)
     from ddpify.engine import ConvertError, ConvertOptions, convert_file
-    from ddpify.projects import trains_elsewhere
+    from ddpify.projects import is_project
 
     options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0,
                              launcher=launcher.value, shared_fs=shared_fs)  # fmt: skip
     try:
-        if trains_elsewhere(src):
+        if is_project(src):
             _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan)
             return
         result, encoding = convert_file(src, options)

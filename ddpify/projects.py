@@ -1,17 +1,16 @@
-"""Convert a project: an entry script and the modules of its own that it imports.
+"""Convert a project: an entry script and the modules of its own that it imports, as one program.
 
-A module that runs the training loop on a model it builds or keeps (a library's `Trainer`)
-is converted where it is, with what the rest of the project tells about it (`ProjectFacts`:
-which methods of the project's classes build an optimizer); the entry is converted too, or,
-when it only drives that trainer (`Trainer(model, dataset).run()`), only its side effects
-change (prints, saves, progress bars: once per job). A loop over a model and data that another
-module builds (`engine.train_fn(loader, model, optimizer)` called from `train.py`) is converted
-with the whole project as one program: the analysis follows the calls from module to module
-and each module gets the edits for its own code.
+The analysis reads every module the entry reaches (`analysis.project`), follows calls, returns
+and attributes from module to module, and each pass plans its edits wherever the code is: a
+loop in `engine.train_fn(loader, model, optimizer)`, a loader from `utils.get_loader()`, a
+`Trainer` of a library package, a checkpoint written by `utils.save_checkpoint(...)`. Modules
+with nothing to change (models, datasets) stay as they are. A script that imports no module of
+its own is a project of one module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from ddpify.analysis.project import Project, find_project, project_facts
+from ddpify.analysis.project import Project, ProjectFacts, find_project, project_facts
 from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_source, parse, read_source
 from ddpify.parsing import runs_deep
 from ddpify.files import write_atomic
@@ -40,67 +39,37 @@ class ProjectResult:
 
 
 @runs_deep
-def trains_elsewhere(entry: Path, root: Path | None = None) -> bool:
-    """Does a module of the entry's project besides the entry run a backward pass, build a
-    DataLoader, or build an optimizer for the entry's model (a factory, a model class's method)?
-    (Then the entry is converted as part of its project.)"""
+def is_project(entry: Path, root: Path | None = None) -> bool:
+    """Does the entry import a module of its own project? (Then the project is converted as one
+    program; a script that imports none is a project of one module.)"""
     try:
         project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
-        if len(project.files) == 1:
-            return False
-        sources = {path: read_source(path)[0] for path in project.files[1:]}
-        facts = project_facts({project.modules[path]: parse(text, str(path)) for path, text in sources.items()})
     except ConvertError:
         return False  # the entry's own conversion reports what is wrong with it
-    return bool(
-        facts.runs_backward or facts.builds_loaders or facts.factories or facts.optimizer_methods or facts.parameter_methods
-    )
+    return len(project.files) > 1 or bool(project.unreadable)
 
 
 @runs_deep
 def convert_project(entry: Path, options: ConvertOptions | None = None, root: Path | None = None) -> ProjectResult:
-    """Convert `entry` and the project modules it reaches; raise ConvertError if unsafe."""
+    """Convert `entry` and the project modules it reaches as one program: the analysis follows
+    calls, returns and attributes from module to module, and each module gets the edits for its
+    own code; raise ConvertError if unsafe."""
     options = options or ConvertOptions()
     if not entry.is_file():
         read_source(entry)  # the engine's one-line error for a missing file or a folder
     project = find_project(entry, parse=parse, root=root, read=lambda path: read_source(path)[0])
     sources = {path: read_source(path) for path in project.files}
-    modules = {project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()}
-    facts = project_facts(modules)
-    result = ProjectResult(project)
-    loops_elsewhere: list[ConvertError] = []
-    trainers = 0  # modules that run the training themselves (converted now or before)
-    trainer_modules = {"__main__"}
-    for path in project.files[1:]:
-        if project.modules[path] not in facts.runs_backward:
-            continue  # models, datasets, helpers: code the training modules use as it is
-        text, encoding = sources[path]
-        try:
-            converted = convert_source(text, str(path), options, facts)
-        except ConvertError as exc:
-            if not exc.message.startswith("no model to convert"):
-                raise
-            loops_elsewhere.append(exc)
-            continue
-        trainers += 1
-        trainer_modules.add(project.modules[path])
-        if not converted.already_distributed and converted.code != text:
-            result.changed[path] = (converted, text, encoding)
-    if loops_elsewhere or facts.builds_loaders - trainer_modules:
-        # a loop over a model and data another module builds, or loaders a helper module builds
-        # (`utils.get_training_dataloader()`, `data_loader.get_loader()` handed to a `Solver`):
-        # the project as one program
-        return _convert_together(project, sources, modules, options, facts)
-    text, encoding = sources[project.entry]
-    try:
+    if len(project.files) == 1:
+        text, encoding = sources[project.entry]
+        facts = ProjectFacts(unreadable=tuple(project.unreadable.items())) if project.unreadable else None
         converted = convert_source(text, str(project.entry), options, facts)
-    except ConvertError as exc:
-        if not (trainers and exc.message.startswith("no model to convert")):
-            raise
-        converted = convert_source(text, str(project.entry), options, facts, driver=True)
-    if not converted.already_distributed and converted.code != text:
-        result.changed[project.entry] = (converted, text, encoding)
-    return result
+        result = ProjectResult(project)
+        if not converted.already_distributed and converted.code != text:
+            result.changed[project.entry] = (converted, text, encoding)
+        return result
+    modules = {project.modules[path]: parse(text, str(path)) for path, (text, _) in sources.items()}
+    facts = dataclasses.replace(project_facts(modules), unreadable=tuple(project.unreadable.items()))
+    return _convert_together(project, sources, modules, options, facts)
 
 
 def _convert_together(project: Project, sources, modules: dict[str, cst.Module], options: ConvertOptions, facts) -> ProjectResult:

@@ -20,7 +20,7 @@ Keys of <case>.toml:
   ddp_wrapped  DDP constructions per rank (default 1)
   once         substrings of lines printed exactly once in the job
   rank0_files  files (relative to the run's folder) written by rank 0 and no other rank
-  every_rank_files  files written by every rank (a name per process)
+  every_rank_files  parts of file names each rank writes (its own file: a name per process)
   todos        substrings, one for each TODO the conversion leaves (exactly that many)
   in_code      {"file" = ["substring", ...]}: the converted file holds each
   not_in_code  {"file" = ["substring", ...]}: the converted file holds none
@@ -88,20 +88,25 @@ def test_unseen_conversion(name):
 def runs(tmp_path_factory):
     """Every runnable case converted with the CLI (`-o DIR/`) and trained in one torchrun launch."""
     work = tmp_path_factory.mktemp("unseen")
-    plan = []
+    plan, refused = [], {}
     for name in RUNNABLE:
         case, out = CASES[name], work / f"{name}.out"
         result = ddpify("convert", str(UNSEEN / name / case["entry"]), "-o", f"{out}/", cwd=work)
-        assert result.returncode == 0, result.stderr
+        if result.returncode != 0:
+            refused[name] = result.stderr  # that case fails; the others still run
+            continue
         (work / name).mkdir()
         env = {"PYTHONPATH": str(out), "CUDA_VISIBLE_DEVICES": ""}
         plan.append({"label": name, "script": str(out / case["entry"]), "args": case.get("args", []), "env": env})
-    return run_plan(plan, work, nproc=NPROC)
+    launch = run_plan(plan, work, nproc=NPROC)
+    launch.refused = refused
+    return launch
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_unseen_under_torchrun(runs, name):
     case = CASES[name]
+    assert name not in runs.refused, f"convert failed: {runs.refused.get(name)}"
     traces = [runs.trace(name, rank) for rank in range(NPROC)]  # also: every rank's parameters agree
     assert len(traces) == NPROC
     for rank, t in enumerate(traces):
@@ -127,10 +132,10 @@ def test_unseen_under_torchrun(runs, name):
     for file in case.get("rank0_files", []):
         writers = [rank for rank, t in enumerate(traces) if os.path.normpath(cwd / file) in _written(t)]
         assert writers == [0], f"{file} written by ranks {writers}"
-    for file in case.get("every_rank_files", []):
+    for part in case.get("every_rank_files", []):
         for rank in range(NPROC):
-            path = os.path.normpath(cwd / file.format(rank=rank))
-            assert path in _written(traces[rank]), f"rank {rank} wrote no {file.format(rank=rank)}"
+            mine = [path for path in _written(traces[rank]) if part in os.path.basename(path)]
+            assert mine, f"rank {rank} wrote no file named like {part!r}"
     if "loads_into" in case:
         _loads_into(name, cwd, case["loads_into"])
 

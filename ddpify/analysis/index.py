@@ -640,9 +640,33 @@ class FileIndex:
             scope = self._scope_parent[scope]
             while isinstance(scope, cst.ClassDef) and scope is not start:  # methods do not see class names
                 scope = self._scope_parent[scope]
+        starred = self._from_stars(base, dotted, scope) if scope in self._stars else frozenset()
+        if starred:
+            return starred
         if base in _BUILTINS:
             return frozenset({"builtins." + base})
         return frozenset()
+
+    def _from_stars(self, base: str, dotted: str, module: cst.CSTNode) -> frozenset[str]:
+        """A name no statement of `module` binds, from its `from X import *`: what X binds it to
+        when X is a module of the project (followed through X's own star imports), else `X.name`
+        (a library's star import: `from torch.nn import *` makes `Linear` `torch.nn.Linear`)."""
+        by_name = {name: root for root, name in self.roots.items()}
+        found: set[str] = set()
+        visiting = self.__dict__.setdefault("_star_visits", set())
+        if module in visiting:
+            return frozenset()
+        visiting.add(module)
+        try:
+            for star in self._stars[module]:
+                other = by_name.get(star)
+                if other is not None and other is not module:
+                    found |= self._resolve(dotted, other) - {"builtins." + base}
+                elif other is None and not star.startswith(".") and base not in _BUILTINS:
+                    found.add(f"{star}.{dotted}")
+        finally:
+            visiting.discard(module)
+        return frozenset(found)
 
     def root_of(self, node: cst.CSTNode) -> cst.Module:
         """The module (of a project's) that holds `node`."""

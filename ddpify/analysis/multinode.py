@@ -12,6 +12,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.analysis import side_effects
 from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name
 from ddpify.analysis.literals import is_false, kwarg, positional, string_value
 from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis, mentions_rank, rank_analysis
@@ -337,6 +338,9 @@ def _output_once_per_node(index: FileIndex) -> list[list[Guard]]:
 def _once(index: FileIndex, ci: CallInfo, loggers: set[str], writers: set[str]) -> bool:
     """Output meant once per job: also a logger's messages and a writer's or tracker's calls."""
     if ci.qnames & ONCE or (ci.receiver is not None and ci.name in ONCE_METHODS):
+        return True
+    roots = side_effects.bound_call_roots(index.qnames, (), ci.receiver) if ci.receiver is not None else frozenset()
+    if side_effects.writes(ci.qnames, ci.name, roots, method=ci.receiver is not None):
         return True
     receiver = dotted_name(ci.receiver) if ci.receiver is not None else None
     if (receiver in loggers and ci.name in LOG_METHODS) or (receiver in writers and not ci.name.startswith("get")):

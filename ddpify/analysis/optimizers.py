@@ -144,23 +144,24 @@ def _returned(index: FileIndex, fn: cst.FunctionDef, call: cst.Call) -> bool:
     return any(isinstance(n, cst.Name) and n.value in names for value in returns for n in iter_nodes(value))
 
 
-class Summaries:
+class OptimizerSummaries:
     """Per-function facts of one index (a module, or a project walked as one): which classes are
     `nn.Module`s, which methods hand out their object's parameters, and what each function's
-    optimizer trains. `known`: the same facts from the rest of the project (`ProjectFacts`)."""
+    optimizer trains."""
 
-    def __init__(self, index: FileIndex, known=None) -> None:
+    def __init__(self, index: FileIndex) -> None:
         self.index = index
-        self.known = known
         self._module: dict[cst.ClassDef, Optional[bool]] = {}
-        self.own_parameter_methods = frozenset(self._parameter_methods())
-        self.parameter_methods = self.own_parameter_methods | (known.parameter_methods if known else frozenset())
+        self.parameter_methods = frozenset(self._parameter_methods())
         self.trains: dict[cst.FunctionDef, Trains] = {}
+        # `model.configure_optimizers()`: the receiver's class is not known, the method's name is
+        self.optimizer_methods: frozenset[str] = frozenset()
         for _ in range(3):  # a factory that calls a factory
             before = len(self.trains)
             for fn in index.all_functions:
                 if fn not in self.trains and (found := self._trained_by(fn)) is not None:
                     self.trains[fn] = found
+            self.optimizer_methods = frozenset(fn.name.value for fn, t in self.trains.items() if t.param == "self")
             if len(self.trains) == before:
                 break
 
@@ -187,11 +188,6 @@ class Summaries:
             local = next((definitions[q] for q in names if isinstance(definitions.get(q), cst.ClassDef)), None)
         if local is not None:
             return self.is_module(local)
-        if self.known is not None:
-            if names & self.known.module_classes:
-                return True
-            if names & self.known.plain_classes:
-                return False
         if names and all(q in PLAIN_BASES or q.startswith(PLAIN_PREFIXES) for q in names):
             return False
         return None
@@ -266,24 +262,6 @@ class Summaries:
                 trains = self.trains[fn]
                 method_call = isinstance(call.func, cst.Attribute) and self.class_of(fn) is not None
                 return trains if trains.param != "self" or method_call else None
-        if self.known is not None:
-            for q in info.qnames:
-                if q in self.known.factories:
-                    return self.known.factories[q]
-            if isinstance(call.func, cst.Attribute) and N.call_name(call) in self.known.optimizer_methods:
-                return Trains("self")
+        if isinstance(call.func, cst.Attribute) and N.call_name(call) in self.optimizer_methods:
+            return Trains("self")
         return None
-
-    # what the rest of the project needs -------------------------------------------------------
-    def exported(self, module_name: str) -> dict:
-        """This module's own facts for `ProjectFacts` (its fields' names), qualified by the module's
-        dotted name (`module_name`; the entry's names are its own)."""
-        prefix = "" if module_name == "__main__" else f"{module_name}."
-        qualname = self.index._qualname
-        return {
-            "factories": {prefix + qualname[fn]: t for fn, t in self.trains.items() if t.param != "self"},
-            "optimizer_methods": {fn.name.value for fn, t in self.trains.items() if t.param == "self"},
-            "parameter_methods": self.own_parameter_methods,
-            "module_classes": {prefix + qualname[c] for c in self.index.classes if self.is_module(c)},
-            "plain_classes": {prefix + qualname[c] for c in self.index.classes if self.is_module(c) is False},
-        }

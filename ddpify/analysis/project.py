@@ -30,6 +30,7 @@ class Project:
     entry: Path
     modules: dict[Path, str] = field(default_factory=dict)  # file -> dotted module name ("__main__" for the entry)
     imports: dict[Path, list[Path]] = field(default_factory=dict)  # file -> the project files it imports
+    unreadable: dict[str, str] = field(default_factory=dict)  # dotted name -> why it cannot be analysed (a syntax error)
 
     @property
     def files(self) -> list[Path]:
@@ -60,8 +61,16 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None) -
         path, name = todo.pop(0)
         if path in project.modules:
             continue
+        try:
+            module = parse(read(path), str(path))
+        except Exception as exc:  # noqa: BLE001 - the engine's ConvertError, or a decoding error
+            if path == entry:
+                raise
+            line = getattr(exc, "line", None)
+            why = (getattr(exc, "message", None) or str(exc)) + (f", line {line} of {path.name}" if line else "")
+            project.unreadable[name] = why  # not followed: said where it is imported
+            continue
         project.modules[path] = name
-        module = parse(read(path), str(path))
         found = []
         for dotted in _imported_names(module, name, path):
             target = _resolve(dotted, search, root)
@@ -127,39 +136,38 @@ def _resolve(dotted: str, search: list[Path], root: Path) -> Path | None:
 class ProjectFacts:
     """What the analysis of one module needs to know about the rest of the project."""
 
-    optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
-    parameter_methods: frozenset[str] = frozenset()  # `model.get_1x_lr_params()`: model methods that hand out its parameters
-    module_classes: frozenset[str] = frozenset()  # qualified names of the project's nn.Module classes
-    plain_classes: frozenset[str] = frozenset()  # ... and of its classes that are certainly no nn.Module
-    # `optim.optim4GPU` -> what the optimizer it builds trains (`Trains("model", 1)`: its argument `model`)
-    factories: dict = field(default_factory=dict, hash=False, compare=False)
+    names_cuda: bool = False  # some module names CUDA (a "cuda" string, `.cuda()`, `torch.cuda.*`)
+    unreadable: tuple[tuple[str, str], ...] = ()  # (dotted name, why) of project modules the analysis cannot read
 
 
 def project_facts(modules: dict[str, cst.Module]) -> ProjectFacts:
     """Facts from every module of a project (dotted name -> parsed module)."""
     from ddpify.analysis import names as N
     from ddpify.analysis.index import index_of
-    from ddpify.analysis.optimizers import Summaries
 
     backward, loaders = set(), set()
+    cuda = False
     for name, module in modules.items():
-        for ci in index_of(module).calls:
+        index = index_of(module)
+        cuda = cuda or names_cuda(module, index)
+        for ci in index.calls:
             if ci.receiver is not None and ci.name == "backward":
                 backward.add(name)
             if ci.qnames & N.DATALOADER:
                 loaders.add(name)
-    facts = ProjectFacts(runs_backward=frozenset(backward), builds_loaders=frozenset(loaders))
-    for _ in range(2):  # a module's facts may rest on a module summarised after it
-        found = [Summaries(index_of(module), known=facts).exported(name) for name, module in modules.items()]
-        facts = ProjectFacts(
-            optimizer_methods=frozenset().union(*(f["optimizer_methods"] for f in found)),
-            runs_backward=facts.runs_backward,
-            builds_loaders=facts.builds_loaders,
-            parameter_methods=frozenset().union(*(f["parameter_methods"] for f in found)),
-            module_classes=frozenset().union(*(f["module_classes"] for f in found)),
-            plain_classes=frozenset().union(*(f["plain_classes"] for f in found)),
-            factories={q: t for f in found for q, t in f["factories"].items()},
-        )
-    return facts
+    return ProjectFacts(frozenset(backward), frozenset(loaders), cuda)
+
+
+def names_cuda(module: cst.Module, index=None) -> bool:
+    """Does the module name CUDA anywhere: a `"cuda"`/`"cuda:N"` string (an option's default, a
+    parameter's default, `args.device = "cuda"`), `.cuda()`, or an API under `torch.cuda`? A device
+    the analysis cannot follow is then this process's accelerator, never the CPU."""
+    from ddpify.analysis import names as N
+    from ddpify.analysis.index import index_of, iter_nodes
+
+    index = index or index_of(module)
+    if any(ci.name == "cuda" or any(q.startswith("torch.cuda.") for q in ci.qnames) for ci in index.calls):
+        return True
+    return any(isinstance(node, (cst.SimpleString, cst.FormattedString)) and N.is_cuda_string(node) for node in iter_nodes(module))

@@ -20,8 +20,8 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
-from ddpify.analysis.optimizers import Summaries, builds_optimizer, parameter_owners
-from ddpify.analysis.project import ProjectFacts
+from ddpify.analysis.optimizers import OptimizerSummaries, builds_optimizer, parameter_owners
+from ddpify.analysis.project import ProjectFacts, names_cuda
 from ddpify.analysis.training import step_analysis
 
 T = TypeVar("T", bound=cst.CSTNode)
@@ -271,7 +271,28 @@ class Script:
             return None
         if len(self.index.roots) > 1:
             found = self.project_definition(call.func)
-            return found if isinstance(found, cst.FunctionDef) else None
+            if isinstance(found, cst.FunctionDef):
+                return found
+        return None
+
+    def method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
+        """`trainer.train(epoch)` where the call's scope binds `trainer = Trainer(...)` once, a
+        class of the script or its project: that class's method (or its bases')."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)) or func.value.value == "self":
+            return None
+        made = [
+            a.value for a in self.assigns.get(self.scope_of(call), [])
+            if ref_of(a.targets[0].target) == func.value.value
+        ]  # fmt: skip
+        if len(made) != 1 or not isinstance(made[0], cst.Call):
+            return None
+        cls = self.class_called(made[0])
+        while cls is not None:
+            method = self.methods(cls).get(func.attr.value)
+            if method is not None:
+                return method
+            cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
         return None
 
     def project_definition(self, node: cst.CSTNode) -> cst.FunctionDef | cst.ClassDef | None:
@@ -288,10 +309,10 @@ class Script:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
 
     @cached_property
-    def summaries(self) -> Summaries:
+    def optimizer_summaries(self) -> OptimizerSummaries:
         """Per-function facts: which classes are nn.Modules, which functions build an optimizer
         over which of their parameters (with the rest of the project's, from `facts`)."""
-        return Summaries(self.index, known=self.facts)
+        return OptimizerSummaries(self.index)
 
     @cached_property
     def classes(self) -> dict[str, cst.ClassDef]:
@@ -320,9 +341,12 @@ class Script:
 
     @cached_property
     def uses_gpu(self) -> bool:
-        """Does the single-GPU script put anything on a GPU: `.cuda()`, `torch.cuda.*`, a "cuda"
-        string, or an integer device (`.to(0)`, `torch.device(0)`, `.to(gpu_id)` where `gpu_id`
-        is bound to an integer or is a parameter annotated `int`)?"""
+        """Does the single-GPU script (or its project) name a GPU: `.cuda()`, `torch.cuda.*`, a
+        "cuda" string anywhere (`args.device = "cuda"`, `device: str = "cuda:1"`), or an integer
+        device (`.to(0)`, `torch.device(0)`, `.to(gpu_id)` where `gpu_id` is bound to an integer
+        or is a parameter annotated `int`)? Only a project that names none trains on the CPU."""
+        if self.facts.names_cuda or any(names_cuda(root) for root in self.index.roots):
+            return True
         int_names = self._integer_names()
         for call in self.calls:
             if N.call_name(call) == "cuda" or any(q.startswith("torch.cuda.") for q in self.names(call.func)):
@@ -334,6 +358,25 @@ class Script:
                 if isinstance(value, cst.Integer) or last_name(value) in int_names:
                     return True
         return False
+
+    @cached_property
+    def gpu_gate(self) -> str | None:
+        """The flag every GPU move of the script waits for (`if args.cuda: model.cuda()`,
+        `x.cuda() if use_cuda else x`), as written; None when some move is unconditional or
+        the moves wait for different tests. Without the flag the script trains on the CPU, so
+        this process's device must be the CPU then too (NCCL cannot reduce CPU tensors)."""
+        gates = set()
+        for call in self.calls:
+            if not (N.call_name(call) == "cuda" or any(N.is_cuda_string(a.value) for a in call.args)):
+                continue
+            test = next(
+                (a.test for a in self.ancestors(call) if isinstance(a, (cst.If, cst.IfExp)) and not self.inside(call, a.test)),
+                None,
+            )
+            if not isinstance(test, (cst.Name, cst.Attribute)) or ref_of(test) is None and not isinstance(test.value, cst.Name):
+                return None
+            gates.add(self.module.code_for_node(test))
+        return gates.pop() if len(gates) == 1 else None
 
     def _integer_names(self) -> set[str]:
         """Names (or attribute names) bound to an integer literal, or parameters annotated `int`,
@@ -365,6 +408,11 @@ class Script:
 
 
 _DEVICE_NAME = re.compile(r"(^|_)(gpu|gpus|device|dev|cuda)(_|$)|^gpu|gpu_?id|device_?id", re.IGNORECASE)
+
+
+def is_device_name(ref: str) -> bool:
+    """Does a name (`device`, `self.gpu_id`) say it holds a device?"""
+    return bool(_DEVICE_NAME.search(ref.rpartition(".")[2]))
 
 
 def ref_of(node: cst.CSTNode) -> str | None:
@@ -521,9 +569,10 @@ def _find_model(script: Script) -> None:
     optimizer factories (`analysis/optimizers.py`). Without an optimizer, it is the model whose
     `.parameters()` a training function updates by hand. Never `self`, nor an object of a class
     that is no nn.Module."""
-    summaries = script.summaries
+    summaries = script.optimizer_summaries
     for call in script.calls:
-        passed = summaries.passed(call)  # `optim.optim4GPU(cfg, model)`, `model.configure_optimizers()`
+        # `optim.optim4GPU(cfg, model)`, `model.configure_optimizers()` (`model.module.` in a converted trainer)
+        passed = summaries.passed(call)
         by_name = any("torch.optim" in script.names(a.value) for a in call.args)  # `init_obj(cfg, "optimizer", torch.optim, params)`
         if passed is None and not by_name and not builds_optimizer(script.names(call.func)):
             continue
@@ -546,6 +595,11 @@ def _find_model(script: Script) -> None:
                 script.model_scope = _binding_scope(script, owner, scope)
                 if isinstance(scope, cst.Module) and built_here:
                     script.main_block = _main_block(script, call)
+                elif script.model_scope is script.module:  # an optimizer another module builds: where the model is
+                    script.main_block = next(
+                        (b for a in script.assigns.get(script.module, []) if ref_of(a.targets[0].target) == owner
+                         if (b := _main_block(script, a)) is not None), None,
+                    )  # fmt: skip
                 script.optimizer_stmt = (
                     script.top_statement(call, scope) if built_here and script.model_scope is scope else None
                 )
@@ -569,12 +623,12 @@ def _may_be_model(script: Script, owner: str, scope: ScopeNode) -> bool:
     not an object of the project's classes that is certainly no nn.Module (`Solver(...)`)."""
     if owner == "self":
         return False
-    if scope in script.summaries.trains and owner in {p.name.value for p in scope.params.params}:
+    if scope in script.optimizer_summaries.trains and owner in {p.name.value for p in scope.params.params}:
         return False  # the callers' argument is the model
     for assign in _assignments_in(script, _binding_scope(script, owner, scope)):
         if ref_of(assign.targets[0].target) == owner and isinstance(assign.value, cst.Call):
             cls = script.class_called(assign.value)
-            if cls is not None and script.summaries.is_module(cls) is False:
+            if cls is not None and script.optimizer_summaries.is_module(cls) is False:
                 return False
     return True
 
@@ -591,7 +645,7 @@ def _wrapper_module(script: Script, model: str, scope: ScopeNode) -> str | None:
         if target in (None, model) or target not in called or not isinstance(value, cst.Call):
             continue
         cls = script.class_called(value)
-        if cls is not None and any(ref_of(a.value) == model for a in value.args) and script.summaries.is_module(cls):
+        if cls is not None and any(ref_of(a.value) == model for a in value.args) and script.optimizer_summaries.is_module(cls):
             return target
     return None
 
@@ -967,15 +1021,18 @@ def _method_called_in_training(script: Script, method: cst.FunctionDef) -> bool:
     return False
 
 
-def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str, inner: cst.For) -> list[EpochLoop]:
+def _loops_around_calls(script: Script, fn: cst.FunctionDef, ref: str, inner: cst.For, depth: int = 0) -> list[EpochLoop]:
     """`def train(epoch): for x in loader: ...` called as `for epoch in ...: train(epoch)`."""
     found = []
     for call in script.calls:
-        if script.local_function(call) is fn:
+        if (script.local_function(call) or script.method_of_object(call)) is fn:
             caller = script.scope_of(call)
             outer = script.enclosing_loop(call, caller)
             if outer is not None:
                 found.append(EpochLoop(outer, caller, ref, inner))
+            elif isinstance(caller, cst.FunctionDef) and caller is not fn and depth < 3:
+                # `def train(self, epoch): self.iteration(epoch, self.train_data)`, called in the epoch loop
+                found += _loops_around_calls(script, caller, ref, inner, depth + 1)
     return found
 
 
@@ -996,12 +1053,20 @@ def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None
     if params[:1] == ["self"] and (isinstance(call.func, cst.Attribute) or fn.name.value == "__init__"):
         params = params[1:]
     for index, arg in enumerate(N.positional(call)):
-        if ref_of(arg.value) == ref and index < len(params):
+        if _passes(arg.value, ref) and index < len(params):
             return params[index]
     for arg in call.args:
-        if arg.keyword is not None and ref_of(arg.value) == ref:
+        if arg.keyword is not None and _passes(arg.value, ref):
             return arg.keyword.value
     return None
+
+
+def _passes(value: cst.BaseExpression, ref: str) -> bool:
+    """Does an argument hand over `ref`, or one item of it by a constant key (`loaders["train"]`:
+    a dict of loaders per split, each used by name)?"""
+    if m.matches(value, m.Subscript(slice=[m.SubscriptElement(m.Index(m.SimpleString()))])):
+        value = value.value
+    return ref_of(value) == ref
 
 
 def kept_by_objects(script: Script, ref: str, scope: ScopeNode) -> list[tuple[str, cst.FunctionDef]]:

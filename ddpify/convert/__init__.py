@@ -16,6 +16,7 @@ from ddpify.convert import (
     download_once,
     evaluate_distributed,
     flag_double_forward,
+    flag_unfollowed_code,
     guard_output_by_global_rank,
     guard_rank_zero,
     launch_with_spawn,
@@ -70,6 +71,7 @@ PASSES = (
     legacy_local_rank,
     teardown,
     launch_with_spawn,
+    flag_unfollowed_code,
 )
 
 

@@ -14,6 +14,7 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis import side_effects
 from ddpify.analysis.multinode import written_and_read_back
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
@@ -213,6 +214,11 @@ def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.Simp
         script.is_call_to(call, ONCE)
         or (owner is not None and N.call_name(call) in ONCE_METHODS)
         or (owner is not None and ref_of(owner) in writers)
+        or side_effects.writes(
+            script.names(call.func), N.call_name(call) or "",
+            side_effects.bound_call_roots(script.names, script.assigns.get(script.scope_of(call), []), owner),
+            method=owner is not None,
+        )  # fmt: skip
     )
     return line if once else None
 

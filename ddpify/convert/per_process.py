@@ -75,13 +75,41 @@ class PerProcess:
                 continue  # rank 0's folder on every rank
             if ref in self.temp_dirs or ref in self.handles:
                 return True
-            bound = [a.value for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == ref]
+            scopes = script.scopes_for(ref, scope) if ref.startswith("self.") else [scope]
+            bound = [a.value for where in scopes for a in script.assigns.get(where, []) if ref_of(a.targets[0].target) == ref]
             if bound:
                 if depth < 3 and any(self.path(value, depth + 1) for value in bound):
                     return True
             elif _RANK_NAME.search(ref.rsplit(".", 1)[-1]):
                 return True  # `args.rank`, a `rank` parameter
+            elif depth < 3 and isinstance(scope, cst.FunctionDef):
+                passed = self._passed_to(scope, ref)  # `train(..., log_path)`, `Journal(path)`
+                if passed and all(self.path(value, depth + 1) for value in passed):
+                    return True
         return False
+
+    def _passed_to(self, fn: cst.FunctionDef, param: str) -> list[cst.BaseExpression]:
+        """What every call of `fn` (a function, a method, or a class whose `__init__` it is)
+        passes for parameter `param`; empty when some call passes nothing for it."""
+        script = self.script
+        names = [p.name.value for p in fn.params.params]
+        if param not in names:
+            return []
+        cls = script.class_of(fn)
+        found = []
+        for call in script.calls:
+            made = cls is not None and fn.name.value == "__init__" and script.class_called(call) is cls
+            if not made and (script.local_function(call) or script.method_of_object(call)) is not fn:
+                continue
+            params = names[1:] if names[:1] == ["self"] and (made or isinstance(call.func, cst.Attribute)) else names
+            value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+            positional = N.positional(call)
+            if value is None and param in params and params.index(param) < len(positional):
+                value = positional[params.index(param)].value
+            if value is None:
+                return []
+            found.append(value)
+        return found
 
     def _temp_dirs(self) -> set[str]:
         """Names bound to a temporary directory or file: `with TemporaryDirectory() as d`, `d = mkdtemp()`."""

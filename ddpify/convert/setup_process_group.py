@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis import distributed as D
-from ddpify.analysis.script import Script, ScopeNode, mentions, ref_of
+from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, ref_of
 from ddpify.convert.context import Context
 
 LOCAL_RANK = """
@@ -79,6 +79,10 @@ def run(ctx: Context) -> None:
         ctx.device_type = f"{ctx.device}.type"
         on_gpu = script.uses_gpu
         device_line = DEVICE if on_gpu else CPU_DEVICE
+        gate = script.gpu_gate if on_gpu else None
+        if gate is not None and _bound_before(script, gate, body, anchor):  # `if args.cuda: model.cuda()`
+            device_line = device_line.replace(" if torch.cuda.is_available()", f" if {gate} and torch.cuda.is_available()")
+            edits.change(anchor, f"`{ctx.device}` is this process's GPU when `{gate}` (as the script's GPU moves), else the CPU")
         first_gpu = ctx.local_rank if ctx.gpus_per_process == 1 else f"{ctx.gpus_per_process} * {ctx.local_rank}"
         names = {"local_rank": ctx.local_rank, "first_gpu": first_gpu}
         edits.insert_above(
@@ -244,8 +248,8 @@ def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStateme
         targets = {t for t, _ in assigns}
         values = [v for _, v in assigns]
         if len(targets) == 1 and all(_is_device_value(script, v) or _chosen_at_run_time(v) for v in values):
-            if not any(_is_device_value(script, v) for v in values):
-                continue
+            if not any(_is_device_value(script, v) for v in values) and not (script.uses_gpu and is_device_name(next(iter(targets)))):
+                continue  # `device = args.device` counts where the project names CUDA: a value set elsewhere
             is_torch_device = all(_is_torch_device(script, v) for v in values)
             return stmt, targets.pop(), is_torch_device
     return None
@@ -363,6 +367,20 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
                     edits.replace(branch, edits.expression(per_rank))
                 elif _is_gpu(script, branch):
                     edits.replace(branch, edits.expression(f"torch.device({per_rank})"))
+
+
+def _bound_before(script: Script, gate: str, body: list[cst.CSTNode], anchor: cst.CSTNode) -> bool:
+    """Is the gate's first name (`args` of `args.cuda`) bound by a statement above `anchor`, or a
+    parameter of the function `body` belongs to?"""
+    name = gate.split(".")[0]
+    scope = script.scope_of(anchor)
+    if isinstance(scope, cst.FunctionDef) and name in {p.name.value for p in scope.params.params}:
+        return True
+    above = body[: body.index(anchor)]
+    return any(
+        ref_of(a.targets[0].target) == name and any(script.inside(a, stmt) for stmt in above)
+        for a in script.assigns.get(scope, [])
+    )
 
 
 def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:

@@ -37,7 +37,7 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
     line = split.stmt
     own = any(N.keyword(c, k) is not None for c in split.calls.values() for k in ("sampler", "batch_sampler"))
     if train is not None and train in split.calls and split.epoch_loops and _sharded(ctx, split, split.calls[train]):
-        _per_epoch(ctx, split, train, None)  # sharded already: what each epoch needs, if it lacks it
+        _per_epoch(ctx, split, train, None, reduce=_walked(split))  # sharded already: what each epoch needs, if it lacks it
         return
     if train is None or train not in split.calls or not split.epoch_loops or own:
         edits.todo(
@@ -50,11 +50,16 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
     rank, world = ctx.rank_and_world(split.stmt)
     extra = "" if ctx.rank0_condition(split.stmt) == RANK0 else BEFORE_INIT
     samplers = {}
+    walked = _walked(split)
     for key, call in split.calls.items():
+        if key != train and not walked:
+            continue  # `evaluate(loaders["test"], ...)` in a helper: read whole on every rank (no sums to add up here)
         dataset = _dataset(ctx, call, split.key_var, split.keys[key])
         loader = _named_loader(ctx, call)
         if dataset is None and loader is not None:  # hoisted: `train_dataset = ...` above the loader
             dataset = loader_dataset(ctx, loader, sampler_name(loader.name))
+        if dataset is None and split.key_var is None:  # `{"train": DataLoader(TensorDataset(...), ...)}`
+            dataset = _hoist_dataset(ctx, split, call, key)
         if dataset is None:
             edits.todo(split.stmt, call, f"shard the `{split.name}` loaders by rank: their dataset is built inline")
             return
@@ -67,6 +72,8 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
     if split.key_var is None:
         train_sampler = f"{split.name}[{split.keys[train]}].sampler"
         for key, call in split.calls.items():
+            if key not in samplers:
+                continue  # read whole
             loader = _named_loader(ctx, call)
             if key == train and loader is not None:  # `train_loader = DataLoader(...)`: its sampler gets a name
                 train_sampler = sampler_name(loader.name)
@@ -82,8 +89,18 @@ def _shard(ctx: Context, split: SplitLoaders) -> None:
     if ctx.options.global_batch:
         split_batch(ctx, _named_loader(ctx, split.calls[train]) or Loader(split.name, split.calls[train], split.stmt, split.scope))
     edits.need_import("torch.utils.data.distributed", "DistributedSampler")
-    edits.change(line, f"`{split.name}[{split.keys[train]}]` reads this process's shard; the other splits a slice per rank")
-    _per_epoch(ctx, split, train, train_sampler)
+    others = "the other splits a slice per rank" if walked else "the other splits are read whole on every rank"
+    edits.change(line, f"`{split.name}[{split.keys[train]}]` reads this process's shard; {others}")
+    _per_epoch(ctx, split, train, train_sampler, reduce=walked)
+
+
+def _walked(split: SplitLoaders) -> bool:
+    """Is the dict walked split by split in one shared loop (`for x in loaders[phase]`), whose
+    sums can be added up over ranks after it, rather than used item by item (`loaders["train"]`)?"""
+    return split.key_var is not None or any(
+        e.inner is not None and m.matches(e.inner.iter, m.Subscript(value=m.Name(e.loader_expr), slice=[m.SubscriptElement(m.Index(m.Name()))]))
+        for e in split.epoch_loops
+    )
 
 
 def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
@@ -106,14 +123,14 @@ def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
     )
 
 
-def _per_epoch(ctx: Context, split: SplitLoaders, train: str, train_sampler: str | None) -> None:
-    """`set_epoch` every epoch, and the sums of the shared loop added up over ranks after it."""
+def _per_epoch(ctx: Context, split: SplitLoaders, train: str, train_sampler: str | None, reduce: bool = True) -> None:
+    """`set_epoch` every epoch, and (`reduce`) the sums of the shared loop added up over ranks after it."""
     edits = ctx.edits
     reduced = None  # a loop whose sums are all-reduced
     for epoch in split.epoch_loops:
         visible = epoch.scope is split.scope and train_sampler is not None
         set_epoch(ctx, epoch.loop, train_sampler if visible else f"{epoch.loader_expr}[{split.keys[train]}].sampler")
-        if epoch.inner is None:
+        if epoch.inner is None or not reduce:
             continue
         if _divides_by_batches(ctx, epoch.inner, epoch.loader_expr):
             edits.todo(
@@ -160,6 +177,19 @@ def _named_loader(ctx: Context, call: cst.Call) -> Loader | None:
     if isinstance(assign, cst.Assign) and ref_of(assign.targets[0].target) and isinstance(line, cst.SimpleStatementLine):
         return Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call))
     return None
+
+
+def _hoist_dataset(ctx: Context, split: SplitLoaders, call: cst.Call, key: str) -> str | None:
+    """A split's dataset built inline in a dict literal, bound to a name above the dict (the
+    sampler and the loader both read it)."""
+    args = N.positional(call)
+    arg = args[0] if args else N.keyword(call, "dataset")
+    if arg is None or not key.isidentifier():
+        return None
+    name = _free_name(ctx, split, f"{key}_dataset")
+    ctx.edits.insert_before(split.stmt, f"{name} = {ctx.script.module.code_for_node(arg.value)}\n")
+    ctx.edits.replace(arg.value, ctx.edits.expression(name))
+    return name
 
 
 def _free_name(ctx: Context, split: SplitLoaders, name: str) -> str:

@@ -151,7 +151,7 @@ def _rebuilds(script, call: cst.Call, cls: cst.ClassDef, model: str) -> bool:
         isinstance(assign, cst.Assign)
         and assign.value is call
         and ref_of(assign.targets[0].target) == model
-        and script.summaries.is_module(cls) is True
+        and script.optimizer_summaries.is_module(cls) is True
     )
 
 

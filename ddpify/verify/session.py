@@ -124,10 +124,10 @@ def _converted_files(source: Path, converted: Path | None, root: Path, options: 
     if converted is not None:
         return {_placed(converted.resolve(), source, root): converted.read_bytes()}, str(converted), []
     from ddpify.engine import ConvertError, convert_file
-    from ddpify.projects import convert_project, trains_elsewhere
+    from ddpify.projects import convert_project, is_project
 
     try:
-        if trains_elsewhere(source):
+        if is_project(source):
             changed = convert_project(source, options.convert_options).changed
             outside = [p for p in changed if root not in p.parents]
             if outside:

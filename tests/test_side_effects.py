@@ -1,0 +1,61 @@
+"""The writers classification (`analysis.side_effects`): what convert guards to rank 0 and check flags."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from ddpify.engine import convert_source
+
+PRELUDE = """
+import torch
+from torch.utils.data import DataLoader
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+for epoch in range(2):
+    for x in loader:
+        model(x.float().view(-1, 1).repeat(1, 2)).sum().backward()
+        optimizer.step()
+"""
+
+WRITES = {
+    "PIL image": ("from PIL import Image", "    Image.fromarray(x.numpy()).save(f'e{epoch}.png')"),
+    "PIL through a name": ("from PIL import Image", "    img = Image.new('RGB', (2, 2))\n    img.save('a.png')"),
+    "imageio": ("import imageio", "    imageio.imwrite('a.png', x.numpy())"),
+    "imageio video": ("import imageio", "    imageio.mimsave('a.gif', [x.numpy()])"),
+    "cv2": ("import cv2", "    cv2.imwrite('a.png', x.numpy())"),
+    "skimage": ("from skimage import io", "    io.imsave('a.png', x.numpy())"),
+    "soundfile": ("import soundfile as sf", "    sf.write('a.wav', x.numpy(), 16000)"),
+    "scipy wav": ("from scipy.io import wavfile", "    wavfile.write('a.wav', 16000, x.numpy())"),
+    "torchaudio": ("import torchaudio", "    torchaudio.save('a.wav', x.view(1, -1).float(), 16000)"),
+    "save_image": ("from torchvision.utils import save_image", "    save_image(x.float(), 'a.png')"),
+    "numpy": ("import numpy as np", "    np.savetxt('a.txt', x.numpy())"),
+    "yaml": ("import yaml", "    yaml.safe_dump({'e': epoch}, open('a.yml', 'w'))"),
+    "pandas": ("import pandas as pd", "    pd.DataFrame({'e': [epoch]}).to_parquet('a.parquet')"),
+    "pathlib": ("from pathlib import Path", "    Path('a.txt').write_text(str(epoch))"),
+    "tensorboard_logger": ("from tensorboard_logger import log_value", "    log_value('loss', 1.0, epoch)"),
+    "mlflow": ("import mlflow", "    mlflow.log_metric('loss', 1.0)"),
+    "neptune": ("import neptune", "    neptune.log_metric('loss', 1.0)"),
+    "visdom": ("import visdom", "    visdom.Visdom().line([1.0])"),
+    "comet": ("import comet_ml", "    comet_ml.log_metric('loss', 1.0)"),
+    "tqdm.write": ("from tqdm import tqdm", "    tqdm.write(f'epoch {epoch}')"),
+}
+
+
+@pytest.mark.parametrize("kind", WRITES)
+def test_writer_runs_on_rank_zero(kind):
+    imports, write = WRITES[kind]
+    source = textwrap.dedent(PRELUDE).replace("import torch\n", f"import torch\n{imports}\n", 1) + write + "\n"
+    result = convert_source(source, "train.py")
+    lines = result.code.splitlines()
+    at = next(i for i, line in enumerate(lines) if write.strip().splitlines()[-1].strip() in line)
+    guard = lines[at - 1].strip()
+    assert "get_rank() == 0" in guard or "RANK" in guard, "\n".join(lines[at - 3 : at + 1])
+
+
+def test_a_read_stays_on_every_rank():
+    source = textwrap.dedent(PRELUDE) + "    img = __import__('PIL').Image.open('a.png')\n"
+    result = convert_source("from PIL import Image\n" + source, "train.py")
+    assert "Image.open" in result.code and "get_rank() == 0:\n        img" not in result.code
