@@ -609,7 +609,13 @@ def _find_model(script: Script) -> None:
     for call in script.calls:
         owner = N.receiver(call)
         scope = script.scope_of(call)
-        if N.call_name(call) == "parameters" and owner is not None and ref_of(owner) and _updates_by_hand(script, call, scope):
+        if (
+            N.call_name(call) == "parameters"
+            and owner is not None
+            and ref_of(owner)
+            and _may_be_model(script, ref_of(owner), scope)
+            and _updates_by_hand(script, call, scope)
+        ):
             script.model_name = ref_of(owner)
             script.model_scope = _binding_scope(script, script.model_name, scope)
             script.models[script.model_name] = script.model_scope
