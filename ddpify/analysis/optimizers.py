@@ -84,7 +84,7 @@ def parameter_owners(
     receivers of `.parameters()`/`.named_parameters()` and of `methods` (the model classes'
     own methods that hand out parameters), and what `passed(call)` says a factory call trains;
     followed through the names `node` reads, back to what they are built from in `scope`."""
-    statements = list(own_nodes(scope))
+    flows = _flows(scope)
     found: list[str] = []
     seen: set[str] = set()
     todo = [node]
@@ -100,34 +100,40 @@ def parameter_owners(
                     found += [owner] if owner not in found else []
             elif isinstance(inner, cst.Name) and inner.value not in seen:
                 seen.add(inner.value)
-                todo += _sources(statements, inner.value)
+                todo += flows.get(inner.value, [])
     return found
 
 
-def _sources(statements: list[cst.CSTNode], name: str) -> list[cst.CSTNode]:
-    """What flows into `name` in a scope: the values assigned to it, what is appended to it
-    (`name.append(p)`, `(a if c else name).append(p)`), and the iterables of the loops that bind it."""
-    found: list[cst.CSTNode] = []
-    for node in statements:
-        if isinstance(node, cst.Assign) and any(_binds(t.target, name) for t in node.targets):
-            found.append(node.value)
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and node.value is not None and _binds(node.target, name):
-            found.append(node.value)
-        elif isinstance(node, (cst.For, cst.CompFor)) and _binds(node.target, name):
-            found.append(node.iter)
-        elif isinstance(node, cst.Call) and N.call_name(node) in COLLECTS:
-            owner = N.receiver(node)
-            if owner is not None and any(isinstance(n, cst.Name) and n.value == name for n in iter_nodes(owner)):
-                found += [arg.value for arg in node.args]
+def _flows(scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
+    """What flows into each name of a scope: the values assigned to it, what is appended to it
+    (`name.append(p)`, `(a if c else name).append(p)`), the iterables of the loops that bind it."""
+    found: dict[str, list[cst.CSTNode]] = {}
+
+    def into(target: cst.CSTNode, value: cst.CSTNode, bound_only: bool = True) -> None:
+        for n in _bound(target) if bound_only else [n for n in iter_nodes(target) if isinstance(n, cst.Name)]:
+            found.setdefault(n.value, []).append(value)
+
+    for node in own_nodes(scope):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                into(target.target, node.value)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and node.value is not None:
+            into(node.target, node.value)
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            into(node.target, node.iter)
+        elif isinstance(node, cst.Call) and N.call_name(node) in COLLECTS and (owner := N.receiver(node)) is not None:
+            for arg in node.args:
+                into(owner, arg.value, bound_only=False)
     return found
 
 
-def _binds(target: cst.CSTNode, name: str) -> bool:
+def _bound(target: cst.CSTNode) -> list[cst.Name]:
+    """The names an assignment target binds (`a`, `a, (b, c)`; not `x.a` nor `x[a]`)."""
     if isinstance(target, cst.Name):
-        return target.value == name
+        return [target]
     if isinstance(target, (cst.Tuple, cst.List)):
-        return any(_binds(e.value, name) for e in target.elements)
-    return False
+        return [n for e in target.elements for n in _bound(e.value)]
+    return []
 
 
 def _returned(index: FileIndex, fn: cst.FunctionDef, call: cst.Call) -> bool:
@@ -206,6 +212,8 @@ class OptimizerSummaries:
             cls = self.class_of(fn)
             if cls is None or self.is_module(cls) is False or fn.name.value in PARAMETER_CALLS:
                 continue
+            if any(builds_optimizer(ci.qnames) for ci in self.index.calls_under(fn)):
+                continue  # it hands out an optimizer (`configure_optimizers`), not parameters
             if any(isinstance(n, (cst.Return, cst.Yield)) and n.value is not None for n in own_nodes(fn)):
                 yield fn.name.value
 
