@@ -2,7 +2,9 @@
 
 The wrap goes right after the last top-level statement that touches the model (builds,
 moves, loads, freezes or re-heads it) before anything runs or trains it, and after the
-process group exists; `device_ids` is passed only for CUDA.
+process group exists; `device_ids` is passed only for CUDA. A wrapper module of the project
+built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
+module whose forward the training step calls, after its last rebinding.
 """
 
 from __future__ import annotations
