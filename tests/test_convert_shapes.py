@@ -992,7 +992,8 @@ for epoch in range(2):
 
 def test_the_model_behind_parameter_groups_and_factories_is_wrapped():
     """Groups from the model's own methods, a list built first, decay/no-decay groups appended in
-    a loop over `named_parameters()`, a factory function: each trains `model`, which is wrapped."""
+    a loop over `named_parameters()`, a factory given the model or its parameters: each trains
+    `model`, which is wrapped."""
     optimizers = [
         'optimizer = torch.optim.SGD([{"params": model.get_1x_lr_params(), "lr": 0.1}], lr=0.1)\n',
         "optimizer = torch.optim.SGD(model.get_parameters(initial_lr=0.1), lr=0.1)\n",
@@ -1010,6 +1011,8 @@ def test_the_model_behind_parameter_groups_and_factories_is_wrapped():
     )
     sources = [NET + "model = Net()\n" + made + STEP for made in optimizers]
     sources.append(NET + factory + "model = Net()\noptimizer = make_optimizer({'lr': 0.1}, model)\n" + STEP)
+    given = "def make(params, lr):\n    return torch.optim.SGD(params, lr=lr)\n\n\n"
+    sources.append(NET + given + "model = Net()\noptimizer = make(model.parameters(), 0.1)\n" + STEP)
     for source in sources:
         result = convert_source(source, "train.py")
         assert "model = DDP(model" in result.code, result.code

@@ -46,6 +46,7 @@ class Trains:
 
     param: str
     index: Optional[int] = None
+    given: bool = False  # the parameter holds the parameters themselves (`make_optimizer(model.parameters(), cfg)`)
 
 
 def builds_optimizer(qnames: frozenset[str]) -> bool:
@@ -79,14 +80,16 @@ def parameter_owners(
     node: cst.CSTNode,
     methods: frozenset[str],
     passed: Callable[[cst.Call], Optional[str]] = lambda call: None,
+    reached: Optional[set[str]] = None,
 ) -> list[str]:
     """The models whose parameters reach `node` (an optimizer's call) inside `scope`, in order:
     receivers of `.parameters()`/`.named_parameters()` and of `methods` (the model classes'
     own methods that hand out parameters), and what `passed(call)` says a factory call trains;
-    followed through the names `node` reads, back to what they are built from in `scope`."""
+    followed through the names `node` reads, back to what they are built from in `scope`
+    (`reached`, if given, gets every name followed)."""
     flows = _flows(scope)
     found: list[str] = []
-    seen: set[str] = set()
+    seen: set[str] = set() if reached is None else reached
     todo = [node]
     while todo:
         claimed: set[cst.CSTNode] = set()  # a call that names its model: its receiver is not followed
@@ -232,7 +235,10 @@ class OptimizerSummaries:
                 continue
             if not _returned(self.index, fn, ci.node):
                 continue  # built and used here (a training function): not a factory
-            for owner in parameter_owners(fn, ci.node, self.parameter_methods, self.passed):
+            owners = parameter_owners(fn, ci.node, self.parameter_methods, self.passed)
+            if not owners and (given := self._given(fn, ci.node, params)) is not None:
+                return given
+            for owner in owners:
                 if owner in params:
                     return Trains(owner, params.index(owner))
                 if owner in keyword_only:
@@ -243,6 +249,17 @@ class OptimizerSummaries:
                     return Trains("self")  # `self.backbone.parameters()` in the model's own method
         return None
 
+    def _given(self, fn: cst.FunctionDef, call: cst.Call, params: list[str]) -> Optional[Trains]:
+        """`def make(params, lr): return SGD(params, lr=lr)`: the optimizer's own parameters (its
+        first argument, or `params=`) come from one parameter of `fn`."""
+        first = N.keyword(call, "params") or next(iter(N.positional(call)), None)
+        if first is None:
+            return None
+        reached: set[str] = set()
+        parameter_owners(fn, first.value, self.parameter_methods, self.passed, reached)
+        given = [p for p in params if p in reached]
+        return Trains(given[0], params.index(given[0]), given=True) if len(given) == 1 else None
+
     def passed(self, call: cst.Call) -> Optional[str]:
         """The model a call of a factory (or of an optimizer-building method) trains, as the caller
         names it: the argument for the factory's parameter, or the method's receiver."""
@@ -251,14 +268,17 @@ class OptimizerSummaries:
             return None
         if trains.param == "self":
             return model_ref(N.receiver(call)) if isinstance(call.func, cst.Attribute) else None
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == trains.param:
-                return model_ref(arg.value) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None
+        value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == trains.param), None)
         positional = N.positional(call)
-        if trains.index is not None and trains.index < len(positional) and not positional[trains.index].star:
+        if value is None and trains.index is not None and trains.index < len(positional) and not positional[trains.index].star:
             value = positional[trains.index].value
-            return model_ref(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
-        return None
+        if value is None:
+            return None
+        if trains.given:  # the caller's `model.parameters()` (or a name it built from them)
+            scope = self.index.enclosing_func(call) or self.index.root_of(call)
+            owners = parameter_owners(scope, value, self.parameter_methods, self.passed)
+            return owners[0] if len(owners) == 1 else None
+        return model_ref(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
 
     def of_call(self, call: cst.Call) -> Optional[Trains]:
         """What the optimizer built by the function a call reaches trains (None: no such function)."""
