@@ -1276,3 +1276,152 @@ def test_a_run_folder_named_by_the_clock_is_made_by_rank0_and_its_name_shared():
         c.message for c in result.changes
     ]
     assert not result.todos
+
+
+# Issue 21: which model an optimizer trains, and what DDP wraps (analysis/optimizers.py).
+NET = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.depth = 2
+        self.backbone = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.backbone(x)))
+
+    def get_1x_lr_params(self):
+        for module in [self.backbone]:
+            for p in module.parameters():
+                if p.requires_grad:
+                    yield p
+
+    def get_parameters(self, initial_lr):
+        return [{"params": self.backbone.parameters(), "lr": initial_lr}, {"params": self.head.parameters(), "lr": 10 * initial_lr}]
+
+
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+"""
+STEP = """
+for epoch in range(2):
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_the_model_behind_parameter_groups_and_factories_is_wrapped():
+    """Groups from the model's own methods, a list built first, decay/no-decay groups appended in
+    a loop over `named_parameters()`, a factory given the model or its parameters: each trains
+    `model`, which is wrapped."""
+    optimizers = [
+        'optimizer = torch.optim.SGD([{"params": model.get_1x_lr_params(), "lr": 0.1}], lr=0.1)\n',
+        "optimizer = torch.optim.SGD(model.get_parameters(initial_lr=0.1), lr=0.1)\n",
+        "params = [{'params': model.backbone.parameters()}, {'params': model.head.parameters(), 'lr': 1.0}]\n"
+        "optimizer = torch.optim.SGD(params, lr=0.1)\n",
+        "decay, no_decay = [], []\n"
+        "for name, p in model.named_parameters():\n"
+        "    (no_decay if name.endswith('bias') else decay).append(p)\n"
+        "optimizer = torch.optim.AdamW([{'params': decay}, {'params': no_decay, 'weight_decay': 0.0}], lr=0.1)\n",
+    ]
+    factory = (
+        "def make_optimizer(cfg, net):\n"
+        "    groups = [p for p in net.parameters() if p.requires_grad]\n"
+        "    return torch.optim.AdamW(groups, lr=cfg['lr'])\n\n\n"
+    )
+    sources = [NET + "model = Net()\n" + made + STEP for made in optimizers]
+    sources.append(NET + factory + "model = Net()\noptimizer = make_optimizer({'lr': 0.1}, model)\n" + STEP)
+    given = "def make(params, lr):\n    return torch.optim.SGD(params, lr=lr)\n\n\n"
+    sources.append(NET + given + "model = Net()\noptimizer = make(model.parameters(), 0.1)\n" + STEP)
+    for source in sources:
+        result = convert_source(source, "train.py")
+        assert "model = DDP(model" in result.code, result.code
+        assert "DDP(net" not in result.code and not result.todos, result.code
+
+
+def test_a_plain_trainer_object_is_never_wrapped():
+    """`class Solver:` builds optimizers over the models it holds: those models are wrapped (each
+    after it is moved), never the Solver itself."""
+    source = NET.replace("loader = ", "LOADER = ") + (
+        "class Solver:\n"
+        "    def __init__(self, loader):\n"
+        "        self.loader = loader\n"
+        "        self.build_model()\n\n"
+        "    def build_model(self):\n"
+        "        self.G = Net()\n"
+        "        self.g_opt = torch.optim.Adam(self.G.parameters(), lr=1e-3)\n"
+        "        self.G.to('cuda')\n\n"
+        "    def train(self):\n"
+        "        for x, y in self.loader:\n"
+        "            loss = nn.functional.mse_loss(self.G(x.cuda()), y.cuda())\n"
+        "            self.g_opt.zero_grad()\n"
+        "            loss.backward()\n"
+        "            self.g_opt.step()\n"
+        "        torch.save(self.G.state_dict(), 'G.pt')\n\n\n"
+        "Solver(LOADER).train()\n"
+    )
+    code = convert_source(source, "train.py").code
+    assert "self.G = DDP(self.G" in code, code
+    assert "DDP(self," not in code and "DDP(self.to" not in code and "self = DDP" not in code, code
+    assert "torch.save(self.G.module.state_dict(), 'G.pt')" in code  # built in a method `__init__` runs
+
+
+def test_a_wrapper_module_built_around_the_network_is_what_ddp_wraps():
+    """`net = LossWrapper(backbone)`: the training runs `net`, so `net` is wrapped (after it is
+    built) and its own attributes are read through `.module`; `model = LossWrapper(model)` too."""
+    wrapper = (
+        "class LossWrapper(nn.Module):\n"
+        "    def __init__(self, net):\n"
+        "        super().__init__()\n"
+        "        self.net = net\n"
+        "        self.depth = net.depth\n\n"
+        "    def forward(self, x, y):\n"
+        "        return nn.functional.mse_loss(self.net(x), y)\n\n\n"
+    )
+    step = STEP.replace("nn.functional.mse_loss(model(x), y)", "model(x, y) * model.depth")
+    renamed = step.replace("model(x, y) * model.depth", "net(x, y) * net.depth")
+    cases = {
+        "model = Net()\nmodel = LossWrapper(model)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n" + step: "model",
+        "backbone = Net()\noptimizer = torch.optim.SGD(backbone.parameters(), lr=0.1)\nnet = LossWrapper(backbone)\n" + renamed: "net",
+    }
+    for tail, wrapped in cases.items():
+        code = convert_source(NET + wrapper + tail, "train.py").code
+        assert f"{wrapped} = DDP({wrapped}" in code, code
+        assert f"{wrapped}(x, y) * {wrapped}.module.depth" in code, code
+        assert code.index(f"{wrapped} = LossWrapper(") < code.index(f"{wrapped} = DDP("), code
+
+
+def test_module_is_read_only_where_every_path_wrapped_the_model():
+    """A trainer wraps its model in `fit()`; `evaluate()` may run before (plain) or after
+    (wrapped): it reads the network through `unwrap(...)`, `fit()` itself through `.module`."""
+    source = NET.replace("loader = ", "LOADER = ") + (
+        "class Trainer:\n"
+        "    def __init__(self, loader):\n"
+        "        self.loader = loader\n"
+        "        self.model = Net()\n\n"
+        "    def evaluate(self, x):\n"
+        "        return self.model.depth * self.model(x).sum().item()\n\n"
+        "    def fit(self):\n"
+        "        self.model = self.model.to('cuda')\n"
+        "        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n"
+        "        for x, y in self.loader:\n"
+        "            loss = nn.functional.mse_loss(self.model(x.cuda()), y.cuda())\n"
+        "            optimizer.zero_grad()\n"
+        "            loss.backward()\n"
+        "            optimizer.step()\n"
+        "        torch.save(self.model.state_dict(), 'model.pt')\n\n\n"
+        "trainer = Trainer(LOADER)\n"
+        "print(trainer.evaluate(torch.randn(2, 4).cuda()))\n"
+        "trainer.fit()\n"
+    )
+    code = convert_source(source, "train.py").code
+    assert "return unwrap(self.model).depth * self.model(x)" in code, code
+    assert "torch.save(self.model.module.state_dict(), 'model.pt')" in code
+    assert "def unwrap(model):" in code and "model.module if isinstance(model, DDP) else model" in code

@@ -142,7 +142,6 @@ def _resolve(dotted: str, search: list[Path], root: Path) -> Path | None:
 class ProjectFacts:
     """What the analysis of one module needs to know about the rest of the project."""
 
-    optimizer_methods: frozenset[str] = frozenset()  # `model.configure_optimizers(...)`: methods that build an optimizer over self's parameters
     runs_backward: frozenset[str] = frozenset()  # dotted module names whose code runs a backward pass
     builds_loaders: frozenset[str] = frozenset()  # dotted module names whose code builds a DataLoader
     names_cuda: bool = False  # some module names CUDA (a "cuda" string, `.cuda()`, `torch.cuda.*`)
@@ -161,7 +160,7 @@ def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = fro
     from ddpify.analysis.index import index_of, main_guard
     from ddpify.analysis.summaries import FunctionSummaries
 
-    methods, backward, loaders, makers = set(), set(), set(), set()
+    backward, loaders, makers = set(), set(), set()
     cuda = False
     for name, module in modules.items():
         index = index_of(module)
@@ -176,18 +175,10 @@ def project_facts(modules: dict[str, cst.Module], packages: frozenset[str] = fro
                 backward.add(name)
             if ci.qnames & N.DATALOADER:
                 loaders.add(name)
-            builds_optimizer = any(
-                q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
-                for q in ci.qnames
-            )
-            if builds_optimizer and ci.func is not None and any(
-                isinstance(p, cst.ClassDef) for p in index.ancestors(ci.func)
-            ):
-                methods.add(ci.func.name.value)
     others = {name: module for name, module in modules.items() if name != "__main__"}
     summaries = FunctionSummaries.of_project(others, packages) if others else None
     return ProjectFacts(
-        frozenset(methods), frozenset(backward), frozenset(loaders), cuda, summaries=summaries,
+        runs_backward=frozenset(backward), builds_loaders=frozenset(loaders), names_cuda=cuda, summaries=summaries,
         clock_folder_makers=frozenset(makers),
     )
 

@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
+from ddpify.analysis.optimizers import OptimizerSummaries, builds_optimizer, parameter_owners
 from ddpify.analysis.project import ProjectFacts, names_cuda
 from ddpify.analysis.summaries import FunctionSummaries
 from ddpify.analysis.training import step_analysis
@@ -330,6 +331,12 @@ class Script:
         return FunctionSummaries(self.index, outer=self.facts.summaries)
 
     @cached_property
+    def optimizer_summaries(self) -> OptimizerSummaries:
+        """Per-function facts: which classes are nn.Modules, which functions build an optimizer
+        over which of their parameters (with the rest of the project's, from `facts`)."""
+        return OptimizerSummaries(self.index)
+
+    @cached_property
     def classes(self) -> dict[str, cst.ClassDef]:
         """The script's own top-level classes, by name."""
         return {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
@@ -580,27 +587,29 @@ def _has_backward(script: Script, outer: cst.CSTNode) -> bool:
 
 def _find_model(script: Script) -> None:
     """The model is what the (first) optimizer trains: `torch.optim.X(model.parameters(), ...)`,
-    also through a name (`params = model.parameters()`) or parameter groups. Without an
-    optimizer, it is the model whose `.parameters()` a training function updates by hand."""
+    also through names, parameter groups, the model's own parameter methods and the project's
+    optimizer factories (`analysis/optimizers.py`). Without an optimizer, it is the model whose
+    `.parameters()` a training function updates by hand. Never `self`, nor an object of a class
+    that is no nn.Module."""
+    summaries = script.optimizer_summaries
     for call in script.calls:
-        qualified = script.names(call.func)
-        receiver = N.receiver(call)
-        if m.matches(receiver, m.Attribute(attr=m.Name("module"))):
-            receiver = receiver.value  # `model.module.configure_optimizers(...)` in a converted trainer
-        factory = N.call_name(call) in script.facts.optimizer_methods and ref_of(receiver or call)
+        # `optim.optim4GPU(cfg, model)`, `model.configure_optimizers()` (`model.module.` in a converted trainer)
+        passed = summaries.passed(call)
         by_name = any("torch.optim" in script.names(a.value) for a in call.args)  # `init_obj(cfg, "optimizer", torch.optim, params)`
-        if not factory and not by_name and not any(
-            q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
-            for q in qualified
-        ):
+        if passed is None and not by_name and not builds_optimizer(script.names(call.func)):
             continue
         optimizer_scope = script.scope_of(call)
-        # `model.configure_optimizers(...)`: a method of the project's model class builds it
-        owners = [factory] if factory else _parameters_owners(script, call, optimizer_scope, follow=True)
+        owners = [passed] if passed else parameter_owners(
+            optimizer_scope, call, summaries.parameter_methods, summaries.passed
+        )
         for owner in owners:  # itertools.chain(G.parameters(), F.parameters())
+            if not _may_be_model(script, owner, optimizer_scope):
+                continue
             scope, built_here = optimizer_scope, True
             if (taken := _taken_out(script, owner, scope)) is not None:
                 (owner, scope), built_here = taken, False  # `dataset, model, optimizer = load_train_objs()`
+            if (outer := _wrapper_module(script, owner, scope)) is not None:
+                owner = outer  # `net = LossWrapper(backbone)`: the training runs `net`
             if owner in script.models:
                 continue
             if not script.models:
@@ -622,12 +631,51 @@ def _find_model(script: Script) -> None:
     for call in script.calls:
         owner = N.receiver(call)
         scope = script.scope_of(call)
-        if N.call_name(call) == "parameters" and owner is not None and ref_of(owner) and _updates_by_hand(script, call, scope):
+        if (
+            N.call_name(call) == "parameters"
+            and owner is not None
+            and ref_of(owner)
+            and _may_be_model(script, ref_of(owner), scope)
+            and _updates_by_hand(script, call, scope)
+        ):
             script.model_name = ref_of(owner)
             script.model_scope = _binding_scope(script, script.model_name, scope)
             script.models[script.model_name] = script.model_scope
             return
     raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
+
+
+def _may_be_model(script: Script, owner: str, scope: ScopeNode) -> bool:
+    """Can `owner` be wrapped? Not `self` (the object whose method builds the optimizer), not a
+    parameter of a factory whose callers say which model it is (`optim4GPU(cfg, model)`), and
+    not an object of the project's classes that is certainly no nn.Module (`Solver(...)`)."""
+    if owner == "self":
+        return False
+    if scope in script.optimizer_summaries.trains and owner in {p.name.value for p in scope.params.params}:
+        return False  # the callers' argument is the model
+    for assign in _assignments_in(script, _binding_scope(script, owner, scope)):
+        if ref_of(assign.targets[0].target) == owner and isinstance(assign.value, cst.Call):
+            cls = script.class_called(assign.value)
+            if cls is not None and script.optimizer_summaries.is_module(cls) is False:
+                return False
+    return True
+
+
+def _wrapper_module(script: Script, model: str, scope: ScopeNode) -> str | None:
+    """`net = LossWrapper(backbone)`: an nn.Module of the project built around the trained
+    network under another name, whose forward the training calls (and never the network's own):
+    DDP wraps the module the training step runs."""
+    called = {ref_of(c.func) for c in script.calls if script.class_of(c) is None}
+    if model in called:
+        return None
+    for assign in _assignments_in(script, _binding_scope(script, model, scope)):
+        target, value = ref_of(assign.targets[0].target), assign.value
+        if target in (None, model) or target not in called or not isinstance(value, cst.Call):
+            continue
+        cls = script.class_called(value)
+        if cls is not None and any(ref_of(a.value) == model for a in value.args) and script.optimizer_summaries.is_module(cls):
+            return target
+    return None
 
 
 def _taken_out(script: Script, model: str, scope: ScopeNode) -> tuple[str, ScopeNode] | None:
@@ -672,32 +720,6 @@ def _main_block(script: Script, node: cst.CSTNode) -> cst.IndentedBlock | None:
         ) and script.inside(node, stmt.body):
             return stmt.body
     return None
-
-
-def _parameters_owners(script: Script, node: cst.CSTNode, scope: ScopeNode, follow: bool) -> list[str]:
-    """Every `model` in `model.parameters()`/`model.named_parameters()` used by `node` (or by
-    the values of names it uses, assigned in the same scope), in order."""
-    found: list[str] = []
-    for inner in script.calls_in(node):
-        owner = N.receiver(inner)
-        while isinstance(owner, (cst.Attribute, cst.Subscript)) and ref_of(owner) is None:
-            owner = owner.value  # `model_conv.fc.parameters()`, `net[2].parameters()`: a part trains, the model is wrapped
-        if N.call_name(inner) in ("parameters", "named_parameters") and owner is not None and ref_of(owner) not in (None, "self"):
-            if ref_of(owner) not in found:
-                found.append(ref_of(owner))
-    if found or not follow:
-        return found
-    used = {n.value for n in _names_in(node)}
-    for assign in _assignments_in(script, scope):
-        if ref_of(assign.targets[0].target) in used:
-            for owner in _parameters_owners(script, assign.value, scope, follow=False):
-                if owner not in found:
-                    found.append(owner)
-    return found
-
-
-def _names_in(node: cst.CSTNode) -> list[cst.Name]:
-    return [n for n in iter_nodes(node) if isinstance(n, cst.Name)]
 
 
 def _assignments_in(script: Script, scope: ScopeNode) -> list[cst.Assign]:
@@ -940,8 +962,17 @@ def _chained(script: Script, call: cst.Call) -> cst.Call:
 
 
 def mentions(node: cst.CSTNode, ref: str) -> bool:
-    """Does `node` use the variable or `self.` attribute `ref`?"""
-    return any(isinstance(n, (cst.Name, cst.Attribute)) and ref_of(n) == ref for n in iter_nodes(node))
+    """Does `node` use the variable or `self.` attribute `ref`? (`self.loader` and `x.loader`
+    do not use the variable `loader`.)"""
+    attributes = set()  # the `.attr` names of attributes: no variable
+    for n in iter_nodes(node):
+        if isinstance(n, cst.Attribute):
+            attributes.add(n.attr)
+            if ref_of(n) == ref:
+                return True
+        elif isinstance(n, cst.Name) and n.value == ref and n not in attributes:
+            return True
+    return False
 
 
 def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list[EpochLoop] | None:
@@ -1012,6 +1043,8 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
                 found += [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
             elif param and fn in script.training_functions:  # `train(model, loader, max_steps)`
                 found += _pass_starts(script, param, fn, depth + 1)
+        for attr, init in kept_by_objects(script, ref, where):  # `Solver(loader, config)`: `iter(self.loader)`
+            found += [s for s in _pass_starts(script, attr, init, depth + 1) if s not in found]
     return found
 
 

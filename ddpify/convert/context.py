@@ -13,6 +13,12 @@ from ddpify.results import ConvertOptions
 RANK0 = "dist.get_rank() == 0"
 RANK0_BEFORE_INIT = 'int(os.environ.get("RANK", 0)) == 0'
 LOCAL_RANK_ENV = 'int(os.environ.get("LOCAL_RANK", 0))'
+UNWRAP = '''
+
+def unwrap(model):
+    """The network itself: inside the DDP wrapper once the model is wrapped, the model before."""
+    return model.module if isinstance(model, DDP) else model
+'''
 
 
 @dataclass
@@ -106,6 +112,57 @@ class Context:
             and a not in self.reloads
             and not self._hands_back(a.value, model)
             for a in script.assigns.get(scope, [])
+        )
+
+    def plain(self, node: cst.CSTNode, model: str) -> str | None:
+        """How `node` reads the network inside `model`: `model.module` where every path to it
+        has wrapped the model, `unwrap(model)` where some path has not (a method of a trainer
+        that may run before the method that wraps its model, or without it), None where the model
+        is still plain. `unwrap` is the module's helper (defined where it is used)."""
+        if not self.after_wrap(node, model):
+            return None
+        if self._wrapped_on_every_path(node, model):
+            return f"{model}.module"
+        from ddpify.convert.emit import define_function
+
+        define_function(self, "unwrap", UNWRAP, node)
+        return f"unwrap({model})"
+
+    def _wrapped_on_every_path(self, node: cst.CSTNode, model: str) -> bool:
+        """A `self.` model wrapped in a method other than `__init__` is wrapped only once that
+        method ran: other methods see it wrapped only when the wrap's method (after the wrap), or
+        a method only it calls, is their only caller."""
+        script = self.script
+        wrap_scope = script.models.get(model)
+        if not model.startswith("self.") or not isinstance(wrap_scope, cst.FunctionDef) or self._constructs(wrap_scope):
+            return True
+        return self._runs_after_wrap(script.scope_of(node), node, model, wrap_scope, depth=0)
+
+    def _constructs(self, method: cst.FunctionDef, depth: int = 0) -> bool:
+        """Does `method` run whenever its object is made: `__init__`, or a method `__init__` (or
+        such a method) calls in its own body, not under a condition (`self.build_model()`)?"""
+        script = self.script
+        if method.name.value == "__init__":
+            return True
+        if depth > 3:
+            return False
+        for call in script.calls:
+            caller = script.scope_of(call)
+            if script.local_function(call) is method and isinstance(caller, cst.FunctionDef) and script.class_of(caller) is script.class_of(method):
+                top = script.top_statement(call, caller)
+                if isinstance(top, cst.SimpleStatementLine) and self._constructs(caller, depth + 1):
+                    return True
+        return False
+
+    def _runs_after_wrap(self, scope, node, model: str, wrap_scope, depth: int) -> bool:
+        if scope is wrap_scope:
+            return self.after_wrap(node, model)
+        if depth > 3 or not isinstance(scope, cst.FunctionDef):
+            return False
+        script = self.script
+        sites = [c for c in script.calls if script.local_function(c) is scope]
+        return bool(sites) and all(
+            self._runs_after_wrap(script.scope_of(site), site, model, wrap_scope, depth + 1) for site in sites
         )
 
     def _hands_back(self, value: cst.BaseExpression, model: str) -> bool:

@@ -305,10 +305,11 @@ def _and(ctx: Context, test: cst.BaseExpression, condition: str) -> cst.BaseExpr
 
 def _pass_unwrapped(ctx: Context, call: cst.Call) -> None:
     model = ctx.script.model_name
-    if not ctx.after_wrap(call):
+    plain = ctx.plain(call, model)
+    if plain is None:
         return
     for arg in call.args:
         if ref_of(arg.value) == model:
-            ctx.edits.replace(arg.value, ctx.edits.expression(f"{model}.module"))
+            ctx.edits.replace(arg.value, ctx.edits.expression(plain))
     where = "on rank 0" if ctx.options.eval_on_rank0 else "on every rank"
-    ctx.edits.change(call, f"evaluates `{model}.module` {where}")
+    ctx.edits.change(call, f"evaluates `{plain}` {where}")

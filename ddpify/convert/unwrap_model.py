@@ -1,5 +1,9 @@
 """After the wrap, what belongs to the model itself goes through `model.module`.
 
+Where the model may still be plain on some path (a trainer's method that can run before the
+method that wraps its model), through `unwrap(model)` instead, a helper defined once in the
+module (`model.module if isinstance(model, DDP) else model`): never `.module` on a plain model.
+
 `model.state_dict()` / `model.load_state_dict(...)` (checkpoints with no `module.`
 prefix, loadable by the single-GPU script), the model's own methods and attributes
 (`model.init_hidden(...)`, `model.fc = ...`), `torch.save(model, ...)` of the whole
@@ -29,16 +33,16 @@ def run(ctx: Context) -> None:
         owner = ref_of(node.value)
         if owner is None or node.attr.value in ON_WRAPPER:
             continue
-        if owner in script.ddp_names.get(script.scope_of(node), ()) and ctx.after_wrap(node, owner):
-            edits.replace(node.value, edits.expression(f"{owner}.module"))
-            edits.change(node, f"`{owner}.module.{node.attr.value}`: the model's own, not the DDP wrapper's")
+        if owner in script.ddp_names.get(script.scope_of(node), ()) and (plain := ctx.plain(node, owner)):
+            edits.replace(node.value, edits.expression(plain))
+            edits.change(node, f"`{plain}.{node.attr.value}`: the model's own, not the DDP wrapper's")
     for call in script.calls:
         args = N.positional(call)
         if script.is_call_to(call, N.TORCH_SAVE) and args:
             owner = ref_of(args[0].value)
-            if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
-                edits.replace(args[0].value, edits.expression(f"{owner}.module"))
-                edits.change(call, f"saves `{owner}.module`, not the DDP wrapper")
+            if owner in script.ddp_names.get(script.scope_of(call), ()) and (plain := ctx.plain(call, owner)):
+                edits.replace(args[0].value, edits.expression(plain))
+                edits.change(call, f"saves `{plain}`, not the DDP wrapper")
 
 
 def _plain_before_wrap(ctx: Context) -> None:
@@ -71,9 +75,9 @@ def _unwrapped_to_objects(ctx: Context) -> None:
             continue  # an object that trains needs the DDP model
         for arg in call.args:
             owner = ref_of(arg.value)
-            if owner in script.ddp_names.get(script.scope_of(call), ()) and ctx.after_wrap(call, owner):
-                edits.replace(arg.value, edits.expression(f"{owner}.module"))
-                edits.change(call, f"`{cls.name.value}` gets `{owner}.module`: it keeps or saves the model, it does not train it")
+            if owner in script.ddp_names.get(script.scope_of(call), ()) and (plain := ctx.plain(call, owner)):
+                edits.replace(arg.value, edits.expression(plain))
+                edits.change(call, f"`{cls.name.value}` gets `{plain}`: it keeps or saves the model, it does not train it")
 
 
 def _unwrapped_to_helpers(ctx: Context) -> None:
@@ -88,10 +92,10 @@ def _unwrapped_to_helpers(ctx: Context) -> None:
             if owner is None or owner not in script.ddp_names.get(script.scope_of(call), ()):
                 continue
             fn = script.summaries.needs_plain(call, arg)
-            if fn is None or not ctx.after_wrap(call, owner):
+            if fn is None or not (plain := ctx.plain(call, owner)):
                 continue
-            edits.replace(arg.value, edits.expression(f"{owner}.module"))
-            edits.change(call, f"`{fn.name.value}()` gets `{owner}.module`: it uses the model's own methods")
+            edits.replace(arg.value, edits.expression(plain))
+            edits.change(call, f"`{fn.name.value}()` gets `{plain}`: it uses the model's own methods")
 
 
 def _reload_into_module(ctx: Context) -> None:

@@ -2,7 +2,9 @@
 
 The wrap goes right after the last top-level statement that touches the model (builds,
 moves, loads, freezes or re-heads it) before anything runs or trains it, and after the
-process group exists; `device_ids` is passed only for CUDA.
+process group exists; `device_ids` is passed only for CUDA. A wrapper module of the project
+built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
+module whose forward the training step calls, after its last rebinding.
 """
 
 from __future__ import annotations
@@ -137,7 +139,10 @@ def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
             return True
         if (script.local_function(call) or script.method_of_object(call)) in script.training_functions:
             return True  # a training helper (it may use the model as a global)
-        if script.class_called(call) is not None and any(ref_of(a.value) == model for a in call.args):
+        cls = script.class_called(call)
+        if cls is not None and any(ref_of(a.value) == model for a in call.args):
+            if _rebuilds(script, call, cls, model):
+                continue  # `model = LossWrapper(model)`: the model is the wrapper now, wrapped after it
             return True  # the object keeps the model and trains it later: it must get the DDP one
     return False
 
@@ -148,6 +153,18 @@ def _trains_inside(script, loop: cst.For | cst.While) -> bool:
     if any(N.call_name(c) in ("backward", "step") and N.receiver(c) is not None for c in script.calls_in(loop)):
         return True
     return any(isinstance(f, cst.For) and any(mentions(f.iter, name) for name in train) for f in script.nodes_in(loop, cst.For))
+
+
+def _rebuilds(script, call: cst.Call, cls: cst.ClassDef, model: str) -> bool:
+    """`model = LossWrapper(model)`: an nn.Module built around the model under its own name; the
+    training step calls the wrapper's forward, so the wrapper is what DDP wraps."""
+    assign = script.parent(call)
+    return (
+        isinstance(assign, cst.Assign)
+        and assign.value is call
+        and ref_of(assign.targets[0].target) == model
+        and script.optimizer_summaries.is_module(cls) is True
+    )
 
 
 def _has_batchnorm(script) -> bool:
