@@ -54,9 +54,12 @@ def _convert(name: str):
 
 
 def test_every_case_has_its_project():
+    """Each case is a project of its own: its entry, and a pyproject.toml marking its root (else
+    the root would be this repository's, and `-o DIR/` would copy all of it)."""
     assert CASES, "no case in fixtures/unseen"
     for name, case in CASES.items():
         assert (UNSEEN / name / case["entry"]).is_file(), name
+        assert (UNSEEN / name / "pyproject.toml").is_file(), name
 
 
 @pytest.mark.parametrize("name", CASES)
