@@ -76,3 +76,39 @@ def test_a_factory_given_the_parameters_trains_the_model_they_come_from():
     assert {fn.name.value: t for fn, t in found.trains.items()} == {"make": Trains("params", 0, given=True)}
     call = next(ci.node for ci in index.calls if ci.name == "make")
     assert found.passed(call) == "model"
+
+
+def test_optimizers_of_other_libraries_train_their_model():
+    """`transformers.AdamW` over Hugging Face's decay / no-decay groups (built from
+    `named_parameters()` through two names), apex's FusedAdam, bitsandbytes' Adam8bit: the model
+    they train is wrapped; a library's scheduler is no optimizer."""
+    import textwrap
+
+    from ddpify.analysis.names import is_optimizer
+    from ddpify.engine import convert_source
+
+    assert is_optimizer({"transformers.AdamW"}) and is_optimizer({"apex.optimizers.FusedAdam"})
+    assert is_optimizer({"bitsandbytes.optim.Adam8bit"}) and not is_optimizer({"transformers.optimization.get_linear_schedule_with_warmup"})
+    assert not is_optimizer({"torch.optim.lr_scheduler.StepLR"})
+    source = textwrap.dedent(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        from transformers import AdamW
+        model = torch.nn.Linear(8, 2)
+        param_optimizer = list(model.named_parameters())
+        no_decay = ["bias"]
+        groups = [
+            {"params": [p for n, p in param_optimizer if not any(nd in n for nd in no_decay)], "weight_decay": 0.01},
+            {"params": [p for n, p in param_optimizer if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
+        ]
+        optimizer = AdamW(groups, lr=3e-5)
+        loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                model(x.float().view(-1, 1).repeat(1, 8)).sum().backward()
+                optimizer.step()
+        """
+    )
+    result = convert_source(source, "train.py")
+    assert "model = DDP(model" in result.code and "DistributedSampler(" in result.code

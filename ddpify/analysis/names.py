@@ -80,6 +80,22 @@ DATA_PARALLEL = spelled({"torch.nn.DataParallel"})
 SET_DEVICE = frozenset({"torch.cuda.set_device"})
 PRINT = frozenset({"builtins.print", "print"})
 OPTIMIZER_PREFIX = "torch.optim."
+# Where optimizer classes live besides torch.optim (each spelling a module prefix of the class).
+OPTIMIZER_MODULES = (
+    OPTIMIZER_PREFIX, "transformers.AdamW", "transformers.Adafactor", "transformers.optimization.", "apex.optimizers.",
+    "bitsandbytes.optim.", "torch_optimizer.", "timm.optim.", "deepspeed.ops.adam.", "deepspeed.ops.lamb.",
+    "lion_pytorch.", "adabelief_pytorch.", "pytorch_lamb.", "came_pytorch.", "schedulefree.",
+)  # fmt: skip
+
+
+def is_optimizer(qnames) -> bool:
+    """Is a callee an optimizer class (torch.optim's, or a library's: `transformers.AdamW`,
+    apex's `FusedAdam`, bitsandbytes' `Adam8bit`), not a learning-rate scheduler?"""
+    return any(
+        q.startswith(OPTIMIZER_MODULES) and "lr_scheduler" not in q and "schedul" not in q.rsplit(".", 1)[-1].lower()
+        and q.rsplit(".", 1)[-1][:1].isupper()
+        for q in qnames
+    )
 CUDA_PREFIX = "torch.cuda."  # `torch.cuda.X`: the script names CUDA
 NN_PREFIX = "torch.nn."  # modules and functions of torch.nn (losses among them)
 FUNCTIONAL_PREFIX = "torch.nn.functional."

@@ -50,11 +50,8 @@ class Trains:
 
 
 def builds_optimizer(qnames: frozenset[str]) -> bool:
-    """Is this a `torch.optim` optimizer class (not a scheduler)?"""
-    return any(
-        q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
-        for q in qnames
-    )
+    """Is this an optimizer class (torch.optim's or a library's; not a scheduler)?"""
+    return N.is_optimizer(qnames)
 
 
 def model_ref(node: Optional[cst.CSTNode]) -> Optional[str]:

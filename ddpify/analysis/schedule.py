@@ -253,7 +253,7 @@ def _setting_of(script: Script, call: cst.Call, refs: list[str]) -> bool:
     """Is one of `refs` a setting of `call`: an optimizer's or scheduler's (not its parameters),
     a DataLoader's batch size, or an argument of a function or class that trains?"""
     names = script.names(call.func)
-    if any(n.startswith(N.OPTIMIZER_PREFIX) for n in names):
+    if N.is_optimizer(names) or any(n.startswith(N.OPTIMIZER_PREFIX) for n in names):
         args = [a for a in call.args if a.keyword is not None] + N.positional(call)[1:]
     elif names & N.DATALOADER:
         args = [a for a in call.args if a.keyword is not None and a.keyword.value == "batch_size"]

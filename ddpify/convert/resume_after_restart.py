@@ -110,7 +110,7 @@ def _restores_training(ctx: Context, gate: cst.If) -> bool:
     script = ctx.script
     optimizers = set()
     for call in script.calls:
-        if any(q.startswith(N.OPTIMIZER_PREFIX) and "lr_scheduler" not in q for q in script.names(call.func)):
+        if N.is_optimizer(script.names(call.func)):
             stmt = script.statement_line(call)
             assign = stmt.body[0] if stmt is not None and stmt.body else None
             if isinstance(assign, cst.Assign) and len(assign.targets) == 1:

@@ -135,10 +135,7 @@ def _builds_optimizer(script, call: cst.Call) -> bool:
     cls = script.classes.get(call.func.value) if isinstance(call.func, cst.Name) else None
     if cls is not None:
         names |= {q for base in cls.bases for q in script.names(base.value)}
-    return any(
-        q.startswith(N.OPTIMIZER_PREFIX) and ".lr_scheduler" not in q and q.rsplit(".", 1)[-1][:1].isupper()
-        for q in names
-    )
+    return N.is_optimizer(names)
 
 
 def _forward(script, stmt: cst.CSTNode, models: set[str]) -> bool:
