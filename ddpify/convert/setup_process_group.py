@@ -40,6 +40,22 @@ if "WORLD_SIZE" in os.environ:  # launched by torchrun
 else:  # plain `python`: a process group of one
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 """
+# In a method (a trainer's constructor): every object made runs it, the group is made once.
+INIT_ONCE = """if {device_type} == "cuda":
+    torch.cuda.set_device({device})
+backend = "nccl" if {device_type} == "cuda" else "gloo"
+if not dist.is_initialized():  # else an earlier object of this class made it
+    if "WORLD_SIZE" in os.environ:  # launched by torchrun
+        dist.init_process_group(backend)
+    else:  # plain `python`: a process group of one
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+"""
+
+
+def _init(script: Script, scope, device: str, device_type: str) -> str:
+    """The setup's code: once per process also where a method runs it (each object would)."""
+    template = INIT_ONCE if isinstance(scope, cst.FunctionDef) and script.class_of(scope) is not None else INIT
+    return template.format(device=device, device_type=device_type)
 
 
 def run(ctx: Context) -> None:
@@ -68,7 +84,7 @@ def run(ctx: Context) -> None:
             ctx.local_rank = names["local_rank"] = existing
         if ctx.device_fixup:
             edits.insert_after(stmt, FIXUP.format(device=ctx.device, device_type=ctx.device_type, **names))
-        edits.insert_after(stmt, INIT.format(device=ctx.device, device_type=ctx.device_type))
+        edits.insert_after(stmt, _init(script, ctx.setup_scope, ctx.device, ctx.device_type))
         body = list(script.block_of(ctx.setup_scope).body)
         ctx.init_index = body.index(stmt) + 1
         edits.change(stmt, f"`{ctx.device}` is this process's GPU (`cuda:<local_rank>`) or the CPU")
@@ -89,7 +105,7 @@ def run(ctx: Context) -> None:
             anchor,
             _opening(LOCAL_RANK, anchor is body[0]).format(**names)
             + device_line.format(device=ctx.device, **names)
-            + INIT.format(device=ctx.device, device_type=ctx.device_type),
+            + _init(script, ctx.setup_scope, ctx.device, ctx.device_type),
         )
         ctx.init_index = body.index(anchor)
         if not on_gpu:
