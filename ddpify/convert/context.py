@@ -49,8 +49,9 @@ class Context:
         return 'int(os.environ.get("RANK", 0))', 'int(os.environ.get("WORLD_SIZE", 1))'
 
     def device_visible(self, scope: ScopeNode) -> bool:
-        """Can code in `scope` name this process's device?"""
-        if scope is self.setup_scope or isinstance(self.setup_scope, cst.Module):
+        """Can code in `scope` name this process's device? (Not in another module of the
+        project: the entry's globals are not its globals.)"""
+        if scope is self.setup_scope or self._global_here(scope):
             return True
         if self.device.startswith("self."):
             return scope in self.script.scopes_for(self.device, self.setup_scope)
@@ -59,7 +60,12 @@ class Context:
         )
 
     def local_rank_visible(self, scope: ScopeNode) -> bool:
-        return scope is self.setup_scope or isinstance(self.setup_scope, cst.Module)
+        return scope is self.setup_scope or self._global_here(scope)
+
+    def _global_here(self, scope: ScopeNode) -> bool:
+        """Is the setup at the top level of the module that holds `scope`?"""
+        setup = self.setup_scope
+        return isinstance(setup, cst.Module) and (scope is setup or self.script.root_of(scope) is setup)
 
     def local_rank_at(self, stmt: cst.CSTNode) -> str:
         """This process's rank on its node as code that works where `stmt` runs: the setup's

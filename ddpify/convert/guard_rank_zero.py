@@ -179,6 +179,8 @@ def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved
         outer = [a for a in script.ancestors(inner) if isinstance(a, cst.Call) and script.inside(a, node)]
         if any(script.local_function(a) for a in outer if a is not node):
             continue  # inside another helper call: that one is hoisted whole
+        if _gets_plain_model(ctx, inner, fn):
+            continue  # `print(generate(model, ...))`: it gets the plain `model.module` (unwrap_model), no DDP forward
         name = _free_name(script, f"{fn.name.value}_result")
         edits.insert_before(line, f"{name} = {script.module.code_for_node(inner)}\n")
         edits.replace(inner, cst.Name(name))
@@ -186,6 +188,16 @@ def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved
         moved.add(inner)
         hoisted = True
     return hoisted
+
+
+def _gets_plain_model(ctx: Context, call: cst.Call, fn: cst.FunctionDef) -> bool:
+    """Is a model handed to a helper that reads its own methods (so it gets `model.module`),
+    and does the helper run no evaluation loop (whose sums are all-reduced on every rank)?"""
+    script = ctx.script
+    models = set(script.models) | set().union(*script.ddp_names.values())
+    if any(script.inside(loop, fn) for loops in script.eval_loops.values() for loop in loops):
+        return False
+    return any(ref_of(a.value) in models and script.summaries.needs_plain(call, a) for a in call.args)
 
 
 def _runs_any_model(ctx: Context, fn: cst.FunctionDef) -> bool:
