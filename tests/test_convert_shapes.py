@@ -1425,3 +1425,63 @@ def test_module_is_read_only_where_every_path_wrapped_the_model():
     assert "return unwrap(self.model).depth * self.model(x)" in code, code
     assert "torch.save(self.model.module.state_dict(), 'model.pt')" in code
     assert "def unwrap(model):" in code and "model.module if isinstance(model, DDP) else model" in code
+
+
+def test_accumulation_condition_reading_a_model_attribute_goes_through_module():
+    """`if batches_done % model.hyperparams["subdivisions"] == 0: optimizer.step()`: the
+    `no_sync` guard the conversion writes reads the attribute through `.module` too (DDP has no
+    `hyperparams`), as the `if` does, and converting again changes nothing."""
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        class Net(torch.nn.Linear):
+            hyperparams = {"subdivisions": 2}
+        model = Net(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+        for epoch in range(2):
+            for i, x in enumerate(loader):
+                model(x.float().view(-1, 1).repeat(1, 2)).sum().backward()
+                if i % model.hyperparams["subdivisions"] == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+        """
+    )
+    assert 'if i % model.module.hyperparams["subdivisions"] == 0 else model.no_sync():' in result.code
+    assert 'if i % model.module.hyperparams["subdivisions"] == 0:\n' in result.code
+
+
+def test_downloads_inside_loaders_of_a_helper_module_share_one_pair_of_barriers(tmp_path):
+    """`DataLoader(MNIST(root, train=True, download=True), ...)` twice in a helper module the
+    entry calls after its setup: one pair of local-rank barriers around both fetches (the
+    training set hoisted out of its loader for its sampler), and converting again changes
+    nothing (the hoisted fetch and the later one still share the pair)."""
+    from ddpify.projects import convert_project
+
+    entry = _project(tmp_path, {
+        "data.py": """
+            import torch
+            from torchvision import datasets
+            def loaders(batch):
+                train = torch.utils.data.DataLoader(datasets.MNIST("d", train=True, download=True), batch_size=batch, shuffle=True)
+                test = torch.utils.data.DataLoader(datasets.MNIST("d", train=False, download=True), batch_size=batch)
+                return train, test
+            """,
+        "train.py": """
+            import torch
+            from data import loaders
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            train_loader, test_loader = loaders(8)
+            model = torch.nn.Linear(784, 10).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                for x, y in train_loader:
+                    torch.nn.functional.cross_entropy(model(x.view(-1, 784).to(device)), y.to(device)).backward()
+                    optimizer.step()
+            """,
+    })  # fmt: skip
+    result = convert_project(entry)
+    data = next(r.code for path, (r, _, _) in result.changed.items() if path.name == "data.py")
+    assert data.count("dist.barrier()") == 2, data
+    assert "train_sampler = DistributedSampler(train_dataset, shuffle=True)" in data

@@ -68,7 +68,7 @@ def run(ctx: Context) -> None:
         block = list(script.parent(stmt).body)
         index = block.index(stmt)
         rank = "dist.get_rank()" if shared else ctx.local_rank_at(stmt)
-        if (index == 0 or block[index - 1] not in statements) and not D.barrier_in(script, D.sibling(script, stmt, -1)):
+        if (index == 0 or block[index - 1] not in statements) and not _opened_before(script, block, index):
             edits.insert_before(stmt, BEFORE.format(rank=rank, who="rank 0" if shared else "this node's local rank 0"))
         if (index == len(block) - 1 or block[index + 1] not in statements) and not _closed_after(script, block, index):
             where, others = ("", "the other ranks") if shared else (" on this node", "its other ranks")
@@ -98,13 +98,32 @@ def _fetches(script, call: cst.Call) -> bool:
 
 
 def _closed_after(script, block: list[cst.CSTNode], index: int) -> bool:
-    """A barrier follows the fetch before anything loops over the data (a converted script)."""
+    """A barrier follows the fetch before anything loops over the data (a converted script; a
+    later fetch between them shares it: `train = MNIST(..., download=True)` hoisted out of its
+    loader, then the loaders, then the test set's fetch)."""
     for stmt in block[index + 1 :]:
         if D.barrier_in(script, stmt):
             return True
-        if isinstance(stmt, (cst.For, cst.While)) or _fetches_in(script, stmt):
+        if isinstance(stmt, (cst.For, cst.While)):
             return False
     return False
+
+
+def _opened_before(script, block: list[cst.CSTNode], index: int) -> bool:
+    """A barrier comes before the fetch, with only setup and other fetches between (a converted script)."""
+    for stmt in reversed(block[:index]):
+        if D.barrier_in(script, stmt):
+            return True
+        if isinstance(stmt, (cst.For, cst.While)) or not _fetches_in(script, stmt) and _uses_data(script, stmt):
+            return False
+    return False
+
+
+def _uses_data(script, stmt: cst.CSTNode) -> bool:
+    """Does a statement do more than build loaders and samplers (which read no file yet)?"""
+    return not any(
+        script.is_call_to(c, N.DATALOADER) or script.is_call_to(c, D.DISTRIBUTED_SAMPLER) for c in script.calls_in(stmt)
+    )
 
 
 def _fetches_in(script, stmt: cst.CSTNode) -> bool:

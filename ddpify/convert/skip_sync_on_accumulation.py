@@ -51,7 +51,7 @@ def _accumulation(ctx: Context, loop: cst.For, backward: cst.Call, models: set[s
     if first is None or body.index(first) > body.index(last):
         return
     model = next(ref_of(c.func) for c in script.calls_in(first) if ref_of(c.func) in models)
-    sync = script.module.code_for_node(step_if.test)
+    sync = script.module.code_for_node(_through_module(step_if.test, models))
     if not isinstance(step_if.test, (cst.Comparison, cst.Name, cst.Attribute, cst.Call)):
         sync = f"({sync})"
     edits.enclose(first, last, HEADER.format(sync=sync, model=model))
@@ -140,3 +140,17 @@ def _builds_optimizer(script, call: cst.Call) -> bool:
 
 def _forward(script, stmt: cst.CSTNode, models: set[str]) -> bool:
     return any(ref_of(c.func) in models for c in script.calls_in(stmt))
+
+
+def _through_module(test: cst.BaseExpression, models) -> cst.BaseExpression:
+    """The step condition as the `with` reads it: an attribute of the model that DDP does not
+    have (`model.hyperparams["subdivisions"]`) through `.module`, as unwrap_model writes it in
+    the `if` (the `with` is new code: it gets the rewrite here)."""
+
+    class Through(cst.CSTTransformer):
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            if ref_of(original.value) in models and original.attr.value not in N.DDP_ATTRIBUTES:
+                return updated.with_changes(value=cst.Attribute(value=updated.value, attr=cst.Name("module")))
+            return updated
+
+    return test.visit(Through())
