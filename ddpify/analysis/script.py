@@ -124,6 +124,9 @@ class Script:
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
     data_parallel_imports: list[tuple[str, str, str | None]] = field(default_factory=list)  # from-imports of it
     iterable_datasets: set[str] = field(default_factory=set)  # the script's IterableDataset classes
+    # (optimizer call, model, class) of a second trainer class's model of the same name (`self.G` of
+    # DCGAN while GAN's is converted): one trainer class per program is converted, the rest get a TODO
+    unconverted_models: list[tuple[cst.Call, str, cst.ClassDef | None]] = field(default_factory=list)
     index: FileIndex | None = None  # the file's one index: calls, qualified names, parents, positions
     _by_type: dict | None = None
     _calls_under: dict = field(default_factory=dict)  # node -> calls_in(node)
@@ -293,8 +296,9 @@ class Script:
         return inner.get(names.pop()) if len(names) == 1 else None
 
     def method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
-        """`trainer.train(epoch)` where the call's scope binds `trainer = Trainer(...)` once, a
-        class of the script or its project: that class's method (or its bases')."""
+        """`trainer.train(epoch)` where the call's scope binds `trainer = Trainer(...)`, a class of
+        the script or its project: that class's method (or its bases'; of the first class bound
+        when branches bind several)."""
         func = call.func
         if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)) or func.value.value == "self":
             return None
@@ -302,14 +306,13 @@ class Script:
             a.value for a in self.assigns.get(self.scope_of(call), [])
             if ref_of(a.targets[0].target) == func.value.value
         ]  # fmt: skip
-        if len(made) != 1 or not isinstance(made[0], cst.Call):
-            return None
-        cls = self.class_called(made[0])
-        while cls is not None:
-            method = self.methods(cls).get(func.attr.value)
-            if method is not None:
-                return method
-            cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
+        for value in made:  # `trainer = Plain(8)` or, in another branch, `trainer = Momentum(8)`: the first
+            cls = self.class_called(value) if isinstance(value, cst.Call) else None
+            while cls is not None:
+                method = self.methods(cls).get(func.attr.value)
+                if method is not None:
+                    return method
+                cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
         return None
 
     def project_definition(self, node: cst.CSTNode) -> cst.FunctionDef | cst.ClassDef | None:
@@ -611,6 +614,9 @@ def _find_model(script: Script) -> None:
             if (outer := _wrapper_module(script, owner, scope)) is not None:
                 owner = outer  # `net = LossWrapper(backbone)`: the training runs `net`
             if owner in script.models:
+                first = script.models[owner]
+                if owner.startswith("self.") and script.class_of(first) is not script.class_of(scope):
+                    script.unconverted_models.append((call, owner, script.class_of(scope)))  # said, never guessed
                 continue
             if not script.models:
                 script.model_name = owner

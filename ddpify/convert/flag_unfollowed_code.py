@@ -5,7 +5,8 @@
 
 What such code does with the model, the data or the files (a training loop, a DataLoader, a
 checkpoint) is unknown to the conversion, so the line says so and the summary lists it
-(`--strict` exits 1).
+(`--strict` exits 1). So is a second trainer class whose models share the first one's names
+(`self.G` of `DCGAN` and of `GAN`, picked by a command-line branch): only the first is converted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def run(ctx: Context) -> None:
                     why = unreadable[name]
                     edits.todo(_statement(script, node), node, f"`{name}` cannot be read ({why}): what it does with the model, data or files is not converted")
                     break
+    for call, model, cls in script.unconverted_models:
+        first = script.class_of(script.models[model])
+        edits.todo(
+            _statement(script, call), call,
+            f"`{model}` of `{cls.name.value if cls else '?'}` is not converted (one trainer class per program is: "
+            f"`{first.name.value if first else '?'}`): wrap it in DDP and shard its data by hand, or convert each trainer on its own",
+        )  # fmt: skip
     for call in script.calls:
         literal = call.args and isinstance(call.args[0].value, cst.SimpleString)
         if N.call_name(call) in ("import_module", "__import__") and script.is_call_to(call, DYNAMIC_IMPORTS) and not literal:

@@ -51,11 +51,17 @@ def _is_main_guard(stmt: cst.CSTNode) -> bool:
 
 
 def _after_driver(ctx: Context, cls: cst.ClassDef) -> None:
-    """Setup runs in a method: tear down at the end of the block that builds the object."""
+    """Setup runs in a method: tear down at the end of the function (or script) that builds the
+    object, never inside the branch that builds it (`if args.model == "GAN": model = GAN(args)`,
+    trained further down)."""
     script, edits = ctx.script, ctx.edits
     for call in script.calls:
-        if isinstance(call.func, cst.Name) and call.func.value == cls.name.value:
-            block = script.parent(script.statement_line(call) or call)
-            _teardown_at(ctx, block.body[-1])
+        if script.class_called(call) is cls or isinstance(call.func, cst.Name) and call.func.value == cls.name.value:
+            scope = script.scope_of(call)
+            body = script.body_of(scope).body
+            last = body[-1]
+            if _is_main_guard(last):
+                last = last.body.body[-1]
+            _teardown_at(ctx, last)
             return
     edits.todo(cls, cls, "call `dist.destroy_process_group()` when training ends")
