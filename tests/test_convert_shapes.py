@@ -1485,3 +1485,26 @@ def test_downloads_inside_loaders_of_a_helper_module_share_one_pair_of_barriers(
     data = next(r.code for path, (r, _, _) in result.changed.items() if path.name == "data.py")
     assert data.count("dist.barrier()") == 2, data
     assert "train_sampler = DistributedSampler(train_dataset, shuffle=True)" in data
+
+
+def test_a_keyword_added_to_a_call_laid_out_over_lines_keeps_its_layout():
+    """`tqdm(` items and `total=n` on lines of their own `)`: the new `disable=` goes on a line
+    of its own too, and the newline before `)` stays before `)` (no blank line with spaces)."""
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        from tqdm import tqdm
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+        for epoch in range(2):
+            for x in tqdm(
+                loader,
+                total=len(loader)
+            ):
+                model(x.float().view(-1, 1).repeat(1, 2)).sum().backward()
+                optimizer.step()
+        """
+    )
+    assert "        total=len(loader),\n        disable=dist.get_rank() != 0\n    ):" in result.code, result.code

@@ -222,7 +222,9 @@ def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
         # Append: the old last argument takes its neighbour's separator, the new one its ending.
         before = args[index - 2].comma if index > 1 else None
         sep = before if isinstance(before, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        args[index - 1] = previous.with_changes(comma=sep)
+        # the space before `)` (a newline in a call laid out over lines) moves to the new last one
+        args[index - 1] = previous.with_changes(comma=sep, whitespace_after_arg=cst.SimpleWhitespace(""))
+        arg = arg.with_changes(whitespace_after_arg=previous.whitespace_after_arg)
     args.insert(index, arg.with_changes(comma=previous.comma))
     return call.with_changes(args=args)
 
