@@ -316,7 +316,8 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         _up_to_date({**expected, **_launch_files(plan, src, where.get(entry))}, "utf-8")
     if not others and not in_place and not directory:  # only the entry changes: one file, as for a script
         if entry not in changed:
-            typer.echo(f"{src}: nothing to convert, nothing written", err=True)
+            why = "already distributed: " if result.already_distributed else ""
+            typer.echo(f"{src}: {why}nothing to convert, nothing written", err=True)
             return
         converted, _, encoding = changed[entry]
         launch_files = _launch_files(plan, src, output)

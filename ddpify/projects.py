@@ -36,6 +36,7 @@ class ProjectResult:
 
     project: Project
     changed: dict[Path, tuple[ConvertResult, str, str]] = field(default_factory=dict)  # file -> (result, source, encoding)
+    already_distributed: bool = False  # set up, wrapped and sharded already: nothing converted
 
 
 @runs_deep
@@ -88,6 +89,9 @@ def _convert_together(project: Project, sources, modules: dict[str, cst.Module],
     except AnalysisError as exc:
         raise ConvertError(str(project.entry), exc.line, exc.message) from None
     result = ProjectResult(project)
+    if converted is None:
+        result.already_distributed = True
+        return result
     for name, outcome in converted.items():
         path = paths[name or "__main__"]
         text, encoding = sources[path]

@@ -1508,3 +1508,37 @@ def test_a_keyword_added_to_a_call_laid_out_over_lines_keeps_its_layout():
         """
     )
     assert "        total=len(loader),\n        disable=dist.get_rank() != 0\n    ):" in result.code, result.code
+
+
+def test_a_project_distributed_already_is_left_alone(tmp_path):
+    """A hand-written DDP script that imports a module of its own (set up, wrapped and sharded
+    across the two): nothing changes, as for a single script (before, a project was converted
+    again and its already wrapped model read through `.module` before its own wrap)."""
+    from ddpify.projects import convert_project
+
+    entry = _project(tmp_path, {
+        "data.py": """
+            from torch.utils.data import DataLoader, DistributedSampler
+            def loader(ds):
+                return DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds))
+            """,
+        "train.py": """
+            import os
+            import torch
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            from data import loader
+            dist.init_process_group("gloo")
+            model = DDP(torch.nn.Linear(2, 1))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            batches = loader(list(range(8)))
+            for epoch in range(2):
+                batches.sampler.set_epoch(epoch)
+                for x in batches:
+                    model(x.float().view(-1, 1).repeat(1, 2)).sum().backward()
+                    optimizer.step()
+            dist.destroy_process_group()
+            """,
+    })  # fmt: skip
+    result = convert_project(entry)
+    assert result.already_distributed and result.changed == {}

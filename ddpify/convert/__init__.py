@@ -138,13 +138,16 @@ def convert_modules(
     packages: frozenset[str] = frozenset(),
     options: ConvertOptions = ConvertOptions(),
     facts: ProjectFacts | None = None,
-) -> dict[str, ConvertResult]:
+) -> dict[str, ConvertResult] | None:
     """Convert a project's entry script and its other modules (dotted name -> module) as one
     program: the analysis follows calls from module to module, each pass plans its edits wherever
     the code is, and each module gets its own. Returns a result per module that changes ("" is
-    the entry); raises AnalysisError when it cannot be done safely."""
+    the entry), or None when the program is distributed already; raises AnalysisError when it
+    cannot be done safely."""
     wrapper = MetadataWrapper(entry, unsafe_skip_copy=True)
     script = analyze(wrapper, full=True, facts=facts, others=others, packages=packages)
+    if fully_distributed(script):
+        return None  # set up, wrapped and sharded already, somewhere in the program: left alone
     script, edits = _plan(wrapper, options, script)
     results = {}
     edited = {script.root_of(node) for node in edited_nodes(edits)}

@@ -390,13 +390,15 @@ def _bound_before(script: Script, gate: str, body: list[cst.CSTNode], anchor: cs
     parameter of the function `body` belongs to?"""
     name = gate.split(".")[0]
     scope = script.scope_of(anchor)
+    above = body[: body.index(anchor)]
+    assigns = script.assigns.get(scope, [])
+    # `args.cuda = not args.no_cuda and ...` set by the script: that assignment must come first
+    setting = [a for a in assigns if gate != name and script.module.code_for_node(a.targets[0].target) == gate]
+    if setting:
+        return all(any(script.inside(a, stmt) for stmt in above) for a in setting)
     if isinstance(scope, cst.FunctionDef) and name in {p.name.value for p in scope.params.params}:
         return True
-    above = body[: body.index(anchor)]
-    return any(
-        ref_of(a.targets[0].target) == name and any(script.inside(a, stmt) for stmt in above)
-        for a in script.assigns.get(scope, [])
-    )
+    return any(ref_of(a.targets[0].target) == name and any(script.inside(a, stmt) for stmt in above) for a in assigns)
 
 
 def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:
