@@ -315,9 +315,15 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         expected = {where[p]: c.code.encode(e) for p, (c, _, e) in changed.items() if p in where}
         _up_to_date({**expected, **_launch_files(plan, src, where.get(entry))}, "utf-8")
     if not others and not in_place and not directory:  # only the entry changes: one file, as for a script
+        if entry not in changed and result.already_distributed:
+            if output is not None:  # an identical copy, as for a script distributed already
+                _write(output, entry.read_bytes())
+            elif not diff:
+                _stdout(entry.read_bytes())
+            typer.echo(f"{src}: already distributed; nothing to convert", err=True)
+            return
         if entry not in changed:
-            why = "already distributed: " if result.already_distributed else ""
-            typer.echo(f"{src}: {why}nothing to convert, nothing written", err=True)
+            typer.echo(f"{src}: nothing to convert, nothing written", err=True)
             return
         converted, _, encoding = changed[entry]
         launch_files = _launch_files(plan, src, output)

@@ -1542,3 +1542,26 @@ def test_a_project_distributed_already_is_left_alone(tmp_path):
     })  # fmt: skip
     result = convert_project(entry)
     assert result.already_distributed and result.changed == {}
+
+
+def test_a_project_distributed_already_is_copied_as_it_is_by_the_cli(tmp_path):
+    """`ddpify convert train.py -o out.py` on a distributed project writes an identical copy of
+    the entry and says why, as for a single script (scripts and runners expect the file)."""
+    from cli_in_process import ddpify
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    entry = _project(project, {
+        "data.py": "from torch.utils.data import DataLoader, DistributedSampler\n"
+                   "def loader(ds):\n    return DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds))\n",
+        "train.py": "import torch\nimport torch.distributed as dist\n"
+                    "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom data import loader\n"
+                    "dist.init_process_group('gloo')\nmodel = DDP(torch.nn.Linear(2, 1))\n"
+                    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in loader(list(range(8))):\n"
+                    "    model(x.float().view(-1, 1).repeat(1, 2)).sum().backward()\n    optimizer.step()\n"
+                    "dist.destroy_process_group()\n",
+    })  # fmt: skip
+    out = tmp_path / "out.py"
+    result = ddpify("convert", str(entry), "-o", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == entry.read_text() and "already distributed" in result.stderr
