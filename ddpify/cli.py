@@ -299,6 +299,8 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
     plan = plan or LaunchPlan()
     result = convert_project(src, options)
     project, changed = result.project, result.changed
+    if result.already_distributed:  # left alone (a -o DIR/ copy is the project as it is)
+        typer.echo(f"{src}: already distributed; nothing to convert", err=True)
     entry = project.entry
     shown = {path: _shown(path, src, entry) for path in changed}
     if diff:
@@ -320,7 +322,6 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
                 _write(output, entry.read_bytes())
             elif not diff:
                 _stdout(entry.read_bytes())
-            typer.echo(f"{src}: already distributed; nothing to convert", err=True)
             return
         if entry not in changed:
             typer.echo(f"{src}: nothing to convert, nothing written", err=True)
