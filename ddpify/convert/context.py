@@ -85,8 +85,6 @@ class Context:
         if self.driver:
             return RANK0_BEFORE_INIT  # the group is another module's: it may not exist yet here
         if self.setup_scope is not None and script.root_of(stmt) is not script.root_of(self.setup_scope):
-            if self._only_called_after_init(scope):
-                return RANK0  # `data_loaders(args)` of utils.py, called after the entry's setup
             return RANK0_BEFORE_INIT  # a project's other module: its other callers may have no group
         if isinstance(scope, cst.Module) and scope is not self.setup_scope:
             return RANK0_BEFORE_INIT  # module code runs at import, before setup
@@ -181,26 +179,6 @@ class Context:
             return False
         param = param_receiving(fn, value, model)
         return param is not None and any(ref_of(r.value) == param for r in returns(fn))
-
-    def _only_called_after_init(self, fn: ScopeNode, depth: int = 0) -> bool:
-        """Is `fn` a function of the program called only after the setup: from the setup's own
-        block below it, or from functions themselves called only after it?"""
-        script = self.script
-        if not isinstance(fn, cst.FunctionDef) or depth > 3 or fn in self.called_before_init():
-            return False
-        sites = [c for c in script.calls if (script.local_function(c) or script.method_of_object(c)) is fn]
-        if not sites:
-            return False
-        for site in sites:
-            caller = script.scope_of(site)
-            if caller is self.setup_scope:
-                top = script.top_statement(site, caller)
-                body = list(script.block_of(caller).body)
-                if top is None or body.index(top) < self.init_index:
-                    return False
-            elif caller is fn or not self._only_called_after_init(caller, depth + 1):
-                return False
-        return True
 
     def called_before_init(self) -> set[cst.FunctionDef]:
         """The script's functions that may run before the process group exists."""

@@ -35,6 +35,7 @@ from ddpify.analysis.multinode import fetches, guard_kind
 from ddpify.analysis.rank import rank_analysis
 from ddpify.convert.context import RANK0, Context
 
+TODO = "every rank downloads here, before the process group exists: download once beforehand"
 BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
 AFTER = "if {rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
@@ -52,7 +53,7 @@ def run(ctx: Context) -> None:
         if stmt is None or stmt in statements or any(script.inside(stmt, s) for s in statements):
             continue
         if ctx.rank0_condition(stmt) != RANK0:
-            edits.todo(stmt, stmt, "every rank downloads here, before the process group exists: download once beforehand")
+            edits.todo(_left_on(script, stmt, TODO), stmt, TODO)
             continue
         statements.append(stmt)
     shared = ctx.options.shared_fs
@@ -74,6 +75,21 @@ def run(ctx: Context) -> None:
             where, others = ("", "the other ranks") if shared else (" on this node", "its other ranks")
             edits.insert_after(stmt, AFTER.format(rank=rank, where=where, others=others))
         edits.change(stmt, _said(shared, "dataset is downloaded"))
+
+
+def _left_on(script, stmt: cst.CSTNode, message: str) -> cst.CSTNode:
+    """Where the TODO about a fetch goes: `stmt`, or the statement just below it that carries it
+    already (a converted script: the dataset was hoisted out of its loader, the TODO stayed on
+    the loader's line)."""
+    block = getattr(script.parent(stmt), "body", None)
+    if not isinstance(block, (list, tuple)) or stmt not in block:
+        return stmt
+    text = f"# TODO(ddpify): {message}"
+    index = list(block).index(stmt)
+    for below in list(block)[index : index + 4]:
+        if any(getattr(line.comment, "value", None) == text for line in getattr(below, "leading_lines", ())):
+            return below
+    return stmt
 
 
 def _said(shared: bool, what: str) -> str:
