@@ -41,6 +41,7 @@ WRITES = {
     "visdom": ("import visdom", "    visdom.Visdom().line([1.0])"),
     "comet": ("import comet_ml", "    comet_ml.log_metric('loss', 1.0)"),
     "tqdm.write": ("from tqdm import tqdm", "    tqdm.write(f'epoch {epoch}')"),
+    "sys.stdout.write": ("import sys", "    sys.stdout.write(f'[{epoch}] done')"),
 }
 
 

@@ -140,3 +140,19 @@ def test_verify_error_for_a_conversion_that_cannot_be_done(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     with pytest.raises(VerifyError, match="empty.py"):
         verify(script, None, VerifyOptions(timeout=30))
+
+
+def test_a_keep_folder_inside_the_working_folder_is_not_copied_into_the_runs(tmp_path):
+    """`ddpify verify train.py --keep runs/` from the script's folder: each run's copy of the
+    folder leaves verify's own folder out (copying it into itself never ends)."""
+    from ddpify.verify.workspace import stage
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("1\n")
+    keep = tmp_path / "runs" / "verify"
+    for label in ("original", "ddp"):
+        stage(tmp_path, keep / label, {tmp_path / "train.py": b"print('ddp')\n"}, None, keep.resolve())
+    assert (keep / "ddp" / "train.py").read_text() == "print('ddp')\n"
+    assert (keep / "ddp" / "data" / "x.txt").read_text() == "1\n"
+    assert (keep / "ddp" / "runs").is_dir() and not (keep / "ddp" / "runs" / "verify").exists()

@@ -93,7 +93,8 @@ def verify(original: Path, converted: Path | None = None, options: VerifyOptions
         for label in ("original", "reference", "plain", "plain-reference", "ddp", "ordered"):
             folders[label] = work / label
             shutil.rmtree(folders[label], ignore_errors=True)
-            stage(root, folders[label], {} if label in ("original", "reference") else texts, linked if label == "ddp" else None)
+            replaced = {} if label in ("original", "reference") else texts
+            stage(root, folders[label], replaced, linked if label == "ddp" else None, work.resolve())
         runs = _run(options, root, folders, traces, source, runs_at, env)
     finally:
         if options.keep is None:

@@ -32,11 +32,12 @@ def _too_big(folder: Path) -> bool:
     return False
 
 
-def copy_folder(src: Path, dest: Path, linked: list[Path] | None = None) -> None:
-    """Copy src into dest (created): small files copied, datasets and large files linked (appended to `linked`)."""
+def copy_folder(src: Path, dest: Path, linked: list[Path] | None = None, skip: Path | None = None) -> None:
+    """Copy src into dest (created): small files copied, datasets and large files linked (appended to `linked`);
+    `skip` (verify's own folder, when `--keep` puts it inside src) is left out."""
     dest.mkdir(parents=True, exist_ok=True)
     for entry in sorted(src.iterdir()):
-        if entry.name in SKIPPED:
+        if entry.name in SKIPPED or (skip is not None and entry.resolve() == skip):
             continue
         target = dest / entry.name
         try:
@@ -48,7 +49,7 @@ def copy_folder(src: Path, dest: Path, linked: list[Path] | None = None) -> None
                     if linked is not None:
                         linked.append(entry)
                 else:
-                    copy_folder(entry, target, linked)
+                    copy_folder(entry, target, linked, skip)
             elif entry.is_file():
                 if entry.stat().st_size > LARGE_FILE:
                     os.symlink(entry.resolve(), target)
@@ -60,9 +61,11 @@ def copy_folder(src: Path, dest: Path, linked: list[Path] | None = None) -> None
             continue  # unreadable: the run sees it missing, as it would without permission
 
 
-def stage(root: Path, dest: Path, replaced: dict[Path, bytes], linked: list[Path] | None = None) -> None:
-    """A copy of `root` in `dest` with the files in `replaced` (paths under root) rewritten."""
-    copy_folder(root, dest, linked)
+def stage(
+    root: Path, dest: Path, replaced: dict[Path, bytes], linked: list[Path] | None = None, skip: Path | None = None
+) -> None:
+    """A copy of `root` in `dest` with the files in `replaced` (paths under root) rewritten, `skip` left out."""
+    copy_folder(root, dest, linked, skip)
     for path, data in replaced.items():
         target = dest / path.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
