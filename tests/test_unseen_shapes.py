@@ -19,7 +19,8 @@ Keys of <case>.toml:
   epochs       complete passes over it per rank (absent: as many as rank 0 made, the same on every rank)
   ddp_wrapped  DDP constructions per rank (default 1)
   once         substrings of lines printed exactly once in the job
-  rank0_files  files (relative to the run's folder) written by rank 0 and no other rank
+  rank0_files  files (relative to the run's folder) written by rank 0 and no other rank (a glob
+               pattern matches exactly one file)
   every_rank_files  parts of file names each rank writes (its own file: a name per process)
   todos        substrings, one for each TODO the conversion leaves (exactly that many)
   in_code      {"file" = ["substring", ...]}: the converted file holds each
@@ -137,6 +138,10 @@ def test_unseen_under_torchrun(runs, name):
         assert count == 1, f"{text!r} printed {count} times in the job"
     cwd = runs.cwd / name
     for file in case.get("rank0_files", []):
+        if "*" in file:  # a name the run picks (a clock-named folder): exactly one file matches
+            matches = sorted(cwd.glob(file))
+            assert len(matches) == 1, f"{file} matches {[str(p.relative_to(cwd)) for p in matches]}"
+            file = str(matches[0].relative_to(cwd))
         writers = [rank for rank, t in enumerate(traces) if os.path.normpath(cwd / file) in _written(t)]
         assert writers == [0], f"{file} written by ranks {writers}"
     for part in case.get("every_rank_files", []):
@@ -160,7 +165,8 @@ def _loads_into(name: str, cwd: Path, spec: dict) -> None:
     sys.path.insert(0, str(UNSEEN / name))
     try:
         model = getattr(importlib.import_module(spec["module"]), spec["cls"])(*spec.get("args", []))
-        saved = torch.load(cwd / spec["file"], map_location="cpu")
+        [path] = sorted(cwd.glob(spec["file"]))  # one file (its name may be a glob pattern)
+        saved = torch.load(path, map_location="cpu")
         model.load_state_dict(saved[spec["key"]] if spec.get("key") else saved)
     finally:
         sys.path.remove(str(UNSEEN / name))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
@@ -302,3 +303,63 @@ def _broadcast(script: Script, scope: ScopeNode, refs: list[str], first_use: cst
         script.is_call_to(c, N.BROADCAST_OBJECTS) and any(ref_of(a.value) == shared for a in c.args)
         for c in script.calls_in(following)
     )
+
+
+@dataclass
+class ClockInPlace:
+    """`run_id = datetime.now().strftime(...)` in a function that then makes folders named by it
+    and keeps them on an object (a config class's `__init__`) instead of returning the name: the
+    name is shared where it is read, and rank 0 alone makes the folders."""
+
+    scope: cst.FunctionDef
+    ref: str
+    stmt: cst.SimpleStatementLine  # the clock read, at any depth of the function
+    makes: list[cst.SimpleStatementLine]  # `path.mkdir(...)` / `os.makedirs(...)` lines after it
+    shared: bool = False  # broadcast already (a converted script)
+
+
+def clock_names_in_place(script: Script) -> list[ClockInPlace]:
+    """Per function of the program that reads the clock as text into a name and makes folders,
+    but hands no name back (`makes_clock_folder` covers those: its callers share the name)."""
+    found = []
+    at_callers = {values.last for values in clock_names(script)}  # shared where they are used
+    for scope, assigns in script.assigns.items():
+        if not isinstance(scope, cst.FunctionDef):
+            continue
+        calls = script.calls_in(scope)
+        if makes_clock_folder(calls, lambda c: script.names(c.func), scope):
+            continue
+        for assign in assigns:
+            stmt = script.parent(assign)
+            if stmt in at_callers or not (
+                isinstance(stmt, cst.SimpleStatementLine) and _assigns_one(stmt) and _clock_text(script, assign.value)
+            ):
+                continue
+            makes = [
+                line for c in calls
+                if script.scope_of(c) is scope and script.after(c, stmt)
+                and (script.is_call_to(c, N.MAKEDIRS | N.MKDIR) or N.call_name(c) == "mkdir")
+                and not m.matches(N.keyword(c, "exist_ok"), m.Arg(m.Name("True")))
+                and (line := script.statement_line(c)) is not None and len(line.body) == 1
+                and isinstance(line.body[0], cst.Expr) and line.body[0].value is c
+            ]  # fmt: skip
+            if makes:
+                shared = any(script.is_call_to(c, N.BROADCAST_OBJECTS) and script.after(c, stmt) for c in calls)
+                found.append(ClockInPlace(scope, _target(stmt), stmt, makes, shared))
+    return found
+
+
+def reaches(script: Script, stmt: cst.CSTNode, scopes: set[cst.FunctionDef], depth: int = 0) -> bool:
+    """Does running `stmt` run one of `scopes`: a call of it, of its class (its `__init__`), of
+    another method of that class (`Config.from_args(...)`, which builds one), or of a function of
+    the program that does, three calls deep at most?"""
+    classes = {script.class_of(fn) for fn in scopes} - {None}
+    for call in script.calls_in(stmt):
+        callee = script.local_function(call) or script.method_of_object(call) or script.project_definition(call.func)
+        if callee in scopes or (isinstance(callee, cst.ClassDef) and callee in classes):
+            return True
+        if isinstance(callee, cst.FunctionDef) and script.class_of(callee) in classes:
+            return True
+        if isinstance(callee, cst.FunctionDef) and depth < 3 and reaches(script, callee, scopes, depth + 1):
+            return True
+    return False

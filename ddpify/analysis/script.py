@@ -297,15 +297,20 @@ class Script:
 
     def method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
         """`trainer.train(epoch)` where the call's scope binds `trainer = Trainer(...)`, a class of
-        the script or its project: that class's method (or its bases'; of the first class bound
-        when branches bind several)."""
+        the script or its project (or `Trainer(...).train(epoch)`): that class's method (or its
+        bases'; of the first class bound when branches bind several)."""
         func = call.func
-        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)) or func.value.value == "self":
+        if not isinstance(func, cst.Attribute) or m.matches(func.value, m.Name("self")):
             return None
-        made = [
-            a.value for a in self.assigns.get(self.scope_of(call), [])
-            if ref_of(a.targets[0].target) == func.value.value
-        ]  # fmt: skip
+        if isinstance(func.value, cst.Call):
+            made = [func.value]  # `Trainer(model, optimizer).fit(loader)`: made and used at once
+        elif isinstance(func.value, cst.Name):
+            made = [
+                a.value for a in self.assigns.get(self.scope_of(call), [])
+                if ref_of(a.targets[0].target) == func.value.value
+            ]  # fmt: skip
+        else:
+            return None
         for value in made:  # `trainer = Plain(8)` or, in another branch, `trainer = Momentum(8)`: the first
             cls = self.class_called(value) if isinstance(value, cst.Call) else None
             while cls is not None:
@@ -1179,7 +1184,14 @@ def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int 
     """The `self.` attributes a constructor stores its parameter `param` in, its base classes'
     constructors included (`super().__init__(model, ...)`, pytorch-template's BaseTrainer)."""
     found = []
-    kept = m.Name(param) | m.Call(func=m.Attribute(value=m.Name(param), attr=m.Name("to") | m.Name("cuda")))
+    given = m.Name(param)
+    star = init.params.star_kwarg
+    if isinstance(star, cst.Param) and param not in {p.name.value for p in init.params.params}:
+        key = m.SimpleString(f'"{param}"') | m.SimpleString(f"'{param}'")
+        given = m.Subscript(value=m.Name(star.name.value), slice=[m.SubscriptElement(m.Index(key))]) | m.Call(
+            func=m.Attribute(value=m.Name(star.name.value), attr=m.Name("get")), args=[m.Arg(key), m.ZeroOrMore()]
+        )  # `self.model = kwargs["model"]`: the keyword `model=` of the call
+    kept = given | m.Call(func=m.Attribute(value=given, attr=m.Name("to") | m.Name("cuda")))
     for assign in script.assigns.get(init, []):
         target = ref_of(assign.targets[0].target)
         if m.matches(assign.value, kept) and target and target.startswith("self."):

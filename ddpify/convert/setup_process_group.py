@@ -13,6 +13,7 @@ import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis import distributed as D
+from ddpify.analysis.schedule import clock_names_in_place, reaches
 from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, ref_of
 from ddpify.convert.context import Context
 
@@ -92,6 +93,13 @@ def run(ctx: Context) -> None:
         ctx.setup_scope = script.model_scope
         body = list(script.block_of(ctx.setup_scope).body)
         anchor = _anchor(script, body)
+        early = _needed_earlier(script)
+        if early is not None:  # the group must exist before the model's function is called
+            block, anchor = early
+            script.main_block = script.main_block or block
+            ctx.setup_scope = script.module
+            body = list(block.body)
+            edits.change(anchor, "the process group is set up before this line: it shares a name read from the clock")
         ctx.device_type = f"{ctx.device}.type"
         on_gpu = script.uses_gpu
         device_line = DEVICE if on_gpu else CPU_DEVICE
@@ -173,11 +181,14 @@ def _existing_setup(ctx: Context, found) -> bool:
 
 
 def _rebound_device(ctx: Context) -> None:
-    """`device, device_ids = prepare_device(n_gpu)` after the setup: the script's own helper
-    picks "the GPU" (cuda:0 on every rank); this process's GPU replaces it right after."""
+    """`device, device_ids = prepare_device(n_gpu)` after the setup (or in the model's function,
+    called after it): the script's own helper picks "the GPU" (cuda:0 on every rank); this
+    process's GPU replaces it right after."""
     script, edits = ctx.script, ctx.edits
-    body = list(script.block_of(ctx.setup_scope).body)
-    for stmt in body[ctx.init_index :]:
+    body = list(script.block_of(ctx.setup_scope).body)[ctx.init_index :]
+    if script.model_scope is not ctx.setup_scope and script.model_scope is not None:
+        body += list(script.block_of(script.model_scope).body)  # set up before the model's function is called
+    for stmt in body:
         if not (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)):
             continue
         assign = stmt.body[0]
@@ -399,6 +410,26 @@ def _bound_before(script: Script, gate: str, body: list[cst.CSTNode], anchor: cs
     if isinstance(scope, cst.FunctionDef) and name in {p.name.value for p in scope.params.params}:
         return True
     return any(ref_of(a.targets[0].target) == name and any(script.inside(a, stmt) for stmt in above) for a in assigns)
+
+
+def _needed_earlier(script: Script) -> tuple[cst.IndentedBlock, cst.BaseStatement] | None:
+    """`config = Config.from_args(parser)` in the `if __name__ == "__main__":` block, before the
+    call of the function that builds the model, when it names a run folder by the clock (the
+    ranks share rank 0's name through the process group): that block and that statement."""
+    scope = script.model_scope
+    if not isinstance(scope, cst.FunctionDef) or script.root_of(scope) is not script.module:
+        return None
+    makers = {found.scope for found in clock_names_in_place(script) if not found.shared}
+    callers = [c for c in script.calls if script.local_function(c) is scope and script.scope_of(c) is script.module]
+    if not makers or len(callers) != 1:
+        return None
+    for stmt in script.module.body:
+        if isinstance(stmt, cst.If) and m.matches(stmt.test, m.Comparison(left=m.Name("__name__"))):
+            body = list(stmt.body.body)
+            top = next((s for s in body if script.inside(callers[0], s)), None)
+            if top is not None:
+                return next(((stmt.body, s) for s in body[: body.index(top)] if reaches(script, s, makers)), None)
+    return None
 
 
 def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:

@@ -66,12 +66,12 @@ def run(ctx: Context) -> None:
             if epoch.loop in started:
                 continue  # one helper trains twice (`train_model(model_ft, ...)`, then `train_model(model_conv, ...)`)
             started.add(epoch.loop)
-            set_epoch(ctx, epoch.loop, _sampler_in(epoch.scope, loader, sampler, epoch.loader_expr))
+            set_epoch(ctx, epoch.loop, _sampler_in(ctx, epoch.scope, loader, sampler, epoch.loader_expr))
         for start in script.pass_starts[loader.name]:
             if start.stmt in started:
                 continue  # one helper trains several loaders: `loader.sampler` serves them all
             started.add(start.stmt)
-            next_epoch(ctx, start.stmt, _sampler_in(start.scope, loader, sampler, start.loader_expr))
+            next_epoch(ctx, start.stmt, _sampler_in(ctx, start.scope, loader, sampler, start.loader_expr))
             if not start.restarts:
                 edits.todo(
                     start.stmt,
@@ -203,9 +203,11 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
     return "False"
 
 
-def _sampler_in(scope, loader: Loader, sampler: str, loader_expr: str) -> str:
-    """The sampler as `scope` can name it: its own name where visible, else `<loader>.sampler`."""
-    visible = scope is loader.scope or sampler.startswith("self.") or isinstance(loader.scope, cst.Module)
+def _sampler_in(ctx: Context, scope, loader: Loader, sampler: str, loader_expr: str) -> str:
+    """The sampler as `scope` can name it: its own name where visible (a global of the same
+    module), else `<loader>.sampler`."""
+    module_global = isinstance(loader.scope, cst.Module) and ctx.script.root_of(scope) is loader.scope
+    visible = scope is loader.scope or sampler.startswith("self.") or module_global
     return sampler if visible else f"{loader_expr}.sampler"
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.schedule import RANDOM, ScheduleDraws, rank0_values
+from ddpify.analysis.schedule import RANDOM, ScheduleDraws, clock_names_in_place, rank0_values
 from ddpify.convert.context import RANK0, Context
 
 SHARE = (
@@ -42,7 +42,17 @@ SHARE = (
 )
 
 
+SHARE_IN_PLACE = (
+    "if dist.is_initialized():  # named by the clock: every rank takes rank 0's\n"
+    "    {shared} = [{ref}]\n"
+    "    dist.broadcast_object_list({shared})\n"
+    "    [{ref}] = {shared}\n"
+)
+MADE = "if dist.is_initialized():\n    dist.barrier()  # rank 0 has made the run's folders\n"
+
+
 def run(ctx: Context) -> None:
+    _share_in_place(ctx)
     for values in rank0_values(ctx.script):
         if values.shared:
             continue
@@ -86,3 +96,22 @@ def _rank0_only(ctx: Context, call: cst.Call) -> bool:
     """`run_folder() if rank == 0 else None` already (a converted script)."""
     parent = ctx.script.parent(call)
     return isinstance(parent, cst.IfExp) and parent.body is call
+
+
+def _share_in_place(ctx: Context) -> None:
+    """A name read from the clock where it is made (`run_id = datetime.now().strftime(...)` in a
+    config class's `__init__`): rank 0's is broadcast right there (once the process group exists;
+    a caller without one keeps its own), rank 0 alone makes the folders it names, and the other
+    ranks wait for them."""
+    edits = ctx.edits
+    for found in clock_names_in_place(ctx.script):
+        if found.shared:
+            continue
+        shared = f"{found.ref.replace('.', '_')}_of_rank0"
+        edits.insert_after(found.stmt, SHARE_IN_PLACE.format(shared=shared, ref=found.ref))
+        for line in found.makes:
+            edits.guard(line, ctx.rank0_condition(line))
+        edits.insert_after(found.makes[-1], MADE)
+        edits.need_import(N.DIST_MODULE, asname="dist")
+        edits.need_import("os")
+        edits.change(found.stmt, f"`{found.ref}` named by the clock: every rank takes rank 0's, rank 0 alone makes its folders")
