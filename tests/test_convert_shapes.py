@@ -1565,3 +1565,37 @@ def test_a_project_distributed_already_is_copied_as_it_is_by_the_cli(tmp_path):
     result = ddpify("convert", str(entry), "-o", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert out.read_text() == entry.read_text() and "already distributed" in result.stderr
+
+
+def test_a_file_opened_for_writing_through_pathlib_is_written_by_rank0_whole():
+    """`with path.open("wt") as f: json.dump(...)`: every rank opening the file for writing
+    truncates it, so the whole `with` runs on rank 0, not only the write inside it; reading a
+    library's `X.open(...)` (PIL's `Image.open`) stays on every rank."""
+    result = convert(
+        """
+        import json
+        from pathlib import Path
+        from PIL import Image
+        import torch
+        from torch.utils.data import DataLoader
+
+        def write_json(content, fname):
+            fname = Path(fname)
+            with fname.open("wt") as handle:
+                json.dump(content, handle)
+
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+        write_json({"lr": 0.1}, "config.json")
+        with Image.open("sample.png") as picture:
+            picture.load()
+        for epoch in range(2):
+            for x, y in loader:
+                model(x).sub(y).pow(2).mean().backward()
+                optimizer.step()
+        """
+    )
+    code = result.code
+    assert 'if dist.get_rank() == 0:\n        with fname.open("wt") as handle:\n            json.dump(content, handle)\n' in code
+    assert '\nwith Image.open("sample.png") as picture:\n' in code

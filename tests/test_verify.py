@@ -156,3 +156,16 @@ def test_a_keep_folder_inside_the_working_folder_is_not_copied_into_the_runs(tmp
     assert (keep / "ddp" / "train.py").read_text() == "print('ddp')\n"
     assert (keep / "ddp" / "data" / "x.txt").read_text() == "1\n"
     assert (keep / "ddp" / "runs").is_dir() and not (keep / "ddp" / "runs" / "verify").exists()
+
+
+def test_evaluation_compares_the_evaluation_parts_of_a_line():
+    """Verify's 8th check reads the metrics a line reports about evaluation; the last training
+    step's loss printed beside them is rank 0's batch, as in any DDP script."""
+    from ddpify.verify.invariants import evaluated_part
+
+    assert evaluated_part("Epoch: 0 | train loss: 2.3233 | test accuracy: 0.09") == "test accuracy: 0.09"
+    assert evaluated_part("Ep 1 (Step 000000): Train loss 0.639, Val loss 0.664") == "Val loss 0.664"
+    assert evaluated_part("Test set: Average loss: 0.2000, Accuracy: 9/10 (90%)") == (
+        "Test set: Average loss: 0.2000 | Accuracy: 9/10 (90%)"
+    )
+    assert evaluated_part("epoch 2 loss 0.5 acc 0.75") == "epoch 2 loss 0.5 acc 0.75"

@@ -11,6 +11,7 @@ run on rank 0 through the unwrapped `model.module`.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
@@ -28,6 +29,7 @@ ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "addHandler", "writero
 # Objects that write (TensorBoard, W&B runs) are made on rank 0 only; their calls are guarded.
 WRITERS = RANK0_WRITERS
 WRITE_MODES = ("w", "a", "x")
+OPENERS = frozenset({"gzip.open", "bz2.open", "lzma.open", "io.open", "codecs.open"})  # (file, mode, ...)
 FILE_SECOND = frozenset({"json.dump", "pickle.dump"})  # (obj, file): the file comes second
 FILE_KEYWORDS = ("f", "fp", "file", "fname", "path", "filename")
 
@@ -57,7 +59,7 @@ def run(ctx: Context) -> None:
         if own.prepares_data(call) and (writes or script.is_call_to(call, N.TORCH_SAVE)):
             continue  # a Dataset writing its own files: where it is built (once per node when it downloads)
         if writes:
-            if own.path(call.args[0].value):
+            if own.path(_opened_path(ctx, call)):
                 continue  # this process's own file (its rank or pid in the name, a temporary directory)
             stmt = script.parent(script.parent(call))  # Call -> WithItem -> With
             if isinstance(stmt, cst.With) and not _runs_model(ctx, stmt):
@@ -294,14 +296,44 @@ def _writer_condition(ctx: Context, stmt: cst.With, call: cst.Call) -> str:
 
 
 def _opens_for_writing(ctx: Context, call: cst.Call) -> bool:
-    """`open(path, "w")` (or "a"/"x") as the item of a `with` statement."""
-    if not ctx.script.is_call_to(call, N.OPEN):
-        return False
-    if not isinstance(ctx.script.parent(call), cst.WithItem):
+    """`open(path, "w")` (or "a"/"x"; also `gzip.open(path, "wt")`, `codecs.open(...)`) or
+    pathlib's `path.open("w")` as the item of a `with` statement."""
+    if not isinstance(ctx.script.parent(call), cst.WithItem) or _opened_path(ctx, call) is None:
         return False
     args = N.positional(call)
-    mode = args[1].value if len(args) > 1 else getattr(N.keyword(call, "mode"), "value", None)
+    mode = getattr(N.keyword(call, "mode"), "value", None)
+    if mode is None and ctx.script.is_call_to(call, N.OPEN | OPENERS):
+        mode = args[1].value if len(args) > 1 else None
+    elif mode is None:
+        mode = args[0].value if args else None  # `path.open("w")`
     return isinstance(mode, cst.SimpleString) and mode.evaluated_value.startswith(WRITE_MODES)
+
+
+def _opened_path(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
+    """The file an opening call opens: `open(path, ...)`'s first argument, `path.open(...)`'s
+    receiver (not a module's: `Image.open(path)` reads), None for other calls."""
+    if ctx.script.is_call_to(call, N.OPEN | OPENERS):
+        args = N.positional(call)
+        return args[0].value if args else getattr(N.keyword(call, "file"), "value", None)
+    if not m.matches(call.func, m.Attribute(attr=m.Name("open"))) or _a_module(ctx, call.func.value):
+        return None  # `Image.open(...)`, `tarfile.open(...)`: a library's function
+    return call.func.value
+
+
+def _a_module(ctx: Context, node: cst.BaseExpression) -> bool:
+    """Does `node` name what its module imports (`Image` of `from PIL import Image`, `tarfile`)?"""
+    if not isinstance(node, cst.Name):
+        return False
+    for found in ctx.script.nodes_in(ctx.script.root_of(node), (cst.Import, cst.ImportFrom)):
+        if isinstance(found.names, cst.ImportStar):
+            continue
+        for alias in found.names:
+            bound = alias.asname.name if alias.asname else alias.name
+            while isinstance(bound, cst.Attribute):  # `import os.path` binds `os`
+                bound = bound.value
+            if isinstance(bound, cst.Name) and bound.value == node.value:
+                return True
+    return False
 
 
 def _runs_model(ctx: Context, stmt: cst.CSTNode) -> bool:
