@@ -214,10 +214,10 @@ CASES: dict[str, Case] = {
         per_epoch=[r"per-process epoch \d: loss"], once=[r"per-process run done", r"per-process dataset of 256 samples"],
         checkpoints={"per_process_model.pt": 1},
     ),
-    "factory_objects": Case(  # load_train_objs() returns dataset, model, optimizer; Trainer(gpu_id: int)
+    "factory_objects": Case(  # make_training_parts() returns dataset, model, optimizer; Trainer(device_index: int)
         args=["3", "2", "--batch_size", str(B)], train_size=320, epochs=3,
-        per_epoch=[r"\[GPUcpu\] Epoch \d \| Batchsize: 16"], once=[r"factory run done"],
-        checkpoints={"factory_ckpt.pt": 2}, in_code=["model = DDP(model.to(device), device_ids=[local_rank]"],
+        per_epoch=[r"\[cpu\] epoch \d: 10 steps, batch 16"], once=[r"factory run done"],
+        checkpoints={"factory_ckpt.pt": 2}, in_code=["net = DDP(net.to(device), device_ids=[local_rank]"],
         equivalence=(["3", "2", "--batch_size", str(B), "--no-shuffle"],
                      ["3", "2", "--batch_size", str(NPROC * B), "--no-shuffle"]),
     ),
