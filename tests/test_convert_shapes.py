@@ -1599,3 +1599,36 @@ def test_a_file_opened_for_writing_through_pathlib_is_written_by_rank0_whole():
     code = result.code
     assert 'if dist.get_rank() == 0:\n        with fname.open("wt") as handle:\n            json.dump(content, handle)\n' in code
     assert '\nwith Image.open("sample.png") as picture:\n' in code
+
+
+def test_parts_a_constructor_keeps_in_one_unpacking_are_followed():
+    """`self.net, self.batches, self.opt = net, batches, opt`: the same as three assignments:
+    the loader is sharded and reshuffled in the method, the checkpoint holds the plain network."""
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+
+        class Trainer:
+            def __init__(self, net, batches, opt):
+                self.net, self.batches, self.opt = net, batches, opt
+
+            def run(self, epochs):
+                for epoch in range(epochs):
+                    for x, y in self.batches:
+                        self.net(x).sub(y).pow(2).mean().backward()
+                        self.opt.step()
+                torch.save(self.net.state_dict(), "net.pt")
+
+        def main():
+            net = torch.nn.Linear(2, 1)
+            batches = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+            Trainer(net, batches, torch.optim.SGD(net.parameters(), lr=0.1)).run(2)
+
+        main()
+        """
+    )
+    code = result.code
+    assert "self.batches.sampler.set_epoch(epoch)" in code and "sampler=batches_sampler" in code
+    assert "torch.save(self.net.module.state_dict()" in code
+    assert not result.todos

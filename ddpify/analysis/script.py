@@ -1193,9 +1193,10 @@ def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int 
         )  # `self.model = kwargs["model"]`: the keyword `model=` of the call
     kept = given | m.Call(func=m.Attribute(value=given, attr=m.Name("to") | m.Name("cuda")))
     for assign in script.assigns.get(init, []):
-        target = ref_of(assign.targets[0].target)
-        if m.matches(assign.value, kept) and target and target.startswith("self."):
-            found.append((target, init))  # `self.model = model` or `self.model = model.to(gpu_id)`
+        for target, value in _pairs(assign.targets[0].target, assign.value):
+            target = ref_of(target)
+            if m.matches(value, kept) and target and target.startswith("self."):
+                found.append((target, init))  # `self.model = model` or `self.model = model.to(gpu_id)`
     cls = script.class_of(init)
     if cls is None or depth > 3:
         return found
@@ -1211,6 +1212,14 @@ def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int 
                 for target, where in _kept_by_init(script, base_init, passed, depth + 1):
                     found += [(target, where), (target, init)]  # the subclass's methods read it too
     return found
+
+
+def _pairs(target: cst.BaseExpression, value: cst.BaseExpression) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """`self.loader, self.opt = loader, opt`: each target with its value (one pair when not unpacked)."""
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+        if len(target.elements) == len(value.elements):
+            return [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+    return [(target, value)]
 
 
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
