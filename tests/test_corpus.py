@@ -100,7 +100,7 @@ SPECS: dict[str, Spec] = {
     "regression_mlp": Spec(once(r"Final validation RMSE"), train_size=512),
     "transformer_classifier": Spec(once(r"Done training transformer classifier"), train_size=384),
     "nanogpt_style": Spec(once(r"training finished: best val loss")),
-    "gan_tensor_types": Spec(once(r"PyTorch-GAN style training done"), train_size=512),
+    "gan_tensor_types": Spec(once(r"tensor-type GAN training done"), train_size=512),
     # an IterableDataset: its sampler yields None, which tracer.py records as such (no shards to check)
     "iterable_stream": Spec(
         once(r"stream training complete"), todos=["streams an IterableDataset: give each rank its own part"]
