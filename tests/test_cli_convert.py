@@ -327,3 +327,39 @@ def test_summary_order_does_not_depend_on_hash_seeds(tmp_path: Path, name: str) 
         summaries.add(result.stdout.replace(seed + ".py", "OUT.py"))
         assert (tmp_path / f"{seed}.py").read_text() == (tmp_path / "0.py").read_text()
     assert len(summaries) == 1, summaries
+
+
+def test_a_model_wrapped_where_a_trainer_keeps_it_counts_as_wrapped(tmp_path: Path) -> None:
+    """`self.net = DDP(model.to(self.gpu), ...)` in a trainer's constructor wraps the `model`
+    handed to it: the script is distributed already, and nothing is said to be left to wrap."""
+    script = tmp_path / "trainer_ddp.py"
+    script.write_text(
+        "import os\nimport torch\nimport torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "from torch.utils.data.distributed import DistributedSampler\n\n\n"
+        "class Trainer:\n"
+        "    def __init__(self, model, loader, opt):\n"
+        "        self.gpu = int(os.environ['LOCAL_RANK'])\n"
+        "        self.net = DDP(model.to(self.gpu), device_ids=[self.gpu])\n"
+        "        self.loader, self.opt = loader, opt\n\n"
+        "    def run(self, epochs):\n"
+        "        for epoch in range(epochs):\n"
+        "            self.loader.sampler.set_epoch(epoch)\n"
+        "            for x, y in self.loader:\n"
+        "                self.opt.zero_grad()\n"
+        "                self.net(x).sub(y).pow(2).mean().backward()\n"
+        "                self.opt.step()\n\n\n"
+        "def main():\n"
+        "    dist.init_process_group('nccl')\n"
+        "    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
+        "    model = torch.nn.Linear(4, 1)\n"
+        "    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))\n"
+        "    Trainer(model, loader, torch.optim.SGD(model.parameters(), lr=0.1)).run(2)\n"
+        "    dist.destroy_process_group()\n\n\n"
+        "main()\n"
+    )
+    result = ddpify("convert", str(script), "-o", str(tmp_path / "out.py"))
+    assert result.returncode == 0 and "already distributed" in result.stderr
+    assert "not converted" not in result.stderr, result.stderr

@@ -1195,6 +1195,8 @@ def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int 
     for assign in script.assigns.get(init, []):
         for target, value in _pairs(assign.targets[0].target, assign.value):
             target = ref_of(target)
+            if isinstance(value, cst.Call) and value.args and script.is_call_to(value, D.DDP):
+                value = value.args[0].value  # `self.model = DDP(model.to(gpu), ...)`: kept, wrapped
             if m.matches(value, kept) and target and target.startswith("self."):
                 found.append((target, init))  # `self.model = model` or `self.model = model.to(gpu_id)`
     cls = script.class_of(init)

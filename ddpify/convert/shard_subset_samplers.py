@@ -37,6 +37,26 @@ def run(ctx: Context) -> None:
         edits.replace(indices, edits.expression(SLICE.format(indices=code)))
         edits.need_import("os")
         edits.change(call, f"`{target}` samples this rank's slice of `{code}` (the split's training indices)")
+        _no_split(ctx, script.scope_of(call))
+
+
+def _no_split(ctx: Context, fn) -> None:
+    """`if split == 0.0: return None, None` in the function that splits: the loader then samples
+    the whole dataset on every rank, which this pass cannot shard from here: a TODO says so."""
+    script = ctx.script
+    if not isinstance(fn, cst.FunctionDef):
+        return
+    for ret in script.nodes_in(fn.body, cst.Return):
+        value = ret.value
+        items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        if value is None or not all(isinstance(i, cst.Name) and i.value == "None" for i in items):
+            continue
+        line = script.statement_line(ret)
+        ctx.edits.todo(
+            line, line,
+            "without a split the loader samples the whole dataset on every rank: give it a "
+            "DistributedSampler here (and call its set_epoch(epoch) every epoch)",
+        )  # fmt: skip
 
 
 def _is_loader_class(script, cls: cst.ClassDef, depth: int = 0) -> bool:

@@ -84,7 +84,7 @@ def _existing_wrap(ctx: Context, model: str, scope) -> cst.CSTNode | None:
         assign = script.parent(call)
         if (
             args
-            and mentions(args[0].value, model)
+            and (mentions(args[0].value, model) or model.startswith("self."))  # `self.net = DDP(net.to(gpu))`
             and isinstance(assign, cst.Assign)
             and assign.value is call
             and ref_of(assign.targets[0].target) == model
