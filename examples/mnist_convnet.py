@@ -1,124 +1,105 @@
-"""The ConvNet MNIST trainer (two conv+BatchNorm+ReLU+MaxPool blocks and a linear head) on one GPU.
+"""A BatchNorm convnet trained on MNIST-sized digits, on one chosen GPU (or the CPU).
 
-Trains on synthetic MNIST-shaped data unless --real-data is given, in which case it reads the
-real MNIST already downloaded under --data-dir (default ./data); it never downloads.
+The shape of many single-GPU tutorials: a `train(gpu, args)` function that builds the model on
+GPU number `gpu`, one DataLoader, a plain epoch/step loop that logs every few steps, the wall
+time at the end, and the weights saved to --checkpoint.
+
+By default the digits are synthetic (a bright column whose place is the class), so it runs
+offline. --real-data reads the real MNIST already downloaded under --data-dir (default ./data);
+nothing is ever downloaded.
 
     python examples/mnist_convnet.py --epochs 2
-    python examples/mnist_convnet.py --real-data --data-dir ./data -b 100
+    python examples/mnist_convnet.py --real-data --data-dir ./data -b 128
 """
 import argparse
 import sys
-from datetime import datetime
+import time
 
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def synthetic_mnist(size, seed=0):
-    """1x28x28 tensors in [0, 1]; the class is written as a bright column at 2 * label + 4."""
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, 10, (size,), generator=g)
-    images = 0.2 * torch.rand(size, 1, 28, 28, generator=g)
-    images[torch.arange(size), 0, :, 2 * labels + 4] = 1.0
-    return TensorDataset(images, labels)
+def column_digits(count, seed=0):
+    """Noise in [0, 0.2) with a column of ones at x = 4 + 2 * label."""
+    rng = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 10, (count,), generator=rng)
+    pixels = torch.rand(count, 1, 28, 28, generator=rng) / 5
+    pixels[torch.arange(count), 0, :, 4 + 2 * labels] = 1.0
+    return TensorDataset(pixels, labels)
 
 
-def mnist_train_set(args):
+def training_set(args):
     if not args.real_data:
-        return synthetic_mnist(args.train_size)
-    import torchvision
-    import torchvision.transforms as transforms
+        return column_digits(args.train_size)
+    from torchvision import datasets, transforms
+
     try:
-        return torchvision.datasets.MNIST(root=args.data_dir,
-                                          train=True,
-                                          transform=transforms.ToTensor(),
-                                          download=False)
-    except RuntimeError as exc:
-        sys.exit(f"--real-data: MNIST is not under {args.data_dir!r} ({exc}); download it there first.")
+        return datasets.MNIST(args.data_dir, train=True, transform=transforms.ToTensor(), download=False)
+    except RuntimeError as err:
+        sys.exit(f"--real-data: found no MNIST under {args.data_dir!r} ({err}); download it there first")
+
+
+def conv_bn_pool(c_in, c_out):
+    """3x3 convolution, batch statistics, ReLU, and 2x2 pooling (halves height and width)."""
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+    )
 
 
 class ConvNet(nn.Module):
-    def __init__(self, num_classes=10):
-        super(ConvNet, self).__init__()
-        self.layer1 = nn.Sequential(
-            nn.Conv2d(1, 16, kernel_size=5, stride=1, padding=2),
-            nn.BatchNorm2d(16),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2, stride=2))
-        self.layer2 = nn.Sequential(
-            nn.Conv2d(16, 32, kernel_size=5, stride=1, padding=2),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.MaxPool2d(kernel_size=2, stride=2))
-        self.fc = nn.Linear(7 * 7 * 32, num_classes)
+    def __init__(self, classes=10, widths=(16, 32)):
+        super().__init__()
+        self.blocks = nn.Sequential(conv_bn_pool(1, widths[0]), conv_bn_pool(widths[0], widths[1]))  # 28 -> 7
+        self.head = nn.Linear(widths[1] * 7 * 7, classes)
 
     def forward(self, x):
-        out = self.layer1(x)
-        out = self.layer2(out)
-        out = out.reshape(out.size(0), -1)
-        out = self.fc(out)
-        return out
+        return self.head(torch.flatten(self.blocks(x), start_dim=1))
 
 
 def train(gpu, args):
     torch.manual_seed(0)
-    model = ConvNet()
     device = torch.device(f"cuda:{gpu}" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    batch_size = args.batch_size
-    # define loss function (criterion) and optimizer
-    criterion = nn.CrossEntropyLoss().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), args.lr)
-    # Data loading code
-    train_dataset = mnist_train_set(args)
-    train_loader = torch.utils.data.DataLoader(dataset=train_dataset,
-                                               batch_size=batch_size,
-                                               shuffle=not args.no_shuffle,
-                                               num_workers=0,
-                                               pin_memory=True)
+    net = ConvNet().to(device)
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr)
+    samples = training_set(args)
+    loader = DataLoader(samples, batch_size=args.batch_size, shuffle=not args.no_shuffle, pin_memory=True)
 
-    start = datetime.now()
-    total_step = len(train_loader)
-    for epoch in range(args.epochs):
-        for i, (images, labels) in enumerate(train_loader):
+    steps = len(loader)
+    began = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        for step, (images, labels) in enumerate(loader, start=1):
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
-            # Forward pass
-            outputs = model(images)
-            loss = criterion(outputs, labels)
-
-            # Backward and optimize
             optimizer.zero_grad()
+            loss = loss_fn(net(images), labels)
             loss.backward()
             optimizer.step()
-            if (i + 1) % args.log_every == 0 or i + 1 == total_step:
-                print('Epoch [{}/{}], Step [{}/{}], Loss: {:.4f}'.format(
-                    epoch + 1, args.epochs, i + 1, total_step, loss.item()))
-    print("Training complete in: " + str(datetime.now() - start))
-    torch.save(model.state_dict(), args.checkpoint)
+            if step % args.log_every == 0 or step == steps:
+                print(f"epoch {epoch}/{args.epochs}  step {step}/{steps}  loss {loss.item():.4f}")
+    print(f"trained in {time.perf_counter() - began:.1f} s")
+    torch.save(net.state_dict(), args.checkpoint)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument('-g', '--gpu', default=0, type=int,
-                        help='index of the GPU to train on')
-    parser.add_argument('--epochs', default=2, type=int, metavar='N',
-                        help='number of total epochs to run')
-    parser.add_argument('-b', '--batch-size', default=100, type=int)
-    parser.add_argument('--lr', default=1e-2, type=float)
-    parser.add_argument('--no-shuffle', action='store_true',
-                        help='keep the dataset order')
-    parser.add_argument('--log-every', default=100, type=int, metavar='STEPS')
-    parser.add_argument('--checkpoint', default='convnet.ckpt')
-    parser.add_argument('--real-data', action='store_true',
-                        help='use the real MNIST under --data-dir instead of synthetic data')
-    parser.add_argument('--data-dir', default='./data')
-    parser.add_argument('--train-size', default=1024, type=int,
-                        help='number of synthetic training images')
-    args = parser.parse_args()
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("-g", "--gpu", type=int, default=0, help="which GPU to train on (0)")
+    cli.add_argument("--epochs", type=int, default=2, metavar="N")
+    cli.add_argument("-b", "--batch-size", type=int, default=64)
+    cli.add_argument("--lr", type=float, default=0.02)
+    cli.add_argument("--no-shuffle", action="store_true", help="read the samples in their stored order")
+    cli.add_argument("--log-every", type=int, default=50, metavar="STEPS")
+    cli.add_argument("--checkpoint", default="convnet.ckpt", help="where the trained weights go")
+    cli.add_argument("--real-data", action="store_true", help="train on the MNIST under --data-dir")
+    cli.add_argument("--data-dir", default="./data")
+    cli.add_argument("--train-size", type=int, default=1024, help="synthetic training images (1024)")
+    args = cli.parse_args()
     train(args.gpu, args)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -20,12 +20,12 @@ EXAMPLES = {
     "mnist": (
         ["--epochs", "1", "--train-size", "128", "--test-size", "64", "--save-model"],
         "Final test accuracy:",
-        "mnist_cnn.pt",
+        "digit_net.pt",
         ["--data-dir", "{empty}"],
     ),
     "mnist_convnet": (
         ["--epochs", "1", "--train-size", "128", "-b", "32"],
-        "Training complete in:",
+        "trained in ",
         "convnet.ckpt",
         ["--real-data", "--data-dir", "{empty}"],
     ),

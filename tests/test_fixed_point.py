@@ -144,9 +144,9 @@ PARTIAL = {
         '    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n',
     ),
     "no sampler": (
-        "    train_sampler = DistributedSampler(dataset1, shuffle=train_kwargs.get(\"shuffle\", False))\n"
-        "    train_loader = torch.utils.data.DataLoader(dataset1, sampler=train_sampler, **{**train_kwargs, \"shuffle\": False})\n",
-        "DistributedSampler(dataset1",
+        "    train_sampler = DistributedSampler(train_set, shuffle=fit_opts.get(\"shuffle\", False))\n"
+        "    train_loader = DataLoader(train_set, sampler=train_sampler, **{**fit_opts, \"shuffle\": False})\n",
+        "DistributedSampler(train_set",
     ),
 }
 
@@ -160,7 +160,7 @@ def test_partly_converted_script_gets_what_it_lacks(what):
     golden = (ROOT / "examples" / "mnist_ddp.py").read_text()
     removed, needle = PARTIAL[what]
     if what == "no sampler":
-        damaged = golden.replace(removed, "    train_loader = torch.utils.data.DataLoader(dataset1, **train_kwargs)\n")
+        damaged = golden.replace(removed, "    train_loader = DataLoader(train_set, **fit_opts)\n")
     else:
         damaged = golden.replace(removed, "")
     assert damaged != golden

@@ -90,14 +90,14 @@ CASES = {
     ),
     "mnist_examples": fixture(
         "mnist_examples", knobs=cli_knobs("--batch-size", 2, extra=("--save-model",)), epochs=2, train_size=512,
-        per_epoch=[r"Test set: Average loss", r"Train Epoch: \d \[0/"],
-        once=None,  # the pytorch/examples shape prints nothing once per run; its per-epoch lines are checked
-        checkpoint="mnist_cnn.pt",
-        eval_size=200, eval_metric=r"Test set: Average loss: ([\d.]+), Accuracy: (\d+)/(\d+)",
+        per_epoch=[r"\[test\] mean nll", r"train \| epoch \d \| batch +0 of"],
+        once=None,  # this shape prints nothing once per run; its per-epoch lines are checked
+        checkpoint="small_cnn.pt",
+        eval_size=200, eval_metric=r"\[test\] mean nll ([\d.]+)  accuracy (\d+)/(\d+)",
     ),
     "seed000_convnet": fixture(
         "seed000_convnet", knobs=cli_knobs("-b", 2), epochs=2, train_size=512,
-        per_epoch=[r"Epoch \[\d/2\], Step"], once=r"Training complete in:", checkpoint="convnet.ckpt",
+        per_epoch=[r"epoch \d/2: \d+ steps, last loss"], once=r"done training after", checkpoint="convnet.ckpt",
         original_runs_on_cpu=False, equivalence=BATCHNORM,
     ),
     "device_cuda_string": fixture(
@@ -131,13 +131,13 @@ CASES = {
     "examples/mnist": example(
         "mnist", knobs=cli_knobs("--batch-size", 2, extra=("--save-model", "--train-size", "256", "--test-size", "64")),
         epochs=2, train_size=256,
-        per_epoch=[r"Test set: Average loss", r"Train Epoch: \d \[0/"], once=r"Final test accuracy:",
-        checkpoint="mnist_cnn.pt",
-        eval_size=64, eval_metric=r"Test set: Average loss: ([\d.]+), Accuracy: (\d+)/(\d+)",
+        per_epoch=[r"\[eval\] epoch \d: mean loss", r"\[train\] epoch \d step 0/"], once=r"Final test accuracy:",
+        checkpoint="digit_net.pt",
+        eval_size=64, eval_metric=r"\[eval\] epoch \d: mean loss ([\d.]+), correct (\d+)/(\d+)",
     ),
     "examples/mnist_convnet": example(
         "mnist_convnet", knobs=cli_knobs("-b", 2, extra=("--train-size", "512")), epochs=2, train_size=512,
-        per_epoch=[r"Epoch \[\d/2\], Step \[16/16\]"], once=r"Training complete in:", checkpoint="convnet.ckpt",
+        per_epoch=[r"epoch \d/2  step 16/16  loss"], once=r"trained in [\d.]+ s", checkpoint="convnet.ckpt",
         equivalence=BATCHNORM,
     ),
 }  # fmt: skip
