@@ -169,3 +169,22 @@ def test_evaluation_compares_the_evaluation_parts_of_a_line():
         "Test set: Average loss: 0.2000 | Accuracy: 9/10 (90%)"
     )
     assert evaluated_part("epoch 2 loss 0.5 acc 0.75") == "epoch 2 loss 0.5 acc 0.75"
+
+
+def test_a_loss_over_masked_targets_is_noted_as_differing_by_construction(monkeypatch):
+    """`cross_entropy(..., ignore_index=-1)` over targets with masked positions averages over
+    what each rank keeps: verify notes it (the math check is then not applicable) only when a
+    target is masked, and computes the same loss."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddpify.verify import tracer
+
+    monkeypatch.setattr(tracer, "_trace", {"randomness": []})
+    loss = tracer._masked_mean(F.cross_entropy)
+    logits = torch.randn(4, 3, requires_grad=True)
+    assert torch.equal(loss(logits, torch.tensor([0, 1, 2, 1]), ignore_index=-1), F.cross_entropy(logits, torch.tensor([0, 1, 2, 1])))
+    assert tracer._trace["randomness"] == []
+    masked = torch.tensor([0, -1, 2, -1])
+    assert torch.equal(loss(logits, masked, ignore_index=-1), F.cross_entropy(logits, masked, ignore_index=-1))
+    assert tracer._trace["randomness"] and "ignore_index" in tracer._trace["randomness"][0]

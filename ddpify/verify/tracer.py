@@ -424,6 +424,24 @@ def _batch_norm(original):
     return batch_norm
 
 
+def _masked_mean(original):
+    """`F.cross_entropy(logits, targets, ignore_index=-1)` over targets that skip some positions:
+    the loss is a mean over the positions each rank keeps, and DDP averages the ranks' means with
+    equal weight, so one process at N x the batch (one mean over all kept positions) differs."""
+    def loss(input, target, *args, **kwargs):
+        ignore = kwargs.get("ignore_index", args[2] if len(args) > 2 else -100)
+        reduction = kwargs.get("reduction", args[4] if len(args) > 4 else "mean")
+        if (
+            torch.is_grad_enabled() and reduction == "mean" and isinstance(target, torch.Tensor)
+            and not target.is_floating_point() and bool((target == ignore).any())
+        ):  # fmt: skip
+            _note_randomness("the loss averages over the targets each rank keeps (ignore_index skips some), "
+                             "and DDP weighs the ranks' means equally")  # fmt: skip
+        return original(input, target, *args, **kwargs)
+
+    return loss
+
+
 def _random_split(original):
     def random_split(dataset, lengths, *args, **kwargs):
         if _config().get("reference") and not args and "generator" not in kwargs:
@@ -792,6 +810,8 @@ def install_hooks() -> None:
         if hasattr(F, name):
             _wrap(F, name, _dropout)
     _wrap(F, "batch_norm", _batch_norm)
+    for name in ("cross_entropy", "nll_loss"):
+        _wrap(F, name, _masked_mean)
     import torch.utils.data as data_module
     import torch.utils.data.dataset as dataset_module
 
