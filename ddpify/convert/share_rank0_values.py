@@ -22,6 +22,12 @@ A per-run folder named by the clock: each rank reads its own time, and a helper 
 folder (`os.makedirs(path, exist_ok=False)`) races the others to it. Rank 0 alone calls the
 helper; the other ranks take its name.
 
+A name read from the clock inside a function that keeps it (a settings class's `__init__`
+making `root / run_id`, never returning the name) is shared where it is read: rank 0's is
+broadcast right there when a process group exists, rank 0 alone makes the folders and the
+others wait at a barrier; setup_process_group puts the group before the `__main__` block
+builds such an object.
+
 Which values count is `ddpify.analysis.schedule`. Where no statement between the values and
 their first use runs after the process group exists, or other functions read them (a global,
 an attribute), a TODO says what to share.
