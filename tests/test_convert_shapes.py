@@ -1632,3 +1632,33 @@ def test_parts_a_constructor_keeps_in_one_unpacking_are_followed():
     assert "self.batches.sampler.set_epoch(epoch)" in code and "sampler=batches_sampler" in code
     assert "torch.save(self.net.module.state_dict()" in code
     assert not result.todos
+
+
+def test_output_in_a_one_line_if_runs_on_rank0():
+    """`if i % 2 == 0: print(...)` and `if args.tb: configure(...)` (the body on the `if`'s
+    line) print and configure a logger once: the rank test joins the `if`'s own."""
+    result = convert(
+        """
+        import argparse
+        import torch
+        from torch.utils.data import DataLoader
+        from tensorboard_logger import configure
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--tb", action="store_true")
+        args = parser.parse_args()
+        if args.tb: configure("runs/a")
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+        for epoch in range(2):
+            for i, (x, y) in enumerate(loader):
+                loss = model(x).sub(y).pow(2).mean()
+                loss.backward()
+                opt.step()
+                if i % 2 == 0: print(epoch, i, loss.item())
+        """
+    )
+    code = result.code
+    assert 'if args.tb and int(os.environ.get("RANK", 0)) == 0: configure("runs/a")' in code
+    assert "if i % 2 == 0 and dist.get_rank() == 0: print(epoch, i, loss.item())" in code

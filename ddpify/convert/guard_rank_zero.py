@@ -152,7 +152,13 @@ def _guard(ctx: Context, targets: dict[cst.SimpleStatementLine, str], hoisted: s
             edits.need_import(N.DIST_MODULE, asname="dist")
         block = script.parent(line)
         owner = script.parent(block)
-        if (
+        if isinstance(line, cst.If) and isinstance(line.body, cst.SimpleStatementSuite):
+            line, owner, block = None, line, line.body  # `if i % 50 == 0: print(loss)`: its test
+        if isinstance(owner, cst.If) and line is None:
+            merged.add(owner)
+            edits.rewrite(owner, lambda updated, c=condition: updated.with_changes(test=_and(ctx, updated.test, c)))
+            edits.change(owner, "runs on rank 0 only")
+        elif (
             isinstance(owner, cst.If)
             and owner not in merged
             and owner.orelse is None
@@ -259,19 +265,21 @@ def _rank0_writers(ctx: Context) -> set[str]:
     return names
 
 
-def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.SimpleStatementLine | None:
-    """The statement line that is only `call`, when the call is a side effect meant once per job
-    (a print, a save, a log, a tracker's or writer's method), else None."""
+def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.SimpleStatementLine | cst.If | None:
+    """The statement line that is only `call` (or the one-line `if` around it: `if args.tb:
+    configure(...)`), when the call is a side effect meant once per job (a print, a save, a
+    log, a tracker's or writer's method), else None."""
     script = ctx.script
-    line = script.statement_line(call)
-    if line is None or len(line.body) != 1 or getattr(line.body[0], "value", None) is not call:
+    line = script.statement_line(call) or _one_line_if(script, call)
+    small = line.body.body if isinstance(line, cst.If) else line.body if line is not None else ()
+    if len(small) != 1 or getattr(small[0], "value", None) is not call:
         return None
     owner = N.receiver(call)
     once = (
         script.is_call_to(call, ONCE)
         or (owner is not None and N.call_name(call) in ONCE_METHODS)
         or (owner is not None and ref_of(owner) in writers)
-        or isinstance(line.body[0], cst.Expr)  # a writer object a statement makes is _rank0_writers'
+        or isinstance(small[0], cst.Expr)  # a writer object a statement makes is _rank0_writers'
         and side_effects.writes(
             script.names(call.func), N.call_name(call) or "",
             side_effects.bound_call_roots(script.names, script.assigns.get(script.scope_of(call), []), owner),
@@ -279,6 +287,15 @@ def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.Simp
         )  # fmt: skip
     )
     return line if once else None
+
+
+def _one_line_if(script, call: cst.Call) -> cst.If | None:
+    """`if i % 50 == 0: print(loss)` (the body on the `if`'s line, no `else`): that `if`."""
+    suite = script.parent(script.parent(call))
+    owner = script.parent(suite)
+    if isinstance(suite, cst.SimpleStatementSuite) and isinstance(owner, cst.If) and owner.orelse is None:
+        return owner
+    return None
 
 
 def _writer_condition(ctx: Context, stmt: cst.With, call: cst.Call) -> str:
