@@ -1662,3 +1662,32 @@ def test_output_in_a_one_line_if_runs_on_rank0():
     code = result.code
     assert 'if args.tb and int(os.environ.get("RANK", 0)) == 0: configure("runs/a")' in code
     assert "if i % 2 == 0 and dist.get_rank() == 0: print(epoch, i, loss.item())" in code
+
+
+def test_a_script_that_picks_its_gpus_itself_gets_a_todo_at_that_line():
+    """`os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu_id`: every process would see only those GPUs
+    and take cuda:<local_rank> among them; what the option holds is known at run time only, so
+    the line stays and a TODO says what it must list."""
+    result = convert(
+        """
+        import argparse
+        import os
+        import torch
+        from torch.utils.data import DataLoader
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--gpu-id", default="0")
+        args = parser.parse_args()
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu_id
+        model = torch.nn.Linear(2, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+        for epoch in range(2):
+            for x, y in loader:
+                model(x.cuda()).sub(y.cuda()).pow(2).mean().backward()
+                opt.step()
+        """
+    )
+    assert '\nos.environ["CUDA_VISIBLE_DEVICES"] = args.gpu_id\n' in result.code
+    [todo] = result.todos
+    assert "CUDA_VISIBLE_DEVICES lists here" in todo.message and todo.line == 10

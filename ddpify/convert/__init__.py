@@ -17,6 +17,7 @@ from ddpify.convert import (
     evaluate_distributed,
     flag_double_forward,
     flag_unfollowed_code,
+    flag_visible_devices,
     guard_output_by_global_rank,
     guard_rank_zero,
     launch_with_spawn,
@@ -83,6 +84,7 @@ PASSES = (
     teardown,
     launch_with_spawn,
     flag_unfollowed_code,
+    flag_visible_devices,
 )
 
 
