@@ -1691,3 +1691,44 @@ def test_a_script_that_picks_its_gpus_itself_gets_a_todo_at_that_line():
     assert '\nos.environ["CUDA_VISIBLE_DEVICES"] = args.gpu_id\n' in result.code
     [todo] = result.todos
     assert "CUDA_VISIBLE_DEVICES lists here" in todo.message and todo.line == 10
+
+
+def test_a_metric_a_helper_computes_over_the_training_loader_is_averaged_over_ranks():
+    """`train_acc = accuracy(train_loader, model)` after training (and `tr, va = evaluate(model,
+    train_loader, val_loader)`, which hands the loader on): the sharded loader gives one shard's
+    result, so it is averaged over ranks (every rank holds as many samples); the validation value
+    beside it is every rank's own and averages to itself. Converting twice changes nothing."""
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+
+        def accuracy(loader, model):
+            right = seen = 0
+            with torch.no_grad():
+                for x, y in loader:
+                    right += (model(x).argmax(1) == y).sum().item()
+                    seen += len(y)
+            return right / seen
+
+        def evaluate(model, train_loader, val_loader):
+            return accuracy(train_loader, model), accuracy(val_loader, model)
+
+        model = torch.nn.Linear(2, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_loader = DataLoader([(torch.zeros(2), 1)] * 8, batch_size=4, shuffle=True)
+        val_loader = DataLoader([(torch.zeros(2), 1)] * 8, batch_size=4)
+        for epoch in range(2):
+            for x, y in train_loader:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            tr, va = evaluate(model, train_loader, val_loader)
+            print(tr, va)
+        train_acc = accuracy(train_loader, model)
+        print("train accuracy", train_acc)
+        """
+    )
+    code = result.code
+    assert "    tr, va = evaluate(model, train_loader, val_loader)\n    tr = all_reduce_sum(tr) / dist.get_world_size()\n" in code
+    assert "train_acc = accuracy(train_loader, model)\ntrain_acc = all_reduce_sum(train_acc) / dist.get_world_size()\n" in code
+    assert convert_source(code, "train.py").code == code

@@ -42,6 +42,7 @@ WRITES = {
     "comet": ("import comet_ml", "    comet_ml.log_metric('loss', 1.0)"),
     "tqdm.write": ("from tqdm import tqdm", "    tqdm.write(f'epoch {epoch}')"),
     "sys.stdout.write": ("import sys", "    sys.stdout.write(f'[{epoch}] done')"),
+    "logging.config.dictConfig": ("import logging.config", "    logging.config.dictConfig({'version': 1})"),
 }
 
 

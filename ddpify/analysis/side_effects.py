@@ -6,6 +6,7 @@ Output meant once per job is recognised by what a call is, not by a short list o
 | --- | --- |
 | functions that write a file | `torch.save`, `torchvision.utils.save_image`, numpy `save`/`savez`/`savetxt`, `json`/`pickle`/`yaml` dump, `shutil` copies, `matplotlib.pyplot.savefig`, image writers (imageio, cv2, skimage), audio and video writers (`soundfile.write`, `scipy.io.wavfile.write`, `torchaudio.save`, `imageio.mimsave`, `torchvision.io.write_video`) |
 | messages | `tqdm.write` (a print that keeps the bars intact), `sys.stdout.write` (progress bars drawn by hand) |
+| logging set up | `logging.basicConfig`, `logging.config.dictConfig`/`fileConfig`: on rank 0 only, so the other ranks' loggers print warnings and errors alone (Python's last-resort handler) |
 | tracking and logging libraries | every function of TensorBoard (`torch.utils.tensorboard`, tensorboardX, `tensorboard_logger`), W&B, MLflow, Neptune, Comet, ClearML, Aim and visdom |
 | writer methods on any object | `savefig`, pandas `to_csv`/`to_json`/`to_parquet`/..., csv `writerow(s)`, `save_pretrained`, pathlib `write_text`/`write_bytes` |
 | methods of a library's objects | `.save(...)`/`.write(...)` on what PIL, imageio, h5py, soundfile or matplotlib made (`Image.fromarray(a).save(path)`) |
@@ -27,7 +28,8 @@ WRITE_FUNCTIONS = frozenset(
      "imageio.imwrite", "imageio.imsave", "imageio.mimsave", "imageio.mimwrite", "imageio.v2.imwrite",
      "imageio.v3.imwrite", "cv2.imwrite", "skimage.io.imsave", "scipy.misc.imsave", "soundfile.write",
      "scipy.io.wavfile.write", "torchaudio.save", "torchvision.io.write_video", "torchvision.io.write_png",
-     "torchvision.io.write_jpeg", "logging.basicConfig", "tqdm.write", "tqdm.tqdm.write", "tqdm.auto.tqdm.write",
+     "torchvision.io.write_jpeg", "logging.basicConfig", "logging.config.dictConfig",
+     "logging.config.fileConfig", "tqdm.write", "tqdm.tqdm.write", "tqdm.auto.tqdm.write",
      "tqdm.std.tqdm.write", "sys.stdout.write"}
 )  # fmt: skip
 TRACKER_MODULES = ("torch.utils.tensorboard", "tensorboardX", "tensorboard_logger", "wandb", "mlflow", "neptune",

@@ -12,6 +12,7 @@ from ddpify.analysis.project import ProjectFacts
 from ddpify.analysis.script import AnalysisError, Script, analyze, fully_distributed
 from ddpify.convert import (
     average_gradients,
+    average_training_set_metrics,
     agree_on_stop,
     download_once,
     evaluate_distributed,
@@ -74,6 +75,7 @@ PASSES = (
     shard_hand_batches,
     evaluate_distributed,
     reduce_train_metrics,
+    average_training_set_metrics,
     agree_on_stop,
     guard_rank_zero,
     guard_output_by_global_rank,
