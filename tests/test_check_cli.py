@@ -430,3 +430,64 @@ def test_help_strings_are_short_sentences():
             text = getattr(param, "help", None)
             if param.param_type_name == "option" or text:  # typer carries its own click: no import of click
                 assert text and text[0].isupper() and text.endswith(".") and len(text) <= 80, (command.name, param.name, text)
+
+
+def test_output_quieted_by_a_helper_of_another_module_is_not_flagged(tmp_path: Path):
+    """`utils.init_distributed(...)` replaces `print` with a master-only one and turns the other
+    ranks' logging down (the helper research code keeps in utils.py): the entry's prints and
+    info logs are the master's, so DDP302 and DDP303 stay silent; without the helper they fire."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "utils.py").write_text(textwrap.dedent(
+        """\
+        import builtins
+        import logging
+
+        import torch.distributed as dist
+
+
+        def init_distributed():
+            dist.init_process_group("gloo")
+            master = dist.get_rank() == 0
+            shown = builtins.print
+
+            def print_on_master(*args, **kwargs):
+                if master or kwargs.pop("force", False):
+                    shown(*args, **kwargs)
+
+            builtins.print = print_on_master
+            logging.getLogger().setLevel(logging.INFO if master else logging.ERROR)
+        """
+    ))  # fmt: skip
+    entry = textwrap.dedent(
+        """\
+        import logging
+
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        import utils
+
+        log = logging.getLogger(__name__)
+
+
+        def fit(net, batches, sgd):
+            utils.init_distributed()
+            net = DDP(net)
+            for r in range(2):
+                batches.sampler.set_epoch(r)
+                for x in batches:
+                    sgd.zero_grad()
+                    net(x).sum().backward()
+                    sgd.step()
+                print("round", r)
+                log.info("round %d", r)
+            dist.destroy_process_group()
+        """
+    )
+    (tmp_path / "train.py").write_text(entry)
+    quiet = run("check", str(tmp_path / "train.py"))
+    assert quiet.exit_code == 0, quiet.output
+    (tmp_path / "train.py").write_text(entry.replace("    utils.init_distributed()\n", '    dist.init_process_group("gloo")\n'))
+    loud = run("check", str(tmp_path / "train.py"))
+    assert "DDP302" in loud.output and "DDP303" in loud.output, loud.output

@@ -151,6 +151,36 @@ class FileContext:
             for c in self.calls
         )
 
+    @cached_property
+    def prints_replaced(self) -> bool:
+        """The program replaces `print` (`builtins.print = print_on_master`: the
+        `setup_for_distributed(is_master)` helper research code calls from its
+        `init_distributed_mode`), in this file or a module it imports: its prints are the
+        master's, by design."""
+        return any(
+            b.dotted.endswith(".print") and b._node is not None and "builtins.print" in self.index.qnames(b._node)
+            and (b.func is None or bool(self.call_sites(b.func)))  # at import, or in a function the program calls
+            for b in self.index.assignments
+        )  # fmt: skip
+
+    @cached_property
+    def logging_quiet_off_rank0(self) -> bool:
+        """The program turns logging down off rank 0: `logger.setLevel(logging.WARN)` under `if
+        rank > 0:`, `logging.basicConfig(level=logging.INFO if rank in (-1, 0) else logging.WARN)`
+        (a `set_logging(rank)` helper), `logging.disable(...)` on the other ranks; in this file or
+        a module it imports. Their info and debug messages then go nowhere."""
+        for ci in self.calls:
+            if not (ci.name == "setLevel" or ci.is_("logging.basicConfig", "logging.disable")):
+                continue
+            if ci.func is not None and not self.call_sites(ci.func):
+                continue  # in a function nothing calls
+            if not self.in_rank0(ci.node) and self._rank.under_rank_test(ci.node):
+                return True  # `if rank != 0: logger.setLevel(logging.ERROR)`
+            tests = [a.value.test if isinstance(a.value, cst.IfExp) else a.value for a in ci.node.args]
+            if any(self._rank.reads_rank(test) for test in tests):
+                return True  # `level=logging.INFO if rank == 0 else logging.WARN`
+        return False
+
     # bindings ----------------------------------------------------------------------
     @cached_property
     def ddp_bindings(self) -> list[Binding]:

@@ -11,8 +11,10 @@ class LogOnEveryRank(Rule):
     Flags `logging.info(...)`, `logger.info(...)` and `.debug(...)` in training code outside a
     rank-0-only branch (messages that mention the rank are not flagged). Warnings and errors
     are left alone: they may be rank-specific. Nothing is flagged when logging is configured on
-    rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard): the other ranks'
-    info messages then reach no handler.
+    rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard), or turned down
+    on the other ranks (`logger.setLevel(logging.WARN)` under `if rank > 0:`, a level chosen by
+    the rank, `logging.disable(...)`; in the file or a module it imports): their info messages
+    then reach no handler.
 
     ## Why is this bad?
     Each message is written N times; with a shared log file the lines interleave.
@@ -55,6 +57,8 @@ class LogOnEveryRank(Rule):
         setup = [ci for ci in ctx.calls if ci.is_("logging.basicConfig") or ci.name == "addHandler"]
         if setup and not any(every_rank(ctx, ci.node) for ci in setup):
             return  # logging is configured on rank 0 only: other ranks' info goes nowhere
+        if ctx.logging_quiet_off_rank0:
+            return  # the other ranks log warnings and errors only
         loggers = {
             b.dotted
             for b in ctx.assignments

@@ -8,7 +8,10 @@ class PrintOnEveryRank(Rule):
     ## What it does
     Flags `print(...)` in training code (loops, training functions, code after
     `init_process_group`) outside a rank-0-only branch. Prints that mention the rank are
-    per-rank on purpose and are not flagged.
+    per-rank on purpose and are not flagged, and so are all prints of a program that replaces
+    `print` with one that prints on the master only (`builtins.print = ...`, the
+    `setup_for_distributed(is_master)` helper, in the file or a module it imports; its
+    `print(..., force=True)` prints on every rank on purpose).
 
     ## Why is this bad?
     Every line appears N times, interleaved: logs become unreadable and slow.
@@ -43,9 +46,11 @@ class PrintOnEveryRank(Rule):
     INVALID = [Invalid("import torch.distributed as dist\nfor epoch in range(3):\n    print(epoch)\n")]
 
     def check(self, ctx):
+        if ctx.prints_replaced:
+            return  # `builtins.print = print_on_master` somewhere in the program: every print is the master's
         for ci in ctx.calls_to("builtins.print"):
-            if _to_own_file(ci.node):
-                continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's)
+            if _to_own_file(ci.node) or any(a.keyword is not None and a.keyword.value == "force" for a in ci.node.args):
+                continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's); `force=True`: on purpose
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
 
