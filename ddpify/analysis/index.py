@@ -232,6 +232,7 @@ class FileIndex:
         # scope -> name -> bindings ((_IMPORT, real name) or (_LOCAL, None))
         self._bindings: dict[cst.CSTNode, dict[str, list[tuple[int, Optional[str]]]]] = {module: {}}
         self._globals: dict[cst.CSTNode, set[str]] = {}
+        self._locals_of: Optional[dict[Func, set[str]]] = None  # built on first use
         self._nonlocals: dict[cst.CSTNode, set[str]] = {}
         self._scope_parent: dict[cst.CSTNode, cst.CSTNode] = {}
         self._qualname: dict[cst.CSTNode, str] = {module: ""}
@@ -812,6 +813,8 @@ class FileIndex:
             elif b.func is None:
                 if func is not None and name in self.param_names(func):
                     continue  # a parameter shadows the global: bound only through its call sites
+                if func is not None and name in self._assigned_in(func):
+                    continue  # `model = GPT(config)` in a function: its own local, not the global
                 return True
             elif name.startswith("self."):
                 # a method only called before the wrapping (e.g. loading a snapshot in __init__)
@@ -819,6 +822,15 @@ class FileIndex:
                 if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):
                     return True
         return False
+
+    def _assigned_in(self, func: Func) -> set[str]:
+        """The plain names a function assigns (its locals, unless declared `global`)."""
+        if self._locals_of is None:
+            self._locals_of = {}
+            for b in self.assignments:
+                if b.func is not None and "." not in b.dotted:
+                    self._locals_of.setdefault(b.func, set()).add(b.dotted)
+        return self._locals_of.get(func, set()) - self._globals.get(func, set())
 
     def propagate(self, bindings: list[Binding], rounds: int = 3) -> list[Binding]:
         """``bindings`` plus the parameters of local functions that receive one of them."""
