@@ -181,6 +181,14 @@ class FileContext:
                 return True  # `level=logging.INFO if rank == 0 else logging.WARN`
         return False
 
+    @cached_property
+    def ddp_state_round_trip(self) -> bool:
+        """The program saves the DDP wrapper's state_dict and loads state into the wrapper too
+        (`module.` keys on both sides: a resume of its own checkpoints, a best-model copy): the
+        round trip is consistent, so neither side is a bug."""
+        saved = any(self.is_ddp(ci.receiver) for ci in self.method_calls("state_dict"))
+        return saved and any(self.is_ddp(ci.receiver) for ci in self.method_calls("load_state_dict"))
+
     # bindings ----------------------------------------------------------------------
     @cached_property
     def ddp_bindings(self) -> list[Binding]:

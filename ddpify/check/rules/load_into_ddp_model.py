@@ -6,6 +6,9 @@ class LoadIntoDDPModel(Rule):
 
     ## What it does
     Flags `ddp_model.load_state_dict(...)` where `ddp_model` holds the `DistributedDataParallel` wrapper.
+    A program that also saves the wrapper's own `state_dict()` (a resume of its own checkpoints,
+    a best-model copy) loads `module.` keys into the wrapper: that round trip is consistent and
+    is not flagged (nor is its save, DDP120).
 
     ## Why is this bad?
     The wrapper expects keys prefixed with `module.`; a checkpoint from the single-GPU model
@@ -42,6 +45,8 @@ class LoadIntoDDPModel(Rule):
     ]
 
     def check(self, ctx):
+        if ctx.ddp_state_round_trip:
+            return  # the wrapper's own state_dict, loaded back into it: consistent
         for ci in ctx.method_calls("load_state_dict"):
             if ctx.is_ddp(ci.receiver):
                 yield Report(ci.node)

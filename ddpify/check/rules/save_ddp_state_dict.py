@@ -9,6 +9,9 @@ class SaveDDPStateDict(Rule):
     ## What it does
     Flags `ddp_model.state_dict()` where `ddp_model` holds the `DistributedDataParallel` wrapper.
 
+    A program that loads the state back into the wrapper too (`module.` keys on both sides: a
+    resume of its own checkpoints, a best-model copy) is consistent and is not flagged.
+
     ## Why is this bad?
     Every key gets a `module.` prefix: the checkpoint no longer loads into the plain model
     (single-GPU script, inference, or `model.module` on resume) without renaming keys.
@@ -64,6 +67,8 @@ class SaveDDPStateDict(Rule):
     ]
 
     def check(self, ctx):
+        if ctx.ddp_state_round_trip:
+            return  # saved from the wrapper and loaded back into it: consistent
         for ci in ctx.method_calls("state_dict"):
             if ctx.is_ddp(ci.receiver):
                 func = ci.node.func
