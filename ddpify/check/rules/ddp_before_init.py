@@ -1,4 +1,5 @@
 from ddpify.analysis import names as N
+from ddpify.analysis.index import main_guard
 from ddpify.check.context import DDP_CLASSES
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -8,7 +9,9 @@ class DDPBeforeInitProcessGroup(Rule):
 
     ## What it does
     Flags `DistributedDataParallel(...)` in a file that never calls
-    `torch.distributed.init_process_group`, or that calls it later in the same function.
+    `torch.distributed.init_process_group`, or that calls it later in the same function. A
+    library module (functions and classes, no `if __name__ == "__main__":`) that wraps a model in
+    a function leaves the process group to its caller, and is not flagged.
 
     ## Why is this bad?
     DDP broadcasts the parameters of rank 0 when it is constructed; without a default
@@ -42,6 +45,8 @@ class DDPBeforeInitProcessGroup(Rule):
         "dist.init_process_group('gloo')\nmodel = DDP(model)\n",
         "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
         "def setup():\n    dist.init_process_group('gloo')\ndef main():\n    setup()\n    model = DDP(net)\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "class Trainer:\n    def __init__(self, net):\n        self.model = DDP(net)\n",
     ]
     INVALID = [
         Invalid("import torch\nmodel = torch.nn.parallel.DistributedDataParallel(net)\n"),
@@ -59,9 +64,10 @@ class DDPBeforeInitProcessGroup(Rule):
             and not ctx.local_callees(c)
             for c in ctx.calls
         )
+        library = main_guard(ctx.module) is None  # a module of functions other programs call
         for ci in ctx.calls_to(*DDP_CLASSES):
             if not inits:
-                if not helper:
+                if not helper and (ci.func is None or not library):
                     yield Report(ci.node)
                 continue
             same = [i for i in inits if i.func is ci.func and ci.func is not None]
