@@ -1,3 +1,5 @@
+import libcst as cst
+
 from ddpify.check.context import kwarg, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -6,7 +8,8 @@ class LocalRankArgument(Rule):
     """`--local_rank` command-line argument left over from `torch.distributed.launch`.
 
     ## What it does
-    Flags `parser.add_argument("--local_rank")` / `"--local-rank"`.
+    Flags `parser.add_argument("--local_rank")` / `"--local-rank"`, unless its default reads
+    `LOCAL_RANK` or it is added only under a test of the torch version (for the old launcher).
 
     ## Why is this bad?
     `torch.distributed.launch` is deprecated; `torchrun` does not pass `--local_rank`, it sets
@@ -48,7 +51,17 @@ class LocalRankArgument(Rule):
             default = kwarg(ci.node, "default")
             if default is not None and "LOCAL_RANK" in ctx.code(default.value):
                 continue  # defaults to torchrun's LOCAL_RANK
+            if _for_old_torch(ctx, ci.node):
+                continue  # `if torch.__version__ < "2": parser.add_argument("--local_rank")`: the old launcher's, kept for it
             for arg in positional(ci.node):
                 if string_value(arg.value) in ("--local_rank", "--local-rank"):
                     yield Report(ci.node)
                     break
+
+
+def _for_old_torch(ctx, call) -> bool:
+    """Under a test of the torch version (`if torch.__version__.startswith("1.")`,
+    `if version.parse(torch.__version__) < ...`): added for the old launcher only."""
+    return any(
+        isinstance(p, (cst.If, cst.IfExp)) and "__version__" in ctx.code(p.test) for p in ctx.ancestors(call)
+    )
