@@ -1,13 +1,17 @@
-"""A DDP model called twice before one backward gets a TODO at the second call.
+"""A DDP model called twice before one backward, while DDP searches for unused parameters,
+gets a TODO at the second call.
 
+    netD = DDP(netD, find_unused_parameters=True)
     lossD = bce(netD(real), ones) + bce(netD(fake.detach()), zeros)   # two forwards of netD
     lossD.backward()
 
-DDP prepares one gradient reduction per forward: a second forward before the backward fails
-at run time ("Expected to mark a variable ready only once") unless the model is wrapped with
-`static_graph=True` or the inputs go through one forward. ddpify cannot merge the forwards
-safely, so it says where (the finding of `ddpify check`'s DDP119, left by the conversion
-itself). Forwards under `torch.no_grad()` do not count.
+With `find_unused_parameters=True` DDP prepares its search at every forward: forwards that use
+different parameters fail at run time ("Expected to mark a variable ready only once") unless
+the model is wrapped with `static_graph=True` or the inputs go through one forward. ddpify
+cannot merge the forwards safely, so it says where (the finding of `ddpify check`'s DDP119).
+The wrap ddpify itself adds does not search: two forwards and one backward then reduce fine
+(each parameter's gradient is ready once), and nothing is said. Forwards under
+`torch.no_grad()` do not count.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ TODO = f"{Rule.CODE} {Rule.MESSAGE}"
 
 def run(ctx: Context) -> None:
     script = ctx.script
-    if any(_static_graph(c) for c in script.calls if script.is_call_to(c, D.DDP)):
-        return
+    wraps = [c for c in script.calls if script.is_call_to(c, D.DDP)]
+    if any(_static_graph(c) for c in wraps) or not any(_searches_unused(c) for c in wraps):
+        return  # the wrap ddpify adds searches for nothing: two forwards and one backward reduce fine
     steps: dict[tuple, dict] = {}
     models = set().union(*script.ddp_names.values()) if script.ddp_names else set()
     for call in script.calls:
@@ -61,6 +66,12 @@ def _without_grad(script, node: cst.CSTNode) -> bool:
         isinstance(anc, cst.With) and any(isinstance(i.item, cst.Call) and script.is_call_to(i.item, NO_GRAD) for i in anc.items)
         for anc in script.ancestors(node)
     )
+
+
+def _searches_unused(call: cst.Call) -> bool:
+    """`DDP(model, find_unused_parameters=True)` (or a value set at run time)."""
+    arg = N.keyword(call, "find_unused_parameters")
+    return arg is not None and not (isinstance(arg.value, cst.Name) and arg.value.value == "False")
 
 
 def _static_graph(call: cst.Call) -> bool:

@@ -1,3 +1,4 @@
+from ddpify.analysis.literals import is_false
 from ddpify.check.context import DDP_CLASSES, is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -6,13 +7,17 @@ class ForwardTwiceBeforeBackward(Rule):
     """DDP model called twice before one backward.
 
     ## What it does
-    Flags a second forward of the same DDP model in a training step before `backward()`,
-    unless DDP was built with `static_graph=True`. Forwards under `torch.no_grad()` are ignored.
+    Flags a second forward of the same DDP model in a training step before `backward()` when
+    DDP searches for unused parameters (`find_unused_parameters=True`, or a value set at run
+    time), unless it was built with `static_graph=True`. Forwards under `torch.no_grad()` are
+    ignored. Without the search, two forwards and one backward reduce fine (each parameter's
+    gradient is ready once).
 
     ## Why is this bad?
-    DDP prepares one gradient reduction per forward. Two forwards before a backward raise
-    "Expected to mark a variable ready only once" or "modified by an inplace operation"
-    (seed 003), errors single-GPU and DataParallel runs never show.
+    With `find_unused_parameters=True` DDP prepares its search at every forward: forwards that
+    use different parameters (two heads, a discriminator on real and fake inputs through
+    different branches) raise "Expected to mark a variable ready only once" (seed 003), an
+    error single-GPU and DataParallel runs never show.
 
     ## Example
     ```python
@@ -37,21 +42,26 @@ class ForwardTwiceBeforeBackward(Rule):
 
     CODE = "DDP119"
     NAME = "forward-twice-before-backward"
-    MESSAGE = "DDP model called twice before backward; combine the inputs into one forward or set `static_graph=True`"
+    MESSAGE = "DDP model called twice before backward while it searches for unused parameters; combine the inputs into one forward, set `static_graph=True`, or drop `find_unused_parameters`"
     VALID = [
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
         "for x in data:\n    out = model(x)\n    out.sum().backward()\n",
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net, static_graph=True)\n"
         "for x, y in data:\n    a = model(x)\n    b = model(y)\n    (a + b).sum().backward()\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+        "for x, y in data:\n    a = model(x)\n    b = model(y)\n    (a + b).sum().backward()\n",
     ]
     INVALID = [
-        Invalid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+        Invalid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net, find_unused_parameters=True)\n"
                 "for x, y in data:\n    a = model(x)\n    b = model(y)\n    (a + b).sum().backward()\n"),
     ]
 
     def check(self, ctx):
-        if any((k := kwarg(c.node, "static_graph")) and is_true(k.value) for c in ctx.calls_to(*DDP_CLASSES)):
+        ddps = ctx.calls_to(*DDP_CLASSES)
+        if any((k := kwarg(c.node, "static_graph")) and is_true(k.value) for c in ddps):
             return
+        if not any((k := kwarg(c.node, "find_unused_parameters")) and not is_false(k.value) for c in ddps):
+            return  # without the unused-parameter search, two forwards and one backward reduce fine
         groups: dict = {}
         for ci in ctx.calls:
             scope = (ci.func, ci.loops[-1] if ci.loops else None)
