@@ -1,3 +1,5 @@
+from ddpify.analysis.literals import is_false
+from ddpify.check.context import kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -9,9 +11,15 @@ class DDPForwardInRankZeroBranch(Rule):
     or a parameter that receives one) inside a rank-0-only branch or a function only called
     from one, e.g. evaluation on rank 0 through the wrapper.
 
+    Not flagged when every DDP wrap turns both collectives of the forward off
+    (`broadcast_buffers=False`, no `find_unused_parameters=True`).
+
     ## Why is this bad?
-    DDP's forward may broadcast buffers and, in training mode, prepares a gradient all-reduce
-    that the other ranks never join: the next collective hangs or mismatches.
+    When the model has buffers (BatchNorm's running statistics), DDP's forward broadcasts them
+    from rank 0, a collective the other ranks never join: the next collective hangs or
+    mismatches (checked under torchrun: a model without buffers evaluated this way under
+    `torch.no_grad()` runs fine, one with BatchNorm does not). With `find_unused_parameters=True`
+    the forward also starts a search the next backward expects to finish.
 
     ## Example
     ```python
@@ -34,10 +42,15 @@ class DDPForwardInRankZeroBranch(Rule):
 
     CODE = "DDP117"
     NAME = "ddp-forward-in-rank-zero-branch"
-    MESSAGE = "DDP model forward on rank 0 only can hang; run it on every rank or call `model.module` on rank 0"
+    MESSAGE = (
+        "DDP model forward on rank 0 only: it hangs when the model has buffers to broadcast (BatchNorm) or DDP "
+        "searches for unused parameters; run it on every rank or call `model.module` on rank 0"
+    )
     VALID = [
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
         "if rank == 0:\n    out = model.module(x)\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net, broadcast_buffers=False)\n"
+        "if rank == 0:\n    out = model(x)\n",
     ]
     INVALID = [
         Invalid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
@@ -48,9 +61,16 @@ class DDPForwardInRankZeroBranch(Rule):
     ]
 
     def check(self, ctx):
-        if not ctx.ddp_bindings:
+        if not ctx.ddp_bindings or all(_no_forward_collectives(ci.node) for ci in ctx.ddp_calls):
             return
         for ci in ctx.calls:
             forward = ctx.is_ddp(ci.node.func) or (ci.name == "forward" and ctx.is_ddp(ci.receiver))
             if forward and ctx.in_rank0(ci.node):
                 yield Report(ci.node)
+
+
+def _no_forward_collectives(call) -> bool:
+    """`DDP(model, broadcast_buffers=False)` without `find_unused_parameters=True`."""
+    buffers = kwarg(call, "broadcast_buffers")
+    unused = kwarg(call, "find_unused_parameters")
+    return buffers is not None and is_false(buffers.value) and (unused is None or is_false(unused.value))
