@@ -96,6 +96,7 @@ def analyse(
     noqa = noqa_lines(source)
     findings: list[Finding] = []
     fixes: list[tuple] = []
+    reported: set[tuple[str, int, int]] = set()
     for rule_cls in rules:
         if rule_cls.CODE == PARSE_ERROR:
             continue
@@ -103,8 +104,9 @@ def analyse(
             continue
         for report in _in_this_file(ctx, rule_cls, rule_cls().check(ctx)):
             finding = _finding(ctx, rule_cls, report, unsafe_fixes)
-            if _suppressed(finding, noqa):
-                continue
+            if _suppressed(finding, noqa) or (finding.code, finding.line, finding.column) in reported:
+                continue  # silenced, or said already at this position (a return leaving two loops)
+            reported.add((finding.code, finding.line, finding.column))
             findings.append(finding)
             if finding.fixable:
                 fixes.extend(report.fixes)
