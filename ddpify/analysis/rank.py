@@ -20,7 +20,7 @@ MAIN_PROCESS_RE = re.compile(
 )
 RANK_NAMES = frozenset({"gpu_id", "gpu", "local_gpu", "device_id", "gpu_idx", "process_index", "proc_id"})
 RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
-RANK_TEXT = re.compile(r"rank|gpu_id|\bgpu\b|device_id|local_gpu|process_index", re.IGNORECASE)
+RANK_TEXT = re.compile(r"rank|gpu_id|\bgpu\b|device_id|local_gpu|process_index|getpid", re.IGNORECASE)
 _NOT_MULTI_PROCESS = re.compile(r"(is_initialized|is_available|distributed|ddp|is_dist)", re.IGNORECASE)
 
 
@@ -220,7 +220,8 @@ class RankAnalysis:
 
 
 def mentions_rank(index: FileIndex, call: cst.Call) -> bool:
-    """Output tagged with the rank (``print(f"[rank {rank}] ...")``) is per-rank on purpose."""
+    """Output tagged with the rank or the process (``print(f"[rank {rank}] ...")``,
+    ``print(os.getpid(), ...)``) is per-rank on purpose."""
     return any(RANK_TEXT.search(index.code(a.value)) for a in call.args)
 
 

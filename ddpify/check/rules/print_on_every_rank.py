@@ -7,11 +7,11 @@ class PrintOnEveryRank(Rule):
 
     ## What it does
     Flags `print(...)` in training code (loops, training functions, code after
-    `init_process_group`) outside a rank-0-only branch. Prints that mention the rank are
-    per-rank on purpose and are not flagged, and so are all prints of a program that replaces
-    `print` with one that prints on the master only (`builtins.print = ...`, the
-    `setup_for_distributed(is_master)` helper, in the file or a module it imports; its
-    `print(..., force=True)` prints on every rank on purpose).
+    `init_process_group`) outside a rank-0-only branch. Prints that mention the rank (or the
+    process id, `os.getpid()`) are per-rank on purpose and are not flagged, and so are all
+    prints of a program that replaces `print` with one that prints on the master only
+    (`builtins.print = ...`, the `setup_for_distributed(is_master)` helper, in the file or a
+    module it imports; its `print(..., force=True)` prints on every rank on purpose).
 
     ## Why is this bad?
     Every line appears N times, interleaved: logs become unreadable and slow.
@@ -41,6 +41,7 @@ class PrintOnEveryRank(Rule):
     VALID = [
         "import torch.distributed as dist\nfor epoch in range(3):\n    if rank == 0:\n        print(epoch)\n",
         "import torch.distributed as dist\nfor epoch in range(3):\n    print(f'[GPU{gpu_id}] epoch {epoch}')\n",
+        "import os\nimport torch.distributed as dist\nfor epoch in range(3):\n    print(os.getpid(), 'epoch', epoch)\n",
         "import torch.distributed as dist\nfor epoch in range(3):\n    with open(f'log_{rank}.txt', 'a') as log:\n        print(epoch, file=log)\n",
     ]
     INVALID = [Invalid("import torch.distributed as dist\nfor epoch in range(3):\n    print(epoch)\n")]
