@@ -1,0 +1,102 @@
+import libcst as cst
+
+from ddpify.check.fix import insert_module_attr
+from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
+
+# What DistributedDataParallel answers itself: nn.Module's API and DDP's own. Anything else the
+# script reads from the wrapper belongs to the network inside it (`model.module.<name>`).
+WRAPPER_ATTRIBUTES = frozenset(
+    {"module", "forward", "no_sync", "join", "join_hook", "join_device", "join_process_group", "register_comm_hook",
+     "device_ids", "output_device", "process_group", "broadcast_buffers", "find_unused_parameters", "static_graph",
+     "gradient_as_bucket_view", "reducer", "dim", "device", "device_type", "bucket_bytes_cap", "parameters",
+     "named_parameters", "buffers", "named_buffers", "children", "named_children", "modules", "named_modules",
+     "state_dict", "load_state_dict", "train", "eval", "training", "to", "cuda", "cpu", "xpu", "ipu", "mtia", "half",
+     "float", "double", "bfloat16", "type", "to_empty", "zero_grad", "requires_grad_", "apply", "add_module",
+     "register_module", "register_buffer", "register_parameter", "get_submodule", "get_parameter", "get_buffer",
+     "set_submodule", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+     "register_full_backward_pre_hook", "register_backward_hook", "register_state_dict_pre_hook",
+     "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook", "extra_repr", "share_memory",
+     "compile", "call_super_init", "dump_patches", "T_destination"}
+)  # fmt: skip
+
+
+class AttributeOfDDPWrapper(Rule):
+    """An attribute of the network read through the DDP wrapper.
+
+    ## What it does
+    Flags `ddp_model.<name>` where `ddp_model` holds the `DistributedDataParallel` wrapper and
+    `<name>` is neither part of `nn.Module`'s API nor of DDP's (`model.config`,
+    `model.generate(...)`, `model.backbone`): the wrapper does not forward attribute reads to the
+    network it holds. Private names (`_x`), attributes the script sets on the wrapper itself, and
+    reads under a test of what the name holds (`isinstance(model, DDP)`, `hasattr(model,
+    "module")`) are left alone.
+
+    ## Why is this bad?
+    It raises `AttributeError: 'DistributedDataParallel' object has no attribute ...` at run
+    time, in code that worked on one GPU (often a sampling or logging helper reached late).
+
+    ## Example
+    ```python
+    model = DDP(model, device_ids=[local_rank])
+    blocks = model.config.n_layer
+    ```
+
+    ## Use instead
+    ```python
+    blocks = model.module.config.n_layer
+    ```
+
+    ## Fix safety
+    Safe: the read fails today; `.module` reads what the single-GPU code read.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
+    """
+
+    CODE = "DDP124"
+    NAME = "attribute-of-ddp-wrapper"
+    MESSAGE = "the DDP wrapper has no such attribute (AttributeError): read it from the network, `model.module.<name>`"
+    FIX = FIX_SAFE
+    VALID = [
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\nn = model.module.config\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\nmodel.train()\nps = model.parameters()\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+        "n = model.module.config if isinstance(model, DDP) else model.config\n",
+    ]
+    INVALID = [
+        Invalid(
+            "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\nn = model.config\n",
+            "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\nn = model.module.config\n",
+        ),
+    ]
+
+    def check(self, ctx):
+        if not ctx.ddp_bindings:
+            return
+        reads = [
+            node for node in ctx.index.parents
+            if isinstance(node, cst.Attribute) and isinstance(node.value, (cst.Name, cst.Attribute))
+            and node.attr.value not in WRAPPER_ATTRIBUTES and not node.attr.value.startswith("_")
+            and ctx.is_ddp(node.value)
+        ]  # fmt: skip
+        own = {node.attr.value for node in reads if _assigned(ctx, node)}  # `model.tag = ...`: the wrapper's own
+        for node in reads:
+            if node.attr.value not in own and not _type_tested(ctx, node):
+                held, name = ctx.code(node.value), node.attr.value
+                message = f"the DDP wrapper has no attribute `{name}` (AttributeError): read `{held}.module.{name}`"
+                yield Report(node, message, fixes=[(node, node.with_changes(value=insert_module_attr(node.value)))])
+
+
+def _type_tested(ctx, node: cst.Attribute) -> bool:
+    """`m.module.x if isinstance(m, DDP) else m.x`, `if hasattr(m, "module"): ...`: the code asks
+    what it holds first."""
+    held = ctx.code(node.value)
+    return any(
+        isinstance(p, (cst.If, cst.IfExp)) and any(f"{test}({held}," in ctx.code(p.test) for test in ("isinstance", "hasattr"))
+        for p in ctx.ancestors(node)
+    )
+
+
+def _assigned(ctx, node: cst.Attribute) -> bool:
+    parent = ctx.parent(node)
+    return isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)) and getattr(parent, "target", None) is node
