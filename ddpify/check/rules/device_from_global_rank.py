@@ -70,7 +70,7 @@ class DeviceFromGlobalRank(Rule):
 def _global_rank(ctx, value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.Call) and value.args and (ctx.code(value.func) == "int"):
         value = value.args[0].value
-    if isinstance(value, cst.Call) and ctx.qnames(value.func) & N.RANK_CALLS - {"torch.distributed.get_node_local_rank"}:
+    if isinstance(value, cst.Call) and ctx.qnames(value.func) & N.GLOBAL_RANK_CALLS:
         return True
     if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index):
         return string_value(value.slice[0].slice.value) == "RANK" and "environ" in ctx.code(value.value)
