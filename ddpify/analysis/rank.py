@@ -34,6 +34,7 @@ class RankAnalysis:
         self._guard_index: dict[cst.CSTNode, int] = {}
         self._flags: Optional[list[Binding]] = None
         self._reads_rank: dict[cst.CSTNode, bool] = {}
+        self._rank_names: Optional[set[str]] = None
 
     def is_rank_expr(self, e: cst.BaseExpression) -> bool:
         """``rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])``, ``args.rank % ngpus``..."""
@@ -55,7 +56,21 @@ class RankAnalysis:
         if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Modulo):
             return self.is_rank_expr(e.left)
         n = last_name(e) if isinstance(e, (cst.Name, cst.Attribute)) else None
-        return n is not None and ("rank" in n.lower() or n.lower() in RANK_NAMES)
+        if n is not None and ("rank" in n.lower() or n.lower() in RANK_NAMES):
+            return True
+        return isinstance(e, cst.Name) and self._bound_to_rank(e.value)
+
+    def _bound_to_rank(self, name: str) -> bool:
+        """`me = dist.get_rank()` (or `me, world = dist.get_rank(), ...`): a name the file binds to
+        the rank, whatever it is called."""
+        if self._rank_names is None:
+            self._rank_names = set()
+            for b in self.index.assignments:
+                if "." not in b.dotted and isinstance(b.value, cst.Call) and not isinstance(b._node, (cst.Tuple, cst.List)):
+                    info = self.index.call_info.get(b.value)
+                    if info is not None and info.qnames & N.RANK_CALLS:
+                        self._rank_names.add(b.dotted)
+        return name in self._rank_names
 
     def _is_single_process(self, e: cst.BaseExpression) -> bool:
         """Operands of ``or`` that are false whenever several processes run."""

@@ -224,6 +224,10 @@ class FileContext:
     def rank_flags(self) -> list[Binding]:
         return self._rank.rank_flags
 
+    def reads_rank(self, node: cst.BaseExpression) -> bool:
+        """Does this expression read the process's rank anywhere in it?"""
+        return self._rank.reads_rank(node)
+
     def in_rank0(self, node: cst.CSTNode) -> bool:
         """Does this code run on rank 0 only (a rank-0 branch, guard, or function only called there)?"""
         return self._rank.in_rank0(node)

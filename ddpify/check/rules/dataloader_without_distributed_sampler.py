@@ -14,8 +14,10 @@ class DataLoaderWithoutDistributedSampler(Rule):
     ## What it does
     Flags a training `DataLoader` (shuffled, named like a training loader, or iterated by the
     step loop) with no sampler, or with a `RandomSampler`/`SequentialSampler`, in a
-    distributed script; any loader with a `RandomSampler`. Loaders used on rank 0 only, and
-    in-order (`SequentialSampler`) loaders that do not look like training, are not flagged.
+    distributed script; any loader with a `RandomSampler`. Loaders used on rank 0 only,
+    in-order (`SequentialSampler`) loaders that do not look like training, and loaders over a
+    dataset sharded by hand (`Subset(data, range(rank, n, world))`: each rank reads its own
+    part) are not flagged.
 
     ## Why is this bad?
     Every rank iterates the whole dataset: an epoch does N times the work and the model sees
@@ -84,8 +86,21 @@ class DataLoaderWithoutDistributedSampler(Rule):
                 if local == "RandomSampler" or (local and trains):  # in-order evaluation is fine
                     yield Report(sampler)
                 continue
-            if ctx.in_rank0(call):
+            if ctx.in_rank0(call) or _sharded_by_hand(ctx, call):
                 continue
             shuffle = kwarg(call, "shuffle")
             if (shuffle is not None and is_true(shuffle.value)) or trains:
                 yield Report(call)
+
+
+def _sharded_by_hand(ctx, call: cst.Call) -> bool:
+    """`DataLoader(Subset(data, range(rank, n, world)))` or a dataset bound to such a value: each
+    rank reads its own part already (DDP111 says whether the parts are even)."""
+    args = [a for a in call.args if a.keyword is None]
+    dataset = args[0].value if args else getattr(kwarg(call, "dataset"), "value", None)
+    if dataset is None:
+        return False
+    values = [dataset]
+    name = ctx.code(dataset)
+    values += [b.value for b in ctx.assignments if b.dotted == name and b.func is ctx.enclosing_func(call)]
+    return any(ctx.reads_rank(value) for value in values)
