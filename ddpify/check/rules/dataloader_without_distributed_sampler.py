@@ -17,7 +17,8 @@ class DataLoaderWithoutDistributedSampler(Rule):
     distributed script; any loader with a `RandomSampler`. Loaders used on rank 0 only,
     in-order (`SequentialSampler`) loaders that do not look like training, and loaders over a
     dataset sharded by hand (`Subset(data, range(rank, n, world))`: each rank reads its own
-    part) are not flagged.
+    part) are not flagged; nor is a shuffled loader that evaluates or draws samples (named
+    `val_loader`/`test_...`/`sample_...`, or built in an `evaluate()` or under `no_grad`).
 
     ## Why is this bad?
     Every rank iterates the whole dataset: an epoch does N times the work and the model sees
@@ -89,7 +90,7 @@ class DataLoaderWithoutDistributedSampler(Rule):
             if ctx.in_rank0(call) or _sharded_by_hand(ctx, call):
                 continue
             shuffle = kwarg(call, "shuffle")
-            if (shuffle is not None and is_true(shuffle.value)) or trains:
+            if trains or (shuffle is not None and is_true(shuffle.value) and not _evaluates(ctx, call, name)):
                 yield Report(call)
 
 
@@ -104,3 +105,14 @@ def _sharded_by_hand(ctx, call: cst.Call) -> bool:
     name = ctx.code(dataset)
     values += [b.value for b in ctx.assignments if b.dotted == name and b.func is ctx.enclosing_func(call)]
     return any(ctx.reads_rank(value) for value in values)
+
+
+EVAL_WORDS = ("val", "test", "eval", "sample", "valid")
+
+
+def _evaluates(ctx, call: cst.Call, name: str) -> bool:
+    """A shuffled loader for evaluation or samples (`val_dataloader`, built in an `evaluate()`
+    under `torch.no_grad`/`inference_mode`): shuffled to pick random examples, not to train."""
+    func = ctx.enclosing_func(call)
+    words = [name.lower(), func.name.value.lower() if func is not None else ""]
+    return any(word in text for word in EVAL_WORDS for text in words) or ctx.info(call).in_no_grad
