@@ -169,6 +169,8 @@ def test_evaluation_compares_the_evaluation_parts_of_a_line():
         "Test set: Average loss: 0.2000 | Accuracy: 9/10 (90%)"
     )
     assert evaluated_part("epoch 2 loss 0.5 acc 0.75") == "epoch 2 loss 0.5 acc 0.75"
+    stamped = "2026-11-25 23:26:51,976 INFO epoch 0: loss=0.6980 acc=0.559"  # logging's time: one part
+    assert evaluated_part(stamped) == "<time> INFO epoch 0: loss=0.6980 acc=0.559"
 
 
 def test_a_loss_over_masked_targets_is_noted_as_differing_by_construction(monkeypatch):

@@ -538,7 +538,7 @@ def evaluated_part(line: str) -> str:
     accuracy: 0.92` -> `test accuracy: 0.92`. A training loss on the same line is the last
     step's, on this rank's batch (what DDP scripts log), not an evaluation; a line with no
     separators is compared whole."""
-    parts = SEGMENT.split(line)
+    parts = SEGMENT.split(without_times(line))  # `23:26:51,976` is a time, not two parts
     return " | ".join(part for part in parts if EVALUATION.search(part))
 
 
