@@ -320,7 +320,12 @@ class ClockInPlace:
 
 def clock_names_in_place(script: Script) -> list[ClockInPlace]:
     """Per function of the program that reads the clock as text into a name and makes folders,
-    but hands no name back (`makes_clock_folder` covers those: its callers share the name)."""
+    but hands no name back (`makes_clock_folder` covers those: its callers share the name).
+    Computed once per analysis (setup_process_group and share_rank0_values both ask)."""
+    return script.index.cached("clock_names_in_place", lambda _index: _clock_names_in_place(script))
+
+
+def _clock_names_in_place(script: Script) -> list[ClockInPlace]:
     found = []
     at_callers = {values.last for values in clock_names(script)}  # shared where they are used
     for scope, assigns in script.assigns.items():

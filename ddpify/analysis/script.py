@@ -132,6 +132,8 @@ class Script:
     _calls_under: dict = field(default_factory=dict)  # node -> calls_in(node)
     _scopes: dict = field(default_factory=dict)  # node -> scope_of(node)
     _callees: dict = field(default_factory=dict)  # call -> the qualified names of what it calls
+    _local_functions: dict = field(default_factory=dict)  # call -> local_function's answer
+    _methods_of_objects: dict = field(default_factory=dict)  # call -> method_of_object's answer
     main_block: cst.IndentedBlock | None = None  # `if __name__ == "__main__":` holding the model
     facts: ProjectFacts = field(default_factory=ProjectFacts)  # what the rest of the project tells
 
@@ -266,6 +268,11 @@ class Script:
     def local_function(self, call: cst.Call) -> cst.FunctionDef | None:
         """The script's own function (or `self.method`) a call invokes, if any; in a project, also
         a function of another of its modules (`engine.train_fn(...)`, `from engine import train_fn`)."""
+        if call not in self._local_functions:
+            self._local_functions[call] = self._local_function(call)
+        return self._local_functions[call]
+
+    def _local_function(self, call: cst.Call) -> cst.FunctionDef | None:
         if isinstance(call.func, cst.Name) and call.func.value in self.functions and self.root_of(call) is self.module:
             return self.functions[call.func.value]
         if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and call.func.value.value == "self":
@@ -299,6 +306,11 @@ class Script:
         """`trainer.train(epoch)` where the call's scope binds `trainer = Trainer(...)`, a class of
         the script or its project (or `Trainer(...).train(epoch)`): that class's method (or its
         bases'; of the first class bound when branches bind several)."""
+        if call not in self._methods_of_objects:
+            self._methods_of_objects[call] = self._method_of_object(call)
+        return self._methods_of_objects[call]
+
+    def _method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
         func = call.func
         if not isinstance(func, cst.Attribute) or m.matches(func.value, m.Name("self")):
             return None
