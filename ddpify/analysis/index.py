@@ -474,6 +474,8 @@ class FileIndex:
             base = ".".join(p for p in (*package, dotted_name(node.module) if node.module is not None else "") if p) + (
                 "" if node.module is not None else "."
             )
+        elif node.relative and len(node.relative) == 1:  # the entry (`pkg/__main__.py`): its folder's modules,
+            base = dotted_name(node.module) or "" if node.module is not None else ""  # as the project resolves them
         if node.module is not None and not node.relative:
             self.imported_modules.append(base)
         if isinstance(node.names, cst.ImportStar):
@@ -481,7 +483,7 @@ class FileIndex:
             return
         for alias in node.names:
             name = dotted_name(alias.name) or ""
-            real = f"{base}.{name}" if not base.endswith(".") else f"{base}{name}"
+            real = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
             if node.module is not None and not node.relative:
                 self.imported_modules.append(real)
             local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
