@@ -38,7 +38,7 @@ def run(ctx: Context) -> None:
         if not names or D.guarded_by_rank(script, call) or ctx.rank0_condition(line) != RANK0:
             continue
         following = D.sibling(script, line, 1)
-        if following is not None and all(D.reduction_of(script, following, name) for name in names[:1]):
+        if following is not None and D.reduction_of(script, following, names[0]):
             continue  # averaged already (a converted script)
         world = ctx.rank_and_world(line)[1]
         ctx.edits.insert_after(line, "".join(f"{name} = all_reduce_sum({name}) / {world}\n" for name in names))
