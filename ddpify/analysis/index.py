@@ -217,6 +217,7 @@ class FileIndex:
         them are a package's `__init__`."""
         self.module = module
         self.roots: dict[cst.Module, str] = {module: ""}  # every module walked -> its dotted name
+        self._project = bool(others)  # a file alone keeps libcst's names for relative imports (`.x.Y`)
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.calls: list[CallInfo] = []
         self.call_info: dict[cst.Call, CallInfo] = {}
@@ -474,8 +475,8 @@ class FileIndex:
             base = ".".join(p for p in (*package, dotted_name(node.module) if node.module is not None else "") if p) + (
                 "" if node.module is not None else "."
             )
-        elif node.relative and len(node.relative) == 1:  # the entry (`pkg/__main__.py`): its folder's modules,
-            base = dotted_name(node.module) or "" if node.module is not None else ""  # as the project resolves them
+        elif node.relative and len(node.relative) == 1 and self._project:  # the entry of a project (`pkg/__main__.py`):
+            base = dotted_name(node.module) or "" if node.module is not None else ""  # its folder's modules, as found
         if node.module is not None and not node.relative:
             self.imported_modules.append(base)
         if isinstance(node.names, cst.ImportStar):
