@@ -491,3 +491,25 @@ def test_output_quieted_by_a_helper_of_another_module_is_not_flagged(tmp_path: P
     (tmp_path / "train.py").write_text(entry.replace("    utils.init_distributed()\n", '    dist.init_process_group("gloo")\n'))
     loud = run("check", str(tmp_path / "train.py"))
     assert "DDP302" in loud.output and "DDP303" in loud.output, loud.output
+
+
+def test_each_file_of_a_project_is_parsed_once_per_run(tmp_path: Path, monkeypatch):
+    """A checked file that other checked files import is parsed once, not once per importer and
+    again when it is checked itself (one worker: the run's only process)."""
+    import libcst
+
+    from ddpify.check.config import Config
+    from ddpify.check.rule import select_rules
+    from ddpify.check.runner import check_paths, iter_python_files
+
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "helpers.py").write_text("import torch.distributed as dist\n\n\ndef is_main():\n    return dist.get_rank() == 0\n")
+    for name in ("train", "evaluate", "export"):
+        (tmp_path / f"{name}.py").write_text("import torch.distributed as dist\nfrom helpers import is_main\n\nif is_main():\n    print('ready')\n")
+    parsed: list[str] = []
+    real = libcst.parse_module
+    monkeypatch.setattr(libcst, "parse_module", lambda text, *a, **k: parsed.append(text) or real(text, *a, **k))
+    files = iter_python_files([tmp_path], Config())
+    results = check_paths([(f, frozenset(select_rules(None))) for f in files], jobs=1)
+    assert len(results) == 4 and not any(r.error for r in results)
+    assert len(parsed) == 4, f"{len(parsed)} parses of 4 files"

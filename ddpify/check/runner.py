@@ -244,7 +244,8 @@ def _check_path(args: tuple[str, tuple[str, ...], bool, bool]) -> FileResult:
     except ConvertError as exc:  # the reader convert uses: cookies, BOM, binary files
         return FileResult(path=path, error=f"{path}:{exc.line}: {exc.message}" if exc.line else f"{path}: {exc.message}")
     try:
-        result = check_source(source, path, codes, fix, project=project_modules(Path(path)), unsafe_fixes=unsafe_fixes)
+        project, module = project_modules(Path(path), source)
+        result = check_source(source, path, codes, fix, module=module, project=project, unsafe_fixes=unsafe_fixes)
     except ConvertError as exc:  # read by CPython, but too deep, or beyond libcst's parser
         return FileResult(path=path, error=f"{path}:{exc.line}: {exc.message}")
     except Exception as exc:  # noqa: BLE001 - an internal error: report it, keep checking the others
@@ -260,28 +261,39 @@ def _check_path(args: tuple[str, tuple[str, ...], bool, bool]) -> FileResult:
 _PARSED: dict[tuple[str, float], cst.Module] = {}  # (path, mtime) -> module, per worker process
 
 
-def project_modules(path: Path):
-    """The project modules `path` imports (found as `convert` finds them), parsed once per
-    process; None when it imports none or one of them cannot be read or parsed."""
+def _parsed(text: str, where: str) -> cst.Module:
+    """`where`'s module, parsed once per process (every checked file that imports it shares it)."""
+    key = (where, os.path.getmtime(where))
+    if key not in _PARSED:
+        _PARSED[key] = parse_module(text, where)
+    return _PARSED[key]
+
+
+def project_modules(path: Path, source: Optional[str] = None):
+    """The project modules `path` imports (found as `convert` finds them) and `path`'s own module
+    (parsed from `source`, the text the checker read), each file parsed once per process.
+
+    The project is None when the file imports no project module or one cannot be read or
+    parsed; the module is None when the file itself does not parse (the check reports it)."""
     from ddpify.analysis.project import find_project
     from ddpify.check.context import ProjectModules
 
-    def parse(text: str, where: str) -> cst.Module:
-        key = (where, os.path.getmtime(where))
-        if key not in _PARSED:
-            _PARSED[key] = parse_module(text, where)
-        return _PARSED[key]
+    entry = path.resolve()
+
+    def read(file: Path) -> str:
+        return source if source is not None and file == entry else file.read_text(encoding="utf-8")
 
     try:
-        project = find_project(path, parse=parse)
-    except Exception:  # noqa: BLE001 - an unreadable or broken module: check the file alone
-        return None
+        project = find_project(path, parse=_parsed, read=read)
+    except Exception:  # noqa: BLE001 - the file does not parse: check_source reports it
+        return None, None
+    module = project.parsed.get(entry) if source is not None else None
     if len(project.files) < 2:
-        return None
-    others = {name: parse(file.read_text(encoding="utf-8"), str(file)) for file, name in project.modules.items() if name != "__main__"}
+        return None, module
+    others = {name: project.parsed[file] for file, name in project.modules.items() if name != "__main__"}
     paths = {name: os.path.relpath(file) for file, name in project.modules.items()}
     packages = frozenset(name for file, name in project.modules.items() if file.name == "__init__.py")
-    return ProjectModules(others, paths, packages)
+    return ProjectModules(others, paths, packages), module
 
 
 def check_paths(
@@ -292,11 +304,23 @@ def check_paths(
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(tasks) < 4:
         return [_check_path(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-        futures = [pool.submit(_check_path, t) for t in tasks]
+    # contiguous runs of files (a folder's files together) per worker: a module that several of
+    # them import is parsed once per worker, not once per file
+    workers = min(jobs, len(tasks))
+    size = -(-len(tasks) // (workers * 2))
+    chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_check_chunk, chunk) for chunk in chunks]
         wait(futures)
     # a worker that died (a crash in native code) breaks the pool: what it left is checked alone
-    return [f.result() if f.exception() is None else _check_alone(t) for f, t in zip(futures, tasks)]
+    results: list[FileResult] = []
+    for future, chunk in zip(futures, chunks):
+        results += future.result() if future.exception() is None else [_check_alone(t) for t in chunk]
+    return results
+
+
+def _check_chunk(chunk: list[tuple[str, tuple[str, ...], bool, bool]]) -> list[FileResult]:
+    return [_check_path(task) for task in chunk]
 
 
 def _check_alone(task: tuple[str, tuple[str, ...], bool, bool]) -> FileResult:
