@@ -513,3 +513,39 @@ def test_each_file_of_a_project_is_parsed_once_per_run(tmp_path: Path, monkeypat
     results = check_paths([(f, frozenset(select_rules(None))) for f in files], jobs=1)
     assert len(results) == 4 and not any(r.error for r in results)
     assert len(parsed) == 4, f"{len(parsed)} parses of 4 files"
+
+
+@pytest.mark.parametrize("finished", [True, False], ids=["caller-finishes", "nobody-finishes"])
+def test_a_helper_module_is_checked_with_the_files_that_import_it(tmp_path: Path, finished: bool):
+    """`dist_utils.py` starts the group, sets nothing and builds the shuffling sampler; the
+    training script that imports it destroys the group, sets the GPU and the sampler's epoch:
+    the helper is not told it misses them (DDP105, DDP102, DDP112). When no file of the project
+    does, the helper is told."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "__init__.py").write_text("")
+    (tmp_path / "common" / "dist_utils.py").write_text(textwrap.dedent(
+        """\
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader, DistributedSampler
+
+
+        def start_group():
+            dist.init_process_group("nccl")
+
+
+        def sharded(dataset, batch):
+            return DataLoader(dataset, batch_size=batch, sampler=DistributedSampler(dataset))
+        """
+    ))  # fmt: skip
+    finish = "    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n" if finished else ""
+    epoch = "        loader.sampler.set_epoch(epoch)\n" if finished else ""
+    end = "    dist.destroy_process_group()\n" if finished else ""
+    (tmp_path / "run.py").write_text(
+        "import os\n\nimport torch\nimport torch.distributed as dist\n\nfrom common.dist_utils import sharded, start_group\n\n\n"
+        "def main(dataset):\n    start_group()\n" + finish + "    loader = sharded(dataset, 32)\n    for epoch in range(3):\n"
+        + epoch + "        for batch in loader:\n            pass\n" + end + "\n\nif __name__ == '__main__':\n    main(list(range(64)))\n"
+    )
+    result = runner.invoke(APP, ["check", str(tmp_path), "--output-format", "json", "--select", "DDP102,DDP105,DDP112"])
+    codes = sorted(f["code"] for f in json.loads(result.stdout))
+    assert codes == ([] if finished else ["DDP102", "DDP105", "DDP112"]), result.stdout

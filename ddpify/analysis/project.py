@@ -12,6 +12,7 @@ resolves to no file under the root (torch, numpy, a module in site-packages) is 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,6 +86,56 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None) -
                 todo.append((target, dotted))
         project.imports[path] = found
     return project
+
+
+MAX_IMPORTER_FILES = 500  # a project root bigger than this is not searched for importers
+
+
+def find_importers(target: Path, parse, read=None, root: Path | None = None) -> dict[Path, cst.Module]:
+    """The project's files that import `target` (directly), parsed: the callers of a helper module
+    (`utils/dist.py`, imported by `train.py`), whose code completes what the helper starts (the
+    importer destroys the group the helper made, calls `set_epoch` on the sampler it built).
+
+    Files are read under the project root (hidden folders, virtual environments and caches left
+    out, at most `MAX_IMPORTER_FILES`); only those whose text names the target are parsed."""
+    read = read or (lambda path: path.read_text(encoding="utf-8"))
+    target = target.resolve()
+    root = (root or project_root(target)).resolve()
+    stem = target.parent.name if target.name == "__init__.py" else target.stem
+    found: dict[Path, cst.Module] = {}
+    for path in _python_files(root):
+        if path == target:
+            continue
+        try:
+            text = read(path)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if stem not in text or "import" not in text:
+            continue
+        try:
+            module = parse(text, str(path))
+        except Exception:  # noqa: BLE001 - a file that does not parse imports nothing we can see
+            continue
+        name = _dotted_under(path, root)
+        if any(_resolve(d, [path.parent, root], root) == target for d in _imported_names(module, name, path)):
+            found[path] = module
+    return found
+
+
+def _python_files(root: Path) -> list[Path]:
+    skip = {"venv", "env", "site-packages", "node_modules", "__pycache__", "build", "dist"}
+    files: list[Path] = []
+    for folder, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in skip and not d.endswith(".egg-info"))
+        files += [Path(folder, f).resolve() for f in sorted(filenames) if f.endswith(".py")]
+        if len(files) > MAX_IMPORTER_FILES:
+            return []
+    return files
+
+
+def _dotted_under(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imported_names(module: cst.Module, name: str, path: Path) -> list[str]:

@@ -62,6 +62,7 @@ class ProjectModules:
     modules: dict[str, cst.Module]
     paths: dict[str, str]
     packages: frozenset[str] = frozenset()
+    importers: tuple[cst.Module, ...] = ()  # the project's files that import the checked one
 
 
 class FileContext:
@@ -117,6 +118,21 @@ class FileContext:
 
     def method_calls(self, name: str) -> list[CallInfo]:
         return [c for c in self.calls if c.receiver is not None and c.name == name]
+
+    @cached_property
+    def _importers(self) -> list[FileIndex]:
+        return [index_of(m) for m in self.project.importers] if self.project is not None else []
+
+    def program_calls_to(self, *qnames: str) -> bool:
+        """Does the program call one of these, here, in a module this file imports, or in a file
+        that imports this one (the helper module's caller finishes what the helper starts)?"""
+        return bool(self.calls_to(*qnames)) or any(index.calls_to(*qnames) for index in self._importers)
+
+    def program_method_calls(self, name: str) -> bool:
+        """Is a method of this name called here, in a module this file imports, or by an importer?"""
+        return bool(self.method_calls(name)) or any(
+            c.receiver is not None and c.name == name for index in self._importers for c in index.calls
+        )
 
     def info(self, call: cst.Call) -> CallInfo:
         return self.call_info[call]
@@ -261,6 +277,7 @@ class FileContext:
 
     @cached_property
     def has_set_device(self) -> bool:
-        return bool(self.calls_to(*SET_DEVICE_CALLS)) or any(
+        """Is this process's GPU set, here or elsewhere in the program (an importer included)?"""
+        return self.program_calls_to(*SET_DEVICE_CALLS) or any(
             kwarg(c.node, "device_id") for c in self.calls_to(INIT_PROCESS_GROUP)
         )

@@ -275,25 +275,39 @@ def project_modules(path: Path, source: Optional[str] = None):
 
     The project is None when the file imports no project module or one cannot be read or
     parsed; the module is None when the file itself does not parse (the check reports it)."""
-    from ddpify.analysis.project import find_project
+    from ddpify.analysis.project import find_importers, find_project
     from ddpify.check.context import ProjectModules
 
     entry = path.resolve()
 
     def read(file: Path) -> str:
-        return source if source is not None and file == entry else file.read_text(encoding="utf-8")
+        return source if source is not None and file == entry else _text(file)
 
     try:
         project = find_project(path, parse=_parsed, read=read)
     except Exception:  # noqa: BLE001 - the file does not parse: check_source reports it
         return None, None
     module = project.parsed.get(entry) if source is not None else None
-    if len(project.files) < 2:
+    try:
+        importers = tuple(find_importers(entry, _parsed, read, project.root).values())
+    except OSError:
+        importers = ()
+    if len(project.files) < 2 and not importers:
         return None, module
     others = {name: project.parsed[file] for file, name in project.modules.items() if name != "__main__"}
     paths = {name: os.path.relpath(file) for file, name in project.modules.items()}
     packages = frozenset(name for file, name in project.modules.items() if file.name == "__init__.py")
-    return ProjectModules(others, paths, packages), module
+    return ProjectModules(others, paths, packages, importers), module
+
+
+_TEXTS: dict[tuple[Path, float], str] = {}  # (path, mtime) -> text, per worker process
+
+
+def _text(path: Path) -> str:
+    key = (path, os.path.getmtime(path))
+    if key not in _TEXTS:
+        _TEXTS[key] = path.read_text(encoding="utf-8")
+    return _TEXTS[key]
 
 
 def check_paths(

@@ -6,7 +6,9 @@ class MissingDestroyProcessGroup(Rule):
     """Process group never destroyed.
 
     ## What it does
-    Flags `init_process_group` in a file that never calls `destroy_process_group`.
+    Flags `init_process_group` in a program that never calls `destroy_process_group`: not in
+    the file, nor in the project modules it imports, nor in the files that import it (a helper
+    module's `init_distributed()` is finished by the training script that calls it).
 
     ## Why is this bad?
     Without it NCCL may hang or print warnings at exit, and resources (ports, communicators)
@@ -42,7 +44,7 @@ class MissingDestroyProcessGroup(Rule):
     INVALID = [Invalid("import torch.distributed as dist\ndist.init_process_group('gloo')\n")]
 
     def check(self, ctx):
-        if ctx.calls_to(*N.DESTROY_PROCESS_GROUP) or any(
+        if ctx.program_calls_to(*N.DESTROY_PROCESS_GROUP) or any(
             c.name in ("cleanup", "destroy_process_group", "ddp_cleanup", "cleanup_distributed") and not ctx.local_callees(c)
             for c in ctx.calls
         ):

@@ -6,8 +6,9 @@ class MissingSetEpoch(Rule):
     """Shuffling `DistributedSampler` without `set_epoch`.
 
     ## What it does
-    Flags a `DistributedSampler` that shuffles (the default) in a file that never calls
-    `set_epoch`.
+    Flags a `DistributedSampler` that shuffles (the default) in a program that never calls
+    `set_epoch`: not in the file, the project modules it imports, nor the files that import it
+    (a `datasets.py` builds the sampler, the training script sets its epoch).
 
     ## Why is this bad?
     The sampler seeds its shuffle with the epoch number; without `set_epoch(epoch)` every
@@ -46,7 +47,7 @@ class MissingSetEpoch(Rule):
     INVALID = [Invalid("from torch.utils.data import DistributedSampler\ns = DistributedSampler(ds)\n")]
 
     def check(self, ctx):
-        if ctx.method_calls("set_epoch"):
+        if ctx.program_method_calls("set_epoch"):
             return
         for ci in ctx.calls_to(*DISTRIBUTED_SAMPLER):
             shuffle = kwarg(ci.node, "shuffle")
