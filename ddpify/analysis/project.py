@@ -92,33 +92,53 @@ MAX_IMPORTER_FILES = 500  # a project root bigger than this is not searched for 
 
 
 def find_importers(target: Path, parse, read=None, root: Path | None = None) -> dict[Path, cst.Module]:
-    """The project's files that import `target` (directly), parsed: the callers of a helper module
-    (`utils/dist.py`, imported by `train.py`), whose code completes what the helper starts (the
-    importer destroys the group the helper made, calls `set_epoch` on the sampler it built).
+    """The rest of the programs `target` is part of, parsed: the project's files that import it,
+    directly or through other files (a package's `__init__` that re-exports it), and the files
+    those import. A helper module's callers complete what it starts: the training script
+    destroys the group the helper made; a trainer beside the loader module calls `set_epoch`
+    on the sampler the loader module built.
 
     Files are read under the project root (hidden folders, virtual environments and caches left
-    out, at most `MAX_IMPORTER_FILES`); only those whose text names the target are parsed."""
+    out, at most `MAX_IMPORTER_FILES`); only those whose text names an imported file are parsed."""
     read = read or (lambda path: path.read_text(encoding="utf-8"))
     target = target.resolve()
     root = (root or project_root(target)).resolve()
-    stem = target.parent.name if target.name == "__init__.py" else target.stem
-    found: dict[Path, cst.Module] = {}
+    texts: dict[Path, str] = {}
     for path in _python_files(root):
-        if path == target:
-            continue
         try:
-            text = read(path)
+            texts[path] = read(path)
         except (OSError, UnicodeDecodeError):
             continue
-        if stem not in text or "import" not in text:
-            continue
-        try:
-            module = parse(text, str(path))
-        except Exception:  # noqa: BLE001 - a file that does not parse imports nothing we can see
-            continue
-        name = _dotted_under(path, root)
-        if any(_resolve(d, [path.parent, root], root) == target for d in _imported_names(module, name, path)):
-            found[path] = module
+    found: dict[Path, cst.Module] = {}
+    imported, todo = {target}, [target]
+    while todo:
+        reached = todo.pop()
+        stem = reached.parent.name if reached.name == "__init__.py" else reached.stem
+        for path, text in texts.items():
+            if path in imported or stem not in text or "import" not in text:
+                continue
+            try:
+                module = found.get(path) or parse(text, str(path))
+            except Exception:  # noqa: BLE001 - a file that does not parse imports nothing we can see
+                continue
+            name = _dotted_under(path, root)
+            if any(_resolve(d, [path.parent, root], root) == reached for d in _imported_names(module, name, path)):
+                found[path] = module
+                imported.add(path)
+                todo.append(path)
+    # and what the importers import besides (the trainer beside the loader module, both imported by main.py)
+    todo = list(found)
+    while todo:
+        path = todo.pop()
+        for dotted in _imported_names(found[path], _dotted_under(path, root), path):
+            other = _resolve(dotted, [path.parent, root], root)
+            if other is None or other == target or other in found or other not in texts:
+                continue
+            try:
+                found[other] = parse(texts[other], str(other))
+            except Exception:  # noqa: BLE001 - unreadable: left out
+                continue
+            todo.append(other)
     return found
 
 

@@ -62,7 +62,7 @@ class ProjectModules:
     modules: dict[str, cst.Module]
     paths: dict[str, str]
     packages: frozenset[str] = frozenset()
-    importers: tuple[cst.Module, ...] = ()  # the project's files that import the checked one
+    importers: tuple[cst.Module, ...] = ()  # the rest of the programs that import the checked file
 
 
 class FileContext:
@@ -124,12 +124,13 @@ class FileContext:
         return [index_of(m) for m in self.project.importers] if self.project is not None else []
 
     def program_calls_to(self, *qnames: str) -> bool:
-        """Does the program call one of these, here, in a module this file imports, or in a file
-        that imports this one (the helper module's caller finishes what the helper starts)?"""
+        """Does the program call one of these, here, in a module this file imports, or elsewhere
+        in a program that imports this file (a helper module's caller finishes what it starts)?"""
         return bool(self.calls_to(*qnames)) or any(index.calls_to(*qnames) for index in self._importers)
 
     def program_method_calls(self, name: str) -> bool:
-        """Is a method of this name called here, in a module this file imports, or by an importer?"""
+        """Is a method of this name called here, in a module this file imports, or elsewhere in a
+        program that imports this file?"""
         return bool(self.method_calls(name)) or any(
             c.receiver is not None and c.name == name for index in self._importers for c in index.calls
         )
@@ -155,8 +156,8 @@ class FileContext:
         """The file runs several processes itself (torch.distributed, DDP, mp.spawn)."""
         if self.uses_framework:
             return False
-        imports = any(
-            name.startswith(("torch.distributed", "torch.nn.parallel"))
+        imports = any(  # `import torch.nn.parallel` alone is DataParallel's as much as DDP's
+            name.startswith("torch.distributed")
             or name == "torch.multiprocessing"
             or name.endswith(("DistributedSampler", "DistributedDataParallel"))
             for name in self.index.imported_modules

@@ -8,8 +8,8 @@ class CudaWithoutSetDevice(Rule):
 
     ## What it does
     Flags bare `.cuda()`, `.to("cuda")`, `torch.device("cuda")` and `device="cuda"` in a
-    distributed script whose program (the file, the project modules it imports, the files that
-    import it) never calls `torch.cuda.set_device(local_rank)`.
+    distributed script whose program (the file, the project modules it imports, the programs
+    that import it) never calls `torch.cuda.set_device(local_rank)`.
 
     ## Why is this bad?
     `"cuda"` means the current device, which is GPU 0 in every process until

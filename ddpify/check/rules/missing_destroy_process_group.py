@@ -7,8 +7,8 @@ class MissingDestroyProcessGroup(Rule):
 
     ## What it does
     Flags `init_process_group` in a program that never calls `destroy_process_group`: not in
-    the file, nor in the project modules it imports, nor in the files that import it (a helper
-    module's `init_distributed()` is finished by the training script that calls it).
+    the file, nor in the project modules it imports, nor elsewhere in the programs that import
+    it (a helper module's `init_distributed()` is finished by the training script that calls it).
 
     ## Why is this bad?
     Without it NCCL may hang or print warnings at exit, and resources (ports, communicators)

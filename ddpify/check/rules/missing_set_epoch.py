@@ -7,8 +7,8 @@ class MissingSetEpoch(Rule):
 
     ## What it does
     Flags a `DistributedSampler` that shuffles (the default) in a program that never calls
-    `set_epoch`: not in the file, the project modules it imports, nor the files that import it
-    (a `datasets.py` builds the sampler, the training script sets its epoch).
+    `set_epoch`: not in the file, the project modules it imports, nor elsewhere in the programs
+    that import it (a `datasets.py` builds the sampler, the training script sets its epoch).
 
     ## Why is this bad?
     The sampler seeds its shuffle with the epoch number; without `set_epoch(epoch)` every

@@ -10,7 +10,7 @@ class NcclWithoutSetDevice(Rule):
     ## What it does
     Flags `init_process_group` with the `"nccl"` backend in a program that never calls
     `torch.cuda.set_device(local_rank)` (nor passes `device_id=`): not in the file, the project
-    modules it imports, nor the files that import it.
+    modules it imports, nor elsewhere in the programs that import it.
 
     ## Why is this bad?
     Every process starts on GPU 0. NCCL's first collective then creates a context on GPU 0
