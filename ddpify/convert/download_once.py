@@ -18,6 +18,10 @@ on another rank of the node would rewrite the files while its local rank 0 reads
         with requests.get(url, stream=True) as archive: ...extractall()
     dist.barrier()  # downloaded: every rank reads it
 
+A fetch under a test of its file's existence (`if not os.path.exists(path):` download and
+write, `else:` read) gets the pair of barriers too: every rank runs the `if`, the others after
+local rank 0, and take the branch that reads.
+
 Consecutive fetches share one pair of barriers. The barriers sit outside any step loop; the
 closing one may follow the loader built from the dataset (shard_data lifts the dataset out of
 a `DataLoader(datasets.MNIST(..., download=True))` into a statement of its own, above it).
@@ -26,6 +30,8 @@ The local rank is the setup's `local_rank` where the fetch can see it, else torc
 """
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -39,6 +45,7 @@ TODO = "every rank downloads here, before the process group exists: download onc
 BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
 AFTER = "if {rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
+CACHE_TEST = re.compile(r"\b(exists|isfile|isdir|is_file|is_dir)\(")
 
 
 def run(ctx: Context) -> None:
@@ -147,5 +154,9 @@ def _fetches_in(script, stmt: cst.CSTNode) -> bool:
 
 
 def _by_keyword(script, stmt: cst.CSTNode) -> bool:
-    """A `download=True` fetch, which every rank may run (the others find the files)."""
+    """A fetch that every rank may run once its local rank 0 has (the others find the files):
+    a `download=True` dataset, or a fetch under a test of the file's existence, whose other
+    branch reads the file (`if not os.path.exists(path): download; write` / `else: read`)."""
+    if isinstance(stmt, cst.If) and CACHE_TEST.search(script.module.code_for_node(stmt.test)):
+        return True
     return any(N.keyword(c, "download") is not None for c in script.calls_in(stmt) if _fetches(script, c))
