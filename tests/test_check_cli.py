@@ -549,3 +549,34 @@ def test_a_helper_module_is_checked_with_the_files_that_import_it(tmp_path: Path
     result = runner.invoke(APP, ["check", str(tmp_path), "--output-format", "json", "--select", "DDP102,DDP105,DDP112"])
     codes = sorted(f["code"] for f in json.loads(result.stdout))
     assert codes == ([] if finished else ["DDP102", "DDP105", "DDP112"]), result.stdout
+
+
+def test_a_script_that_only_imports_a_distributed_module_is_not_distributed(tmp_path: Path):
+    """`evaluate.py` shares the training's settings module, which uses torch.distributed when a
+    group exists; it starts no group itself and is run with plain `python`: no rule about ranks
+    applies to it. `train.py` starts the group through a helper of that module: it is distributed."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "settings.py").write_text(textwrap.dedent(
+        """\
+        import os
+
+        import torch.distributed as dist
+
+
+        def run_name(default):
+            names = [os.environ.get("RUN", default)]
+            if dist.is_initialized():
+                dist.broadcast_object_list(names)
+            return names[0]
+
+
+        def start():
+            dist.init_process_group("gloo")
+        """
+    ))  # fmt: skip
+    body = "import torch\n\nimport settings\n\n{start}name = settings.run_name('base')\nweights = torch.load(name + '.pt')\nprint('loaded', name)\n"
+    (tmp_path / "evaluate.py").write_text(body.format(start=""))
+    (tmp_path / "train.py").write_text(body.format(start="settings.start()\n"))
+    result = runner.invoke(APP, ["check", str(tmp_path), "--output-format", "json", "--select", "DDP109"])
+    found = sorted((Path(f["path"]).name, f["code"]) for f in json.loads(result.stdout))
+    assert found == [("train.py", "DDP109")], result.stdout

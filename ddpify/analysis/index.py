@@ -229,6 +229,7 @@ class FileIndex:
         self.assignments: list[Binding] = []
         self.subscripts: list[cst.Subscript] = []
         self.imported_modules: list[str] = []  # every module and name imported, dotted
+        self.own_imports: list[str] = []  # those the module itself imports (not the project modules walked with it)
         self.reads_rank_env = False  # a "LOCAL_RANK"/"WORLD_SIZE" string
         # scope -> name -> bindings ((_IMPORT, real name) or (_LOCAL, None))
         self._bindings: dict[cst.CSTNode, dict[str, list[tuple[int, Optional[str]]]]] = {module: {}}
@@ -458,6 +459,8 @@ class FileIndex:
         for alias in node.names:
             full = dotted_name(alias.name) or ""
             self.imported_modules.append(full)
+            if self._root is self.module:
+                self.own_imports.append(full)
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 self._bind(alias.asname.name.value, _IMPORT, full)
             else:
@@ -479,6 +482,8 @@ class FileIndex:
             base = dotted_name(node.module) or "" if node.module is not None else ""  # its folder's modules, as found
         if node.module is not None and not node.relative:
             self.imported_modules.append(base)
+            if self._root is self.module:
+                self.own_imports.append(base)
         if isinstance(node.names, cst.ImportStar):
             self._stars.setdefault(self._root, []).append(base)  # `from .trainer import *` re-exports
             return
@@ -487,6 +492,8 @@ class FileIndex:
             real = f"{base}.{name}" if base and not base.endswith(".") else f"{base}{name}"
             if node.module is not None and not node.relative:
                 self.imported_modules.append(real)
+                if self._root is self.module:
+                    self.own_imports.append(real)
             local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
             self._bind(local, _IMPORT, real)
 

@@ -43,6 +43,7 @@ from ddpify.analysis.names import (  # re-exported for the rules
     FRAMEWORKS,
     INIT_PROCESS_GROUP,
     SET_DEVICE_CALLS,
+    SPAWN,
 )
 from ddpify.analysis.rank import rank_analysis
 from ddpify.analysis.training import StepAnalysis, step_analysis
@@ -153,20 +154,36 @@ class FileContext:
 
     @cached_property
     def is_distributed(self) -> bool:
-        """The file runs several processes itself (torch.distributed, DDP, mp.spawn)."""
+        """The file runs several processes: it imports or calls torch.distributed, DDP or
+        torch.multiprocessing itself, or it calls a function of a project module that starts the
+        group, wraps a model in DDP or spawns the processes. A script that only imports a module
+        that uses them (an evaluation script sharing the training's settings module) is not."""
         if self.uses_framework:
             return False
         imports = any(  # `import torch.nn.parallel` alone is DataParallel's as much as DDP's
             name.startswith("torch.distributed")
             or name == "torch.multiprocessing"
             or name.endswith(("DistributedSampler", "DistributedDataParallel"))
-            for name in self.index.imported_modules
+            for name in self.index.own_imports
         )
+        starts = INIT_PROCESS_GROUP | DDP_CLASSES | SPAWN
         return imports or any(
-            any(q.startswith(("torch.distributed", "torch.multiprocessing.spawn")) for q in c.qnames)
-            or c.qnames & DDP_CLASSES
+            any(q.startswith(("torch.distributed", "torch.multiprocessing.spawn")) for q in c.qnames) or c.qnames & DDP_CLASSES
+            if self.index.root_of(c.node) is self.module
+            else c.qnames & starts and self._reached(c)  # a project module's code that starts the group, run from here
             for c in self.calls
         )
+
+    def _reached(self, ci: CallInfo, seen: Optional[set] = None) -> bool:
+        """Does the checked file's code run this call (it is here, at a project module's top
+        level, or in a function called from code that runs)?"""
+        if self.index.root_of(ci.node) is self.module or ci.func is None:
+            return True
+        seen = set() if seen is None else seen
+        if ci.func in seen:
+            return False
+        seen.add(ci.func)
+        return any(self._reached(site, seen) for site in self.call_sites(ci.func))
 
     @cached_property
     def prints_replaced(self) -> bool:
