@@ -577,6 +577,6 @@ def test_a_script_that_only_imports_a_distributed_module_is_not_distributed(tmp_
     body = "import torch\n\nimport settings\n\n{start}name = settings.run_name('base')\nweights = torch.load(name + '.pt')\nprint('loaded', name)\n"
     (tmp_path / "evaluate.py").write_text(body.format(start=""))
     (tmp_path / "train.py").write_text(body.format(start="settings.start()\n"))
-    result = runner.invoke(APP, ["check", str(tmp_path), "--output-format", "json", "--select", "DDP109"])
+    result = runner.invoke(APP, ["check", str(tmp_path), "--output-format", "json", "--select", "DDP109,DDP302"])
     found = sorted((Path(f["path"]).name, f["code"]) for f in json.loads(result.stdout))
-    assert found == [("train.py", "DDP109")], result.stdout
+    assert found == [("train.py", "DDP109"), ("train.py", "DDP302")], result.stdout

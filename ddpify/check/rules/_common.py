@@ -46,8 +46,10 @@ def trains(ctx: FileContext, ci) -> bool:
 
 
 def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
-    """Code that surely runs in every training process: inside a loop, a training function,
-    or after ``init_process_group`` in the same function (launcher code before spawn is not)."""
+    """Code that surely runs in every training process: inside a loop, a training function, or
+    after the group is started in the same function or at the module's top level (by
+    ``init_process_group`` or a call that reaches it: ``utils.init_distributed()``); launcher
+    code before spawn is not."""
     func = None
     for p in ctx.ancestors(node):
         if isinstance(p, (cst.For, cst.While)):
@@ -55,19 +57,38 @@ def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
         if isinstance(p, cst.FunctionDef):
             func = p
             break
-    if func is None:
-        return False
-    if ctx.step_function(func) or func in funcs_with_step_loops(ctx):
+    if func is not None and (ctx.step_function(func) or func in funcs_with_step_loops(ctx)):
         return True
-    line = ctx.line(node)
+    line, root = ctx.line(node), ctx.index.root_of(node)
+    owner = ctx.enclosing_func(node)
     if any(
-        c.func is func and ctx.line(c.node) < line
-        for c in ctx.calls_to(*N.INIT_PROCESS_GROUP)
+        c.func is owner and ctx.index.root_of(c.node) is root and ctx.line(c.node) < line and starts_group(ctx, c)
+        for c in ctx.calls
     ):
         return True
-    if _depth < 3:
-        return any(in_worker(ctx, s.node, _depth + 1) for s in ctx.call_sites(func))
+    if func is not None and _depth < 3:
+        return any(in_worker(ctx, s.node, _depth + 1) for s in ctx.call_sites(owner))
     return False
+
+
+def starts_group(ctx: FileContext, ci) -> bool:
+    """Is this call `init_process_group`, or a call of a function (of this file or a project
+    module) that reaches it?"""
+    return bool(ci.qnames & N.INIT_PROCESS_GROUP) or any(f in _group_starters(ctx) for f in ctx.local_callees(ci))
+
+
+def _group_starters(ctx: FileContext) -> set:
+    """The functions that start the process group, directly or through the functions they call."""
+    found = ctx.__dict__.get("_group_starters")
+    if found is None:
+        found = {c.func for c in ctx.calls_to(*N.INIT_PROCESS_GROUP) if c.func is not None}
+        for _ in range(4):  # callers of callers, a few levels up
+            more = {c.func for c in ctx.calls if c.func is not None and c.func not in found and any(f in found for f in ctx.local_callees(c))}
+            if not more:
+                break
+            found |= more
+        ctx.__dict__["_group_starters"] = found
+    return found
 
 
 def in_conditional_inside_loop(ctx: FileContext, node: cst.CSTNode) -> bool:
