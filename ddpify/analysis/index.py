@@ -645,9 +645,15 @@ class FileIndex:
                 return False
         return False
 
-    def _resolve(self, dotted: str, scope: cst.CSTNode) -> frozenset[str]:
-        base, _, rest = dotted.partition(".")
-        rest = "." + rest if rest else ""
+    def is_import(self, node: cst.Name) -> bool:
+        """Is this name bound by an import where it is read (`Image` of `from PIL import Image`,
+        `tarfile`), not by an assignment, a parameter or a definition?"""
+        found, _ = self._bindings_for(node.value, self.scope_of(node))
+        return bool(found) and all(kind == _IMPORT for kind, _ in found)
+
+    def _bindings_for(self, base: str, scope: cst.CSTNode) -> tuple[list, cst.CSTNode]:
+        """The bindings of `base` seen from `scope` (Python's scoping: globals, nonlocals, class
+        bodies invisible to their methods), and the scope that holds them; ([], the module) if none."""
         start = scope
         while True:
             if base in self._globals.get(scope, ()):
@@ -656,18 +662,25 @@ class FileIndex:
                 scope = self._enclosing(scope)
             found = self._bindings.get(scope, {}).get(base)
             if found:
-                out = set()
-                for kind, real in found:
-                    if kind == _IMPORT:
-                        out.add(real + rest)
-                    else:
-                        out.add(self._local(dotted, scope))
-                return frozenset(out)
+                return found, scope
             if scope.__class__ is cst.Module:
-                break
+                return [], scope
             scope = self._scope_parent[scope]
             while isinstance(scope, cst.ClassDef) and scope is not start:  # methods do not see class names
                 scope = self._scope_parent[scope]
+
+    def _resolve(self, dotted: str, scope: cst.CSTNode) -> frozenset[str]:
+        base, _, rest = dotted.partition(".")
+        rest = "." + rest if rest else ""
+        found, scope = self._bindings_for(base, scope)
+        if found:
+            out = set()
+            for kind, real in found:
+                if kind == _IMPORT:
+                    out.add(real + rest)
+                else:
+                    out.add(self._local(dotted, scope))
+            return frozenset(out)
         starred = self._from_stars(base, dotted, scope) if scope in self._stars else frozenset()
         if starred:
             return starred

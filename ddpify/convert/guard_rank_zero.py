@@ -339,18 +339,7 @@ def _opened_path(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
 
 def _a_module(ctx: Context, node: cst.BaseExpression) -> bool:
     """Does `node` name what its module imports (`Image` of `from PIL import Image`, `tarfile`)?"""
-    if not isinstance(node, cst.Name):
-        return False
-    for found in ctx.script.nodes_in(ctx.script.root_of(node), (cst.Import, cst.ImportFrom)):
-        if isinstance(found.names, cst.ImportStar):
-            continue
-        for alias in found.names:
-            bound = alias.asname.name if alias.asname else alias.name
-            while isinstance(bound, cst.Attribute):  # `import os.path` binds `os`
-                bound = bound.value
-            if isinstance(bound, cst.Name) and bound.value == node.value:
-                return True
-    return False
+    return isinstance(node, cst.Name) and ctx.script.index.is_import(node)
 
 
 def _runs_model(ctx: Context, stmt: cst.CSTNode) -> bool:
