@@ -91,6 +91,9 @@ class UnreducedEvalMetric(Rule):
         for loop in ctx.loops:
             if not isinstance(loop, cst.For) or not ctx.index.is_bound(_iterated(loop.iter), sharded):
                 continue
+            sites = _sharded_sites(ctx, loop, sharded)
+            if sites is not None and not sites:
+                continue
             calls = ctx.index.calls_under(loop)
             if loop in ctx.step_loops or any(ctx.is_backward(ci) for ci in calls):
                 continue  # training, not evaluation
@@ -100,7 +103,7 @@ class UnreducedEvalMetric(Rule):
             }  # fmt: skip
             if not metrics:
                 continue
-            for out in _reported(ctx, loop, metrics):
+            for out in _reported(ctx, loop, metrics, sites):
                 if out.node not in done and not mentions_rank(ctx, out.node):
                     done.add(out.node)
                     yield Report(out.node)
@@ -160,7 +163,25 @@ def _is_report(ctx, ci) -> bool:
     )
 
 
-def _reported(ctx, loop: cst.For, metrics: set[str], depth: int = 0) -> Iterator:
+def _sharded_sites(ctx, loop: cst.For, sharded) -> "list | None":
+    """When the loop iterates a parameter of its function (`def evaluate(loader):`), the calls
+    that pass it a sharded loader (a helper may evaluate sharded and unsharded loaders alike);
+    None when the loader is the function's own."""
+    func = ctx.loop_func.get(loop)
+    name = dotted_name(_iterated(loop.iter))
+    if func is None or name is None or name not in ctx.index.param_names(func):
+        return None
+    if any(b.dotted == name and b.func is func and b._node is not func for b in sharded if b._node is not None):
+        return None  # rebound to a sharded loader in the function itself
+    found = []
+    for site in ctx.call_sites(func):
+        for i, arg in enumerate(site.node.args):
+            if not arg.star and ctx.index.param_for(func, i, arg) == name and ctx.index.is_bound(arg.value, sharded):
+                found.append(site)
+    return found
+
+
+def _reported(ctx, loop: cst.For, metrics: set[str], sites=None, depth: int = 0) -> Iterator:
     """The output calls after `loop` in its function that show a metric no reduction reached;
     where the function returns one, the output of its callers."""
     func = ctx.loop_func.get(loop)
@@ -193,7 +214,7 @@ def _reported(ctx, loop: cst.For, metrics: set[str], depth: int = 0) -> Iterator
     ]  # fmt: skip
     if not returned:
         return
-    for site in ctx.call_sites(func):
+    for site in ctx.call_sites(func) if sites is None else sites:
         yield from _printed_result(ctx, site, depth)
 
 
