@@ -5,6 +5,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.analysis.names import is_cuda_string
 from ddpify.check.context import DDP_CLASSES, dotted_name, kwarg, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
@@ -42,7 +43,10 @@ def _move(ctx, call: cst.Call) -> Optional[Move]:
         return None  # `to(memory_format=...)`, `to(**kw)`: not a move we can judge
     if string_value(target) == "cpu":
         return "cpu", text
-    if is_cuda_string(target) or (isinstance(target, cst.Call) and ctx.code(target).startswith("torch.device(\"cuda")):
+    if is_cuda_string(target) or (
+        isinstance(target, cst.Call) and ctx.qnames(target.func) & N.TORCH_DEVICE and target.args
+        and (string_value(target.args[0].value) or "").startswith("cuda")
+    ):
         return "cuda", text
     return "device", text
 

@@ -24,7 +24,7 @@ PARAMETER_FREE = frozenset(
 )  # fmt: skip
 # Tests of a tensor's layout, not its values: the same every step of a run.
 LAYOUT = frozenset({"size", "dim", "ndim", "shape", "dtype", "device", "is_cuda", "is_floating_point", "numel", "ndimension"})
-RANDOM_TESTS = N.RANDOM_VALUES | {"torch.rand", "torch.rand_like", "torch.bernoulli", "torch.randn", "numpy.random.rand"}
+RANDOM_TESTS = N.RANDOM_VALUES | N.RANDOM_TENSORS
 
 Uses = tuple[frozenset, frozenset, bool]  # (used on every path, used on some path, the path ends)
 _NONE: Uses = (frozenset(), frozenset(), False)
@@ -290,7 +290,7 @@ class _Walker:
                 f = node.func
                 if isinstance(f, cst.Attribute) and f.attr.value not in LAYOUT and self.local(f.value):
                     return True  # `x.sum()`, `mask.any()`
-                if info.qname_startswith("torch.") and any(self.local(a.value) for a in node.args):
+                if info.qname_startswith(N.TORCH_PREFIX) and any(self.local(a.value) for a in node.args):
                     return True  # `torch.any(mask)`
         return False
 
