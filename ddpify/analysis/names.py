@@ -127,6 +127,9 @@ RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at ran
      "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
      "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}
 )  # fmt: skip
+# Draws a module's forward may branch on (`if torch.rand(1) < p:`): RANDOM_VALUES and these.
+RANDOM_TENSORS = frozenset({"torch.rand_like", "torch.bernoulli"})
+TORCH_PREFIX = "torch."  # anything of torch's
 # Draws of one value (a learning rate, an epoch count): RANDOM_DRAWS and the scalar draws.
 RANDOM_VALUES = RANDOM_DRAWS | {
     f"random.{n}" for n in ("random", "uniform", "gauss", "normalvariate", "lognormvariate", "expovariate",

@@ -109,3 +109,43 @@ def assigned_name(ctx: FileContext, node: cst.CSTNode) -> str | None:
     if isinstance(parent, cst.AnnAssign):
         return dotted_name(parent.target)
     return None
+
+
+# order of statements in one function -----------------------------------------------------------
+def before(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Does `a` start before `b` in the source (no line numbers needed)?"""
+    start = ctx.index.source_order()[0]
+    return start[a] < start[b]
+
+
+def exclusive(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Are `a` and `b` in different branches of one `if` (or conditional expression): no run
+    goes through both?"""
+    branch_of_a: dict[cst.CSTNode, cst.CSTNode] = {}
+    child = a
+    for p in ctx.ancestors(a):
+        if isinstance(p, (cst.If, cst.IfExp)):
+            branch_of_a[p] = child
+        child = p
+    child = b
+    for p in ctx.ancestors(b):
+        if p in branch_of_a:
+            mine, theirs = branch_of_a[p], child
+            return mine is not theirs and {mine, theirs} <= {p.body, p.orelse}
+        child = p
+    return False
+
+
+def may_precede(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Can `a` run before `b` in one pass through their function (same function, earlier in the
+    source, not in the other branch of an `if`)? Loops running again are not considered."""
+    return ctx.enclosing_func(a) is ctx.enclosing_func(b) and before(ctx, a, b) and not exclusive(ctx, a, b)
+
+
+def dominates(ctx: FileContext, stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Does `stmt` run on every path to `node` in their function: earlier, in a block that
+    holds `node` too (not in a branch of its own)?"""
+    if not may_precede(ctx, stmt, node):
+        return False
+    block = next((p for p in ctx.ancestors(stmt) if isinstance(p, (cst.IndentedBlock, cst.Module))), None)
+    return block is not None and any(p is block for p in ctx.ancestors(node))
