@@ -544,6 +544,23 @@ class FileIndex:
             yield p
             p = self.parents.get(p)
 
+    def exclusive(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """Are `a` and `b` in different branches of one `if` (or conditional expression): no run
+        goes through both (write a file, else read it)?"""
+        branch_of_a: dict[cst.CSTNode, cst.CSTNode] = {}
+        child = a
+        for p in self.ancestors(a):
+            if isinstance(p, (cst.If, cst.IfExp)):
+                branch_of_a[p] = child
+            child = p
+        child = b
+        for p in self.ancestors(b):
+            if p in branch_of_a:
+                mine, theirs = branch_of_a[p], child
+                return mine is not theirs and {mine, theirs} <= {p.body, p.orelse}
+            child = p
+        return False
+
     @property
     def positions(self):
         """Every node's ``CodeRange`` (libcst's PositionProvider's): computed on first use, once."""

@@ -54,7 +54,7 @@ def run(ctx: Context) -> None:
     waited = set()  # statements that read after a barrier
     for path, call in reads:
         first_write = written.get(path)
-        if first_write is None or not script.before(first_write, call) or _exclusive(script, first_write, call):
+        if first_write is None or not script.before(first_write, call) or script.index.exclusive(first_write, call):
             continue
         stmt = _statement(script, call)
         if stmt is None or stmt in waited:
@@ -113,15 +113,6 @@ def _file_handles(script) -> set[str]:
 def _is_handle(node: cst.CSTNode, handles: set[str]) -> bool:
     """`f` of `with open(path) as f`: the `open` call names the file, not this."""
     return isinstance(node, cst.Name) and node.value in handles
-
-
-def _exclusive(script, write: cst.CSTNode, read: cst.CSTNode) -> bool:
-    """Are the write and the read in the two branches of one `if` (write the file, else read it)?"""
-    for node in script.ancestors(write):
-        if isinstance(node, cst.If) and node.orelse is not None:
-            if script.inside(write, node.body) and script.inside(read, node.orelse):
-                return True
-    return False
 
 
 def _code(ctx: Context, node: cst.CSTNode) -> str:

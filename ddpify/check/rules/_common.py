@@ -119,21 +119,8 @@ def before(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
 
 
 def exclusive(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    """Are `a` and `b` in different branches of one `if` (or conditional expression): no run
-    goes through both?"""
-    branch_of_a: dict[cst.CSTNode, cst.CSTNode] = {}
-    child = a
-    for p in ctx.ancestors(a):
-        if isinstance(p, (cst.If, cst.IfExp)):
-            branch_of_a[p] = child
-        child = p
-    child = b
-    for p in ctx.ancestors(b):
-        if p in branch_of_a:
-            mine, theirs = branch_of_a[p], child
-            return mine is not theirs and {mine, theirs} <= {p.body, p.orelse}
-        child = p
-    return False
+    """Are `a` and `b` in different branches of one `if`: no run goes through both?"""
+    return ctx.index.exclusive(a, b)
 
 
 def may_precede(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
