@@ -580,3 +580,53 @@ def test_a_script_that_only_imports_a_distributed_module_is_not_distributed(tmp_
     result = runner.invoke(APP, ["check", str(tmp_path), "--output-format", "json", "--select", "DDP109,DDP302"])
     found = sorted((Path(f["path"]).name, f["code"]) for f in json.loads(result.stdout))
     assert found == [("train.py", "DDP109"), ("train.py", "DDP302")], result.stdout
+
+
+def test_print_replaced_by_a_helper_that_the_importer_calls(tmp_path: Path):
+    """`engine.py` prints every few steps and imports `misc.py`, whose `start_distributed()`
+    replaces `print` with a master-only one; `main.py` calls it, then the engine. The engine's
+    prints are the master's: DDP302 stays silent there. Without the call, it fires."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "misc.py").write_text(textwrap.dedent(
+        """\
+        import builtins
+
+        import torch.distributed as dist
+
+
+        def start_distributed():
+            dist.init_process_group("gloo")
+            first = dist.get_rank() == 0
+            real_print = builtins.print
+
+            def master_print(*args, **kwargs):
+                if first:
+                    real_print(*args, **kwargs)
+
+            builtins.print = master_print
+        """
+    ))  # fmt: skip
+    (tmp_path / "engine.py").write_text(textwrap.dedent(
+        """\
+        import torch.distributed as dist
+
+        import misc
+
+
+        def train_epoch(model, loader, opt):
+            for step, (x, y) in enumerate(loader):
+                loss = (model(x) - y).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if step % 10 == 0:
+                    print("step", step, loss.item(), dist.get_world_size())
+        """
+    ))  # fmt: skip
+    for calls in (True, False):
+        start = "misc.start_distributed()\n" if calls else "dist.init_process_group('gloo')\n"
+        (tmp_path / "main.py").write_text(
+            "import torch.distributed as dist\n\nimport engine\nimport misc\n\n" + start + "engine.train_epoch(None, [], None)\n"
+        )
+        result = runner.invoke(APP, ["check", str(tmp_path / "engine.py"), "--output-format", "json", "--select", "DDP302"])
+        assert [f["code"] for f in json.loads(result.stdout)] == ([] if calls else ["DDP302"]), (calls, result.stdout)

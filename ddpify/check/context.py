@@ -136,6 +136,18 @@ class FileContext:
             c.receiver is not None and c.name == name for index in self._importers for c in index.calls
         )
 
+    def runs(self, func: Func) -> bool:
+        """Is this function called: here, in a project module walked with this file, or by a
+        program that imports this file (`main.py` calls `utils.init_distributed_mode()`, whose
+        helper replaces `print` for `engine.py` too)?"""
+        if self.call_sites(func):
+            return True
+        names = self.index.qnames(func.name)
+        return any(
+            q in names or any(q.endswith("." + n) for n in names)
+            for index in self._importers for ci in index.calls for q in ci.qnames
+        )  # fmt: skip
+
     def info(self, call: cst.Call) -> CallInfo:
         return self.call_info[call]
 
@@ -189,11 +201,11 @@ class FileContext:
     def prints_replaced(self) -> bool:
         """The program replaces `print` (`builtins.print = print_on_master`: the
         `setup_for_distributed(is_master)` helper research code calls from its
-        `init_distributed_mode`), in this file or a module it imports: its prints are the
-        master's, by design."""
+        `init_distributed_mode`), in this file or a module it imports, in a function that runs
+        (called here or by a program that imports this file): its prints are the master's."""
         return any(
             b.dotted.endswith(".print") and b._node is not None and "builtins.print" in self.index.qnames(b._node)
-            and (b.func is None or bool(self.call_sites(b.func)))  # at import, or in a function the program calls
+            and (b.func is None or self.runs(b.func))  # at import, or in a function the program calls
             for b in self.index.assignments
         )  # fmt: skip
 
@@ -206,7 +218,7 @@ class FileContext:
         for ci in self.calls:
             if not (ci.name == "setLevel" or ci.is_("logging.basicConfig", "logging.disable")):
                 continue
-            if ci.func is not None and not self.call_sites(ci.func):
+            if ci.func is not None and not self.runs(ci.func):
                 continue  # in a function nothing calls
             if not self.in_rank0(ci.node) and self._rank.under_rank_test(ci.node):
                 return True  # `if rank != 0: logger.setLevel(logging.ERROR)`
