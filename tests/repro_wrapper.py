@@ -54,6 +54,21 @@ def _audit(event, args):
             sys.__stderr__.flush()
 
 
+def _announce_torch_save():
+    """torch.save writes through its C++ zip writer, which the audit hook does not see."""
+    import torch
+
+    save = torch.save
+
+    def announcing_save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, bytes, os.PathLike)):
+            sys.__stderr__.write(f"WRITE {RANK} {os.path.abspath(os.fsdecode(f))}\n")
+            sys.__stderr__.flush()
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = announcing_save
+
+
 def main():
     script = os.path.abspath(sys.argv[1])
     sys.argv = sys.argv[1:]
@@ -61,6 +76,7 @@ def main():
     sys.stdout = Prefixed(sys.__stdout__)
     sys.stderr = Prefixed(sys.__stderr__)
     sys.addaudithook(_audit)
+    _announce_torch_save()
     try:
         runpy.run_path(script, run_name="__main__")
     finally:

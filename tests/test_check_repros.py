@@ -151,14 +151,16 @@ def launch(m: Meta) -> Run:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WRAPPER), str(m.path)]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=limit)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: the session this launch started
-        out, _ = proc.communicate()
-        timed_out = True
+    log = cwd / "output.txt"
+    with open(log, "w") as sink:  # a file, not a pipe: a worker left behind cannot block the read
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=limit)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(proc)
+    out = log.read_text(errors="replace")
     run = Run(m, None if timed_out else proc.returncode, timed_out, time.monotonic() - start, out)
     for line in out.splitlines():
         if mo := re.match(r"\[R(\d+)\] (.*)", line):
@@ -167,6 +169,33 @@ def launch(m: Meta) -> Run:
             if not mo[2].startswith("/dev/"):
                 run.writes.setdefault(int(mo[1]), set()).add(mo[2])
     return run
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (torchrun starts its workers in sessions of their own)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process it started (by pid), then reap the launcher."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def tagged(run: Run, tag: str) -> list[tuple[int, list[str]]]:
