@@ -33,6 +33,7 @@ class RankAnalysis:
         self._rank0_func: dict[Func, bool] = {}
         self._guard_index: dict[cst.CSTNode, int] = {}
         self._flags: Optional[list[Binding]] = None
+        self._resolving: set[str] = set()  # flag names being resolved (a flag bound from itself)
         self._reads_rank: dict[cst.CSTNode, bool] = {}
         self._rank_names: Optional[set[str]] = None
 
@@ -133,9 +134,15 @@ class RankAnalysis:
             if MAIN_PROCESS_RE.match(n):
                 return 1
             name = dotted_name(e)
-            for b in self.rank_flags:
-                if b.dotted == name:
-                    return self.rank_test(b.value)
+            if name in self._resolving:  # `flag = flag and x`: a flag bound from itself
+                return 0
+            self._resolving.add(name)
+            try:
+                for b in self.rank_flags:
+                    if b.dotted == name:
+                        return self.rank_test(b.value)
+            finally:
+                self._resolving.discard(name)
         return 0
 
     @property
