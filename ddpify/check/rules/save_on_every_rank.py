@@ -3,7 +3,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import kwarg, positional
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import every_rank
+from ddpify.check.rules._common import every_rank, library_code
 
 
 class SaveOnEveryRank(Rule):
@@ -13,6 +13,9 @@ class SaveOnEveryRank(Rule):
     Flags `torch.save(...)` outside a rank-0-only branch in a distributed script (unless the
     path mentions the rank, i.e. per-rank files on purpose, also through a name bound to such a
     path; or the target is an in-memory buffer such as `io.BytesIO()`, which writes no file).
+
+    Code of a helper module that only other files call (no `__main__`, the function called
+    nowhere in the file, no training of its own) is left to its caller's rank guard.
 
     ## Why is this bad?
     N processes write the same file at once: wasted I/O, and a corrupt or truncated
@@ -53,7 +56,7 @@ class SaveOnEveryRank(Rule):
             target = target.value if target is not None else None
             if target is not None and (_is_buffer(ctx, target) or ctx.code(target) in buffers):
                 continue  # serialised into memory (a copy, a broadcast): no file is written
-            if every_rank(ctx, ci.node):
+            if every_rank(ctx, ci.node) and not library_code(ctx, ci.node):
                 yield Report(ci.node)
 
 
