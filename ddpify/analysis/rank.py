@@ -33,6 +33,7 @@ class RankAnalysis:
         self._rank0_func: dict[Func, bool] = {}
         self._guard_index: dict[cst.CSTNode, int] = {}
         self._flags: Optional[list[Binding]] = None
+        self._resolving: set[str] = set()  # flag names being resolved (a flag bound from itself)
         self._reads_rank: dict[cst.CSTNode, bool] = {}
         self._rank_names: Optional[set[str]] = None
 
@@ -133,9 +134,15 @@ class RankAnalysis:
             if MAIN_PROCESS_RE.match(n):
                 return 1
             name = dotted_name(e)
-            for b in self.rank_flags:
-                if b.dotted == name:
-                    return self.rank_test(b.value)
+            if name in self._resolving:  # `flag = flag and x`: a flag bound from itself
+                return 0
+            self._resolving.add(name)
+            try:
+                for b in self.rank_flags:
+                    if b.dotted == name:
+                        return self.rank_test(b.value)
+            finally:
+                self._resolving.discard(name)
         return 0
 
     @property
@@ -236,8 +243,33 @@ class RankAnalysis:
 
 def mentions_rank(index: FileIndex, call: cst.Call) -> bool:
     """Output tagged with the rank or the process (``print(f"[rank {rank}] ...")``,
-    ``print(os.getpid(), ...)``) is per-rank on purpose."""
-    return any(RANK_TEXT.search(index.code(a.value)) for a in call.args)
+    ``print(os.getpid(), ...)``) is per-rank on purpose; so is a name the same function binds
+    to such a value (``path = f"queue{rank}.pth"; torch.save(q, path)``)."""
+    ranks = rank_analysis(index)
+
+    def tagged(expr: cst.BaseExpression) -> bool:
+        if RANK_TEXT.search(index.code(expr)):
+            return True
+        return any(ranks._bound_to_rank(n.value) for n in _names_in(expr))  # `me = dist.get_rank()`
+
+    if any(tagged(a.value) for a in call.args):
+        return True
+    names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
+    if not names:
+        return False
+    func = index.enclosing_func(call)
+    return any(b.dotted in names and b.func is func and tagged(b.value) for b in index.assignments)
+
+
+def _names_in(expr: cst.BaseExpression) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.append(node)
+
+    expr.visit(_Names())
+    return found
 
 
 def rank_analysis(index: FileIndex) -> RankAnalysis:

@@ -124,6 +124,11 @@ class FileContext:
     def _importers(self) -> list[FileIndex]:
         return [index_of(m) for m in self.project.importers] if self.project is not None else []
 
+    @property
+    def has_importers(self) -> bool:
+        """Does a file of the project import this one (its callers are in sight)?"""
+        return bool(self._importers)
+
     def program_calls_to(self, *qnames: str) -> bool:
         """Does the program call one of these, here, in a module this file imports, or elsewhere
         in a program that imports this file (a helper module's caller finishes what it starts)?"""

@@ -6,7 +6,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis import rank
-from ddpify.check.context import FileContext, dotted_name
+from ddpify.check.context import FileContext, dotted_name, last_name
 
 
 def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
@@ -136,3 +136,43 @@ def dominates(ctx: FileContext, stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
         return False
     block = next((p for p in ctx.ancestors(stmt) if isinstance(p, (cst.IndentedBlock, cst.Module))), None)
     return block is not None and any(p is block for p in ctx.ancestors(node))
+
+
+def library_code(ctx: FileContext, node: cst.CSTNode, setup_helper: bool = False) -> bool:
+    """Code of a helper module that only other files run: the file has no ``__main__`` block,
+    and the function around the node is called nowhere in it (for a method: its class is
+    never instantiated in it). Whether such code runs on rank 0 only, or after the caller set
+    the device, is decided by the caller, which this file cannot see. A function that trains
+    (DDP, backward) or starts the process group is an entry, not a helper; with
+    ``setup_helper`` a function whose job is to start the group (`init_distributed()`) is one."""
+    if _has_main_block(ctx):
+        return False
+    outer_func = outer_class = None
+    for p in ctx.ancestors(node):
+        if isinstance(p, cst.FunctionDef) and outer_class is None:
+            outer_func = p
+        elif isinstance(p, cst.ClassDef):
+            outer_class = p
+    if outer_class is not None:
+        name = outer_class.name.value
+        return not any(ci.name == name or last_name(ci.node.func) == name for ci in ctx.calls)
+    if outer_func is None or _trains_itself(ctx, outer_func, setup_helper):
+        return False
+    return not ctx.call_sites(outer_func)
+
+
+def _trains_itself(ctx: FileContext, func: cst.FunctionDef, setup_helper: bool = False) -> bool:
+    """A training function (it wraps a model in DDP, calls backward, or starts the process
+    group unless that is all a setup helper does): an entry, not a helper."""
+    marks = N.DDP_CLASSES if setup_helper else N.DDP_CLASSES | N.INIT_PROCESS_GROUP
+    for ci in ctx.calls:
+        if (ci.qnames & marks or ci.name == "backward") and func in ctx.ancestors(ci.node):
+            return True
+    return False
+
+
+def _has_main_block(ctx: FileContext) -> bool:
+    for stmt in ctx.module.body:
+        if isinstance(stmt, cst.If) and "__main__" in ctx.code(stmt.test):
+            return True
+    return False

@@ -1,5 +1,6 @@
 from ddpify.analysis import names as N
 from ddpify.check.context import positional, string_value
+from ddpify.check.rules._common import library_code
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -10,6 +11,9 @@ class CudaWithoutSetDevice(Rule):
     Flags bare `.cuda()`, `.to("cuda")`, `torch.device("cuda")` and `device="cuda"` in a
     distributed script whose program (the file, the project modules it imports, the programs
     that import it) never calls `torch.cuda.set_device(local_rank)`.
+
+    Code of a helper module (a loss, a model method) that nothing in the file calls is left
+    alone: the training script sets the device before it runs.
 
     ## Why is this bad?
     `"cuda"` means the current device, which is GPU 0 in every process until
@@ -51,6 +55,8 @@ class CudaWithoutSetDevice(Rule):
         if ctx.has_set_device:
             return
         for ci in ctx.calls:
+            if not ctx.has_importers and library_code(ctx, ci.node):
+                continue  # a helper module's code: its caller sets the device first
             if ci.receiver is not None and ci.name == "cuda" and not ci.node.args:
                 yield Report(ci.node)
             elif ci.is_(*N.TORCH_DEVICE) or (ci.receiver is not None and ci.name == "to"):

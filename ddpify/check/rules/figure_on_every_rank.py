@@ -1,5 +1,5 @@
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import every_rank
+from ddpify.check.rules._common import every_rank, library_code
 
 
 class FigureOnEveryRank(Rule):
@@ -8,6 +8,9 @@ class FigureOnEveryRank(Rule):
     ## What it does
     Flags `plt.savefig(...)`, `fig.savefig(...)` and `torchvision.utils.save_image(...)` outside
     a rank-0-only branch in a distributed script (paths that mention the rank are not flagged).
+
+    A figure saved by a helper module's function that nothing in the file calls is left
+    alone: the training script decides on which rank it runs.
 
     ## Why is this bad?
     N processes write the same file at once: wasted time and possibly corrupt images.
@@ -41,5 +44,5 @@ class FigureOnEveryRank(Rule):
     def check(self, ctx):
         for ci in ctx.calls:
             if (ci.name == "savefig" and ci.receiver is not None) or ci.is_("torchvision.utils.save_image"):
-                if every_rank(ctx, ci.node):
+                if every_rank(ctx, ci.node) and not library_code(ctx, ci.node):
                     yield Report(ci.node)

@@ -1,3 +1,5 @@
+import libcst as cst
+
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
 
@@ -11,7 +13,8 @@ class LogOnEveryRank(Rule):
     Flags `logging.info(...)`, `logger.info(...)` and `.debug(...)` in training code outside a
     rank-0-only branch (messages that mention the rank are not flagged). Warnings and errors
     are left alone: they may be rank-specific. Nothing is flagged when logging is configured on
-    rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard), or turned down
+    rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard, the other ranks getting at most
+    a `NullHandler`; a handler writing to a file named after the rank is per-rank on purpose), or turned down
     on the other ranks (`logger.setLevel(logging.WARN)` under `if rank > 0:`, a level chosen by
     the rank, `logging.disable(...)`; in the file or a module it imports): their info messages
     then reach no handler.
@@ -54,7 +57,11 @@ class LogOnEveryRank(Rule):
     ]
 
     def check(self, ctx):
-        setup = [ci for ci in ctx.calls if ci.is_("logging.basicConfig") or ci.name == "addHandler"]
+        setup = [
+            ci
+            for ci in ctx.calls
+            if ci.is_("logging.basicConfig") or (ci.name == "addHandler" and not _null_handler(ctx, ci.node))
+        ]
         if setup and not any(every_rank(ctx, ci.node) for ci in setup):
             return  # logging is configured on rank 0 only: other ranks' info goes nowhere
         if ctx.logging_quiet_off_rank0:
@@ -71,3 +78,11 @@ class LogOnEveryRank(Rule):
                 continue
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
+
+
+def _null_handler(ctx, call) -> bool:
+    """`logger.addHandler(logging.NullHandler())`: the dummy logger of the other ranks writes nothing."""
+    return any(
+        isinstance(a.value, cst.Call) and a.value in ctx.call_info and ctx.info(a.value).is_("logging.NullHandler")
+        for a in call.args
+    )

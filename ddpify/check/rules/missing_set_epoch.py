@@ -1,3 +1,5 @@
+import libcst as cst
+
 from ddpify.check.context import DISTRIBUTED_SAMPLER, is_false, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -9,6 +11,9 @@ class MissingSetEpoch(Rule):
     Flags a `DistributedSampler` that shuffles (the default) in a program that never calls
     `set_epoch`: not in the file, the project modules it imports, nor elsewhere in the programs
     that import it (a `datasets.py` builds the sampler, the training script sets its epoch).
+    When no file of the project imports it, a sampler made by a builder function that hands its
+    result back and that nothing in the file calls (a `build_loader()` in a data module) is left
+    alone: its caller, out of sight, owns the epochs (`loader.sampler.set_epoch(epoch)`).
 
     ## Why is this bad?
     The sampler seeds its shuffle with the epoch number; without `set_epoch(epoch)` every
@@ -53,4 +58,22 @@ class MissingSetEpoch(Rule):
             shuffle = kwarg(ci.node, "shuffle")
             if shuffle is not None and is_false(shuffle.value):
                 continue
+            func = ctx.enclosing_func(ci.node)
+            if func is not None and not ctx.has_importers and not ctx.call_sites(func) and _returns_value(func):
+                continue  # a builder for other modules: the caller sets the epoch
             yield Report(ci.node)
+
+
+def _returns_value(func: cst.FunctionDef) -> bool:
+    found = []
+
+    class _Returns(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is func  # a nested function's return is not this one's
+
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                found.append(node)
+
+    func.visit(_Returns())
+    return bool(found)

@@ -1,6 +1,7 @@
 
 from ddpify.analysis import names as N
 from ddpify.check.context import kwarg, positional
+from ddpify.check.rules._common import library_code
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -11,6 +12,9 @@ class NcclWithoutSetDevice(Rule):
     Flags `init_process_group` with the `"nccl"` backend in a program that never calls
     `torch.cuda.set_device(local_rank)` (nor passes `device_id=`): not in the file, the project
     modules it imports, nor elsewhere in the programs that import it.
+
+    An `init_distributed()`-style helper in a module that never calls it is left alone: the
+    training script that calls it may set the device first.
 
     ## Why is this bad?
     Every process starts on GPU 0. NCCL's first collective then creates a context on GPU 0
@@ -53,5 +57,5 @@ class NcclWithoutSetDevice(Rule):
         for ci in ctx.calls_to(*N.INIT_PROCESS_GROUP):
             arg = kwarg(ci.node, "backend")
             value = arg.value if arg else (positional(ci.node)[0].value if positional(ci.node) else None)
-            if value is not None and "nccl" in ctx.code(value).lower():
+            if value is not None and "nccl" in ctx.code(value).lower() and (ctx.has_importers or not library_code(ctx, ci.node, setup_helper=True)):
                 yield Report(ci.node)

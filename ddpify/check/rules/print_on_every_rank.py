@@ -1,3 +1,4 @@
+from ddpify.check.context import last_name
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
 
@@ -11,7 +12,9 @@ class PrintOnEveryRank(Rule):
     process id, `os.getpid()`) are per-rank on purpose and are not flagged, and so are all
     prints of a program that replaces `print` with one that prints on the master only
     (`builtins.print = ...`, the `setup_for_distributed(is_master)` helper, in the file or a
-    module it imports; its `print(..., force=True)` prints on every rank on purpose).
+    module it imports; its `print(..., force=True)` prints on every rank on purpose). An error
+    message right before the program gives up (`exit(1)`, `sys.exit(...)`, `raise`) is left alone:
+    every failing rank says why.
 
     ## Why is this bad?
     Every line appears N times, interleaved: logs become unreadable and slow.
@@ -52,8 +55,33 @@ class PrintOnEveryRank(Rule):
         for ci in ctx.calls_to("builtins.print"):
             if _to_own_file(ci.node) or any(a.keyword is not None and a.keyword.value == "force" for a in ci.node.args):
                 continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's); `force=True`: on purpose
+            if _before_exit(ctx, ci.node):
+                continue  # an error message right before the process gives up: each failing rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
+
+
+_EXITS = ("exit", "_exit", "abort", "quit")
+
+
+def _before_exit(ctx, call) -> bool:
+    """The print is in a block that ends by leaving the program (`exit(1)`, `sys.exit(...)`,
+    `raise ...`): an error report, like the warnings and errors DDP303 leaves alone."""
+    import libcst as cst
+
+    for block in ctx.ancestors(call):
+        if isinstance(block, cst.IndentedBlock):
+            break
+    else:
+        return False
+    last = block.body[-1] if block.body else None
+    if isinstance(last, cst.SimpleStatementLine) and last.body:
+        last = last.body[-1]
+        if isinstance(last, cst.Raise):
+            return True
+        if isinstance(last, cst.Expr) and isinstance(last.value, cst.Call):
+            return (last_name(last.value.func) or "") in _EXITS
+    return False
 
 
 def _to_own_file(call) -> bool:

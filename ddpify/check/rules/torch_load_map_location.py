@@ -4,6 +4,7 @@ from ddpify.analysis import names as N
 from ddpify.check.context import has_star_kwargs, kwarg, positional
 from ddpify.check.fix import add_kwarg
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
+from ddpify.check.rules._common import mentions_rank
 
 
 class TorchLoadWithoutMapLocation(Rule):
@@ -11,6 +12,9 @@ class TorchLoadWithoutMapLocation(Rule):
 
     ## What it does
     Flags `torch.load(path)` without `map_location` in a file that uses torch.distributed.
+
+    A file named after the rank (`f"state_{rank}.pt"`, also through a variable) is left alone:
+    this rank saved it from its own GPU, and its tensors come back to that GPU.
 
     ## Why is this bad?
     Tensors are restored onto the device they were saved from, usually `cuda:0`: every rank
@@ -60,5 +64,7 @@ class TorchLoadWithoutMapLocation(Rule):
             call = ci.node
             if kwarg(call, "map_location") or has_star_kwargs(call) or len(positional(call)) >= 2:
                 continue
+            if mentions_rank(ctx, call):
+                continue  # this rank's own file (`f"queue{rank}.pth"`): saved from its GPU, it comes back there
             fixed = add_kwarg(call, "map_location", cst.SimpleString('"cpu"'))
             yield Report(call, fixes=[(call, fixed)])

@@ -1,7 +1,7 @@
 from ddpify.analysis import names as N
 from ddpify.check.context import kwarg
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import every_rank
+from ddpify.check.rules._common import every_rank, library_code
 
 TRACKERS = N.SUMMARY_WRITERS | {"wandb.init", "mlflow.start_run"}
 
@@ -12,6 +12,9 @@ class TrackerOnEveryRank(Rule):
     ## What it does
     Flags `SummaryWriter(...)`, `wandb.init(...)` and `mlflow.start_run(...)` outside a
     rank-0-only branch (`wandb.init(mode=...)` is left alone).
+
+    A tracker made in a helper module's function or class that nothing in the file calls is
+    left alone: the training script decides on which rank it is made.
 
     ## Why is this bad?
     Each rank creates its own run or event file: N duplicated curves, N times the uploads.
@@ -47,5 +50,5 @@ class TrackerOnEveryRank(Rule):
         for ci in ctx.calls_to(*TRACKERS):
             if ci.name == "init" and kwarg(ci.node, "mode") is not None:
                 continue
-            if every_rank(ctx, ci.node):
+            if every_rank(ctx, ci.node) and not library_code(ctx, ci.node):
                 yield Report(ci.node)
