@@ -630,3 +630,43 @@ def test_print_replaced_by_a_helper_that_the_importer_calls(tmp_path: Path):
         )
         result = runner.invoke(APP, ["check", str(tmp_path / "engine.py"), "--output-format", "json", "--select", "DDP302"])
         assert [f["code"] for f in json.loads(result.stdout)] == ([] if calls else ["DDP302"]), (calls, result.stdout)
+
+
+@pytest.mark.parametrize("launcher_sets_up", [True, False], ids=["launcher-sets-up", "launcher-does-not"])
+def test_a_trainer_is_checked_with_what_its_launcher_does(tmp_path: Path, launcher_sets_up: bool):
+    """`launch.py` spawns one worker per GPU; each worker sees only its own GPU
+    (`CUDA_VISIBLE_DEVICES` from its rank) and turns logging down off rank 0, then runs
+    `trainer.fit()`. The trainer's `cuda:0` and its info logs are then right (DDP106, DDP303
+    silent); when the launcher does neither, both fire."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "trainer.py").write_text(textwrap.dedent(
+        """\
+        import logging
+
+        import torch
+        import torch.distributed as dist
+
+        log = logging.getLogger(__name__)
+
+
+        def fit(rank, world):
+            dist.init_process_group("nccl", rank=rank, world_size=world)
+            gpu = torch.device("cuda:0")
+            weights = torch.zeros(4, device=gpu)
+            for step in range(3):
+                weights += 1
+                log.info("step %d", step)
+        """
+    ))  # fmt: skip
+    setup = (
+        "    os.environ['CUDA_VISIBLE_DEVICES'] = str(gpus[rank])\n"
+        "    logging.getLogger().setLevel(logging.INFO if rank == 0 else logging.ERROR)\n"
+    ) if launcher_sets_up else ""
+    (tmp_path / "launch.py").write_text(
+        "import logging\nimport os\n\nimport torch.multiprocessing as mp\n\nimport trainer\n\n\n"
+        "def worker(rank, gpus):\n" + setup + "    trainer.fit(rank, len(gpus))\n\n\n"
+        "if __name__ == '__main__':\n    mp.spawn(worker, args=([0, 1],), nprocs=2)\n"
+    )
+    result = runner.invoke(APP, ["check", str(tmp_path / "trainer.py"), "--output-format", "json", "--select", "DDP106,DDP303"])
+    codes = sorted(f["code"] for f in json.loads(result.stdout))
+    assert codes == ([] if launcher_sets_up else ["DDP106", "DDP303"]), result.stdout

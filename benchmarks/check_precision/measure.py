@@ -53,6 +53,8 @@ def fetch_help(projects: list[dict[str, str]]) -> str:
 def run_check(root: Path, project: dict[str, str], ddpify_dir: Path = REPO_ROOT) -> tuple[list[dict], int]:
     folder = root / project["repo"].replace("/", "+")
     paths = project["paths"].split()
+    if not any((folder / marker).exists() for marker in (".git", "pyproject.toml", "setup.py", "setup.cfg")):
+        (folder / ".git").mkdir()  # an export has no .git: mark the root a clone would have, as check finds it
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ddpify_dir) + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run(

@@ -218,18 +218,29 @@ class FileContext:
     def logging_quiet_off_rank0(self) -> bool:
         """The program turns logging down off rank 0: `logger.setLevel(logging.WARN)` under `if
         rank > 0:`, `logging.basicConfig(level=logging.INFO if rank in (-1, 0) else logging.WARN)`
-        (a `set_logging(rank)` helper), `logging.disable(...)` on the other ranks; in this file or
-        a module it imports. Their info and debug messages then go nowhere."""
-        for ci in self.calls:
-            if not (ci.name == "setLevel" or ci.is_("logging.basicConfig", "logging.disable")):
-                continue
-            if ci.func is not None and not self.runs(ci.func):
-                continue  # in a function nothing calls
-            if not self.in_rank0(ci.node) and self._rank.under_rank_test(ci.node):
-                return True  # `if rank != 0: logger.setLevel(logging.ERROR)`
-            tests = [a.value.test if isinstance(a.value, cst.IfExp) else a.value for a in ci.node.args]
-            if any(self._rank.reads_rank(test) for test in tests):
-                return True  # `level=logging.INFO if rank == 0 else logging.WARN`
+        (a `set_logging(rank)` helper), `logging.disable(...)` on the other ranks; in this file, a
+        module it imports, or a program that imports it. Their info and debug messages then go
+        nowhere."""
+        if any(_quiets_others(self._rank, ci) for ci in self.calls if ci.func is None or self.runs(ci.func)):
+            return True  # (a call in a function nothing calls does not count)
+        return any(  # the launcher that imports this file turns its other ranks down (`main.py` before `train.main()`)
+            _quiets_others(rank_analysis(index), ci) for index in self._importers for ci in index.calls
+        )
+
+    @cached_property
+    def gpu_per_process_by_launcher(self) -> bool:
+        """The program gives each process one GPU of its own before CUDA starts
+        (`os.environ["CUDA_VISIBLE_DEVICES"] = str(devices[rank])` in the spawned worker, here or
+        in the launcher that imports this file): `cuda:0` is then this process's GPU."""
+        for index in (self.index, *self._importers):
+            rank = rank_analysis(index)
+            for sub in index.subscripts:
+                target = index.parents.get(sub)
+                assign = index.parents.get(target) if isinstance(target, cst.AssignTarget) else None
+                key = sub.slice[0].slice.value if len(sub.slice) == 1 and isinstance(sub.slice[0].slice, cst.Index) else None
+                if isinstance(assign, cst.Assign) and key is not None and string_value(key) == "CUDA_VISIBLE_DEVICES":
+                    if rank.reads_rank(assign.value):
+                        return True
         return False
 
     @cached_property
@@ -316,3 +327,13 @@ class FileContext:
         return self.program_calls_to(*SET_DEVICE_CALLS) or any(
             kwarg(c.node, "device_id") for c in self.calls_to(INIT_PROCESS_GROUP)
         )
+
+
+def _quiets_others(rank, ci: CallInfo) -> bool:
+    """Does this call turn logging down on the ranks other than 0 (`rank`: its file's rank analysis)?"""
+    if not (ci.name == "setLevel" or ci.is_("logging.basicConfig", "logging.disable")):
+        return False
+    if not rank.in_rank0(ci.node) and rank.under_rank_test(ci.node):
+        return True  # `if rank != 0: logger.setLevel(logging.ERROR)`
+    tests = [a.value.test if isinstance(a.value, cst.IfExp) else a.value for a in ci.node.args]
+    return any(rank.reads_rank(test) for test in tests)  # `level=logging.INFO if rank == 0 else logging.WARN`

@@ -13,7 +13,9 @@ class HardCodedCudaIndex(Rule):
 
     ## What it does
     Flags `"cuda:0"`-style strings passed to a call, `torch.device("cuda", 0)` and
-    `.cuda(0)` in a file that uses torch.distributed.
+    `.cuda(0)` in a file that uses torch.distributed, unless the program gives each process a
+    GPU of its own first (`os.environ["CUDA_VISIBLE_DEVICES"]` set from the rank, here or in the
+    launcher that imports the file: `cuda:0` is then that GPU).
 
     ## Why is this bad?
     Every process puts its tensors on the same GPU: the other GPUs idle, GPU 0 runs out of
@@ -52,6 +54,8 @@ class HardCodedCudaIndex(Rule):
     ]
 
     def check(self, ctx):
+        if ctx.gpu_per_process_by_launcher:
+            return  # each process sees one GPU: `cuda:0` is its own
         for ci in ctx.calls:
             args = ci.node.args
             if ci.is_(*N.TORCH_DEVICE) and len(args) >= 2 and int_value(args[1].value) is not None:

@@ -2,6 +2,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import may_precede
 
 
 class InitProcessGroupTwice(Rule):
@@ -9,8 +10,9 @@ class InitProcessGroupTwice(Rule):
 
     ## What it does
     Flags `init_process_group(...)` that can run twice in one process: inside a loop, in a
-    function called from a loop or twice in a row (a setup helper run before each stage),
-    unless a test of `dist.is_initialized()` guards it. Calls in the two branches of an `if`
+    function called from a loop or twice in a row (a setup helper run before each stage), or
+    after the group was already started earlier in the same function (`init_process_group`,
+    then a helper that starts it again), unless a test of `dist.is_initialized()` guards it. Calls in the two branches of an `if`
     (torchrun or `mp.spawn`) are alternatives, not repeats.
 
     ## Why is this bad?
@@ -50,6 +52,8 @@ class InitProcessGroupTwice(Rule):
         "        dist.init_process_group('gloo')\n",
     ]
     INVALID = [
+        Invalid("import torch.distributed as dist\ndef setup():\n    dist.init_process_group('gloo')\n"
+                "def main():\n    dist.init_process_group('gloo')\n    setup()\n"),
         Invalid("import torch.distributed as dist\nfor stage in range(2):\n    dist.init_process_group('gloo')\n"),
         Invalid("import torch.distributed as dist\ndef setup():\n    dist.init_process_group('gloo')\nsetup()\nsetup()\n"),
     ]
@@ -60,6 +64,31 @@ class InitProcessGroupTwice(Rule):
                 continue
             if ci.loops or _runs_twice(ctx, ci.func, depth=0):
                 yield Report(ci.node)
+        yield from _started_again(ctx)
+
+
+def _started_again(ctx):
+    """A call that starts the group (`init_process_group`, or a helper that reaches it
+    unguarded) after another one earlier in the same function, on the same path."""
+    starts = [c for c in ctx.calls if not _guarded(ctx, c.node) and _starts_unguarded(ctx, c)]
+    for later in starts:
+        if any(
+            earlier is not later and earlier.func is later.func and may_precede(ctx, earlier.node, later.node)
+            and not set(ctx.local_callees(earlier)) & set(ctx.local_callees(later))  # one helper twice: said at its init
+            for earlier in starts
+        ):
+            yield Report(later.node)
+
+
+def _starts_unguarded(ctx, ci, depth: int = 0) -> bool:
+    if ci.qnames & N.INIT_PROCESS_GROUP:
+        return True
+    if depth > 2:
+        return False
+    return any(
+        c.func is callee and not _guarded(ctx, c.node) and _starts_unguarded(ctx, c, depth + 1)
+        for callee in ctx.local_callees(ci) for c in ctx.calls
+    )  # fmt: skip
 
 
 def _guarded(ctx, node: cst.CSTNode) -> bool:

@@ -12,7 +12,11 @@ class ManualRankSharding(Rule):
     """Data split by hand into per-rank shards of different sizes.
 
     ## What it does
-    Flags `data[rank::world_size]` and `np.array_split(data, world_size)[rank]`-style shards.
+    Flags `data[rank::world_size]`, `np.array_split(data, world_size)[rank]`-style shards and
+    contiguous ranges of indices (`Subset(data, range(rank * per, (rank + 1) * per))`) unless
+    their size is a floor division (`per = len(data) // world_size`: equal shards, the
+    remainder dropped). A slice of a tensor by rank (a chunk of optimizer state) is not a shard
+    of the data and is left alone.
 
     ## Why is this bad?
     When the dataset size is not a multiple of the world size, ranks get different numbers of
@@ -44,6 +48,7 @@ class ManualRankSharding(Rule):
     INVALID = [
         Invalid("import torch.distributed as dist\nshard = data[rank::world_size]\n"),
         Invalid("import numpy as np, torch.distributed as dist\nshard = np.array_split(data, world_size)[rank]\n"),
+        Invalid("import torch.distributed as dist\nshard = Subset(ds, range(rank * per, min((rank + 1) * per, n)))\n"),
     ]
 
     def check(self, ctx):
@@ -58,4 +63,27 @@ class ManualRankSharding(Rule):
                 v = node.value
                 if isinstance(v, cst.Call) and ctx.info(v).name in _SPLIT:
                     yield Report(node)
+        for ci in ctx.calls:  # `range(rank * per, min((rank + 1) * per, n))`: a contiguous shard of indices
+            if ci.name == "range" and ci.receiver is None and len(ci.node.args) >= 2:
+                low, high = ci.node.args[0].value, ci.node.args[1].value
+                if _RANK.search(ctx.code(low)) and _RANK.search(ctx.code(high)) and "*" in ctx.code(low) and not _even(ctx, low):
+                    yield Report(ci.node)
+
+
+def _even(ctx, low: cst.BaseExpression) -> bool:
+    """Is the shard's size a floor division (`per = len(data) // world`): every rank the same
+    number of samples, the remainder dropped?"""
+    sizes = {n.value for n in _names(low)}
+    return any(b.dotted in sizes and "//" in ctx.code(b.value) for b in ctx.assignments) or "//" in ctx.code(low)
+
+
+def _names(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    node.visit(_Names())
+    return found
 

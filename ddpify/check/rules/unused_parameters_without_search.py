@@ -39,8 +39,10 @@ class UnusedParametersWithoutSearch(Rule):
     imports) and its `forward` calls a submodule with parameters (`self.head = nn.Linear(...)`
     in `__init__`) only under a condition that can change from step to step: a test of the
     input's values (`if x.sum() > 0:`, `if mask.any():`), a random draw (`if random.random() <
-    p:`), or an early `return` taken on such a test. It also flags submodules used only when
-    `self.training` is false (never in a training step). The report names the submodules.
+    p:`), a flag argument of `forward` that the training code passes a changing value
+    (`model(x, with_aux=step % 2 == 0)`), or an early `return` taken on such a test. It also
+    flags submodules used only when `self.training` is false (never in a training step). The
+    report names the submodules.
 
     Conditions that are the same every step are left alone: a flag set in `__init__`
     (`if self.use_aux:`, the submodule is usually built under the same flag), `self.training` in
@@ -102,6 +104,11 @@ class UnusedParametersWithoutSearch(Rule):
                 "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.a = nn.Linear(2, 2)\n"
                 "        self.b = nn.Linear(2, 2)\n    def forward(self, x):\n        x = self.a(x)\n"
                 "        if x.sum() > 0:\n            x = self.b(x)\n        return x\nmodel = DDP(Net())\n"),
+        Invalid("import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.a = nn.Linear(2, 2)\n"
+                "        self.b = nn.Linear(2, 2)\n    def forward(self, x, extra=False):\n        x = self.a(x)\n"
+                "        if extra:\n            x = self.b(x)\n        return x\nmodel = DDP(Net())\n"
+                "for step in range(4):\n    model(batch, extra=step % 2 == 0).sum().backward()\n"),
     ]
 
     def check(self, ctx):
@@ -118,7 +125,7 @@ class UnusedParametersWithoutSearch(Rule):
             cls = _wrapped_class(ctx, wrap)
             if cls is None:
                 continue
-            skipped = _skipped_submodules(ctx, cls)
+            skipped = _skipped_submodules(ctx, cls, _varied_arguments(ctx, cls))
             if skipped:
                 listed = ", ".join(f"`self.{name}` (decided by `{test}`)" for name, test in skipped)
                 yield Report(call, (
@@ -200,7 +207,30 @@ def _submodules(ctx, init: cst.FunctionDef) -> set[str]:
     return found
 
 
-def _skipped_submodules(ctx, cls: cst.ClassDef) -> list[tuple[str, str]]:
+def _varied_arguments(ctx, cls: cst.ClassDef) -> set[str]:
+    """`forward`'s parameters that a call of the DDP model passes a value that may change from
+    step to step (`model(x, with_aux=step % 2 == 0)`; a literal does not change)."""
+    forward = _methods(cls).get("forward")
+    if forward is None:
+        return set()
+    names = [p.name.value for p in forward.params.params][1:]  # without self
+    varied = set()
+    for ci in ctx.calls:
+        if not ctx.is_ddp(ci.node.func):
+            continue
+        for i, arg in enumerate(ci.node.args):
+            if isinstance(arg.value, (cst.Integer, cst.Float, cst.SimpleString)) or (
+                isinstance(arg.value, cst.Name) and arg.value.value in ("True", "False", "None")
+            ):
+                continue
+            if arg.keyword is not None:
+                varied.add(arg.keyword.value)
+            elif arg.star == "" and i < len(names):
+                varied.add(names[i])
+    return varied
+
+
+def _skipped_submodules(ctx, cls: cst.ClassDef, varied: set[str] = frozenset()) -> list[tuple[str, str]]:
     methods = _methods(cls)
     forward, init = methods.get("forward"), methods.get("__init__")
     if forward is None or init is None:
@@ -209,7 +239,7 @@ def _skipped_submodules(ctx, cls: cst.ClassDef) -> list[tuple[str, str]]:
     if not subs:
         return []
     params = ctx.index.param_names(forward) - {"self"}
-    walker = _Walker(ctx, subs, methods, params)
+    walker = _Walker(ctx, subs, methods, params, varied)
     must, may, _ = walker.block(list(forward.body.body) if isinstance(forward.body, cst.IndentedBlock) else [])
     return [(name, walker.tests.get(name, "...")) for name in sorted(may - must, key=lambda n: walker.order.get(n, 0))]
 
@@ -217,8 +247,8 @@ def _skipped_submodules(ctx, cls: cst.ClassDef) -> list[tuple[str, str]]:
 class _Walker:
     """Which submodules `forward` uses on every path through it, and which on some."""
 
-    def __init__(self, ctx, subs: set[str], methods: dict, params: set[str]) -> None:
-        self.ctx, self.subs, self.methods, self.params = ctx, subs, methods, params
+    def __init__(self, ctx, subs: set[str], methods: dict, params: set[str], varied: set[str] = frozenset()) -> None:
+        self.ctx, self.subs, self.methods, self.params, self.varied = ctx, subs, methods, params, varied
         self.tests: dict[str, str] = {}  # submodule -> the condition it is used under
         self.order: dict[str, int] = {}
         self.depth = 0
@@ -280,9 +310,12 @@ class _Walker:
         return "dynamic" if self.dynamic(test) else "static"
 
     def dynamic(self, test: cst.BaseExpression) -> bool:
-        """Can the test's value change from step to step: a random draw, or a look at the
-        values (not the shape) of the input or of what forward computed from it?"""
+        """Can the test's value change from step to step: a random draw, a look at the values
+        (not the shape) of the input or of what forward computed from it, or a flag of forward's
+        that the training code passes a changing value?"""
         for node in iter_nodes(test):
+            if isinstance(node, cst.Name) and node.value in self.varied:
+                return True  # `if with_aux:`, called as `model(x, with_aux=step % 2 == 0)`
             if isinstance(node, cst.Call) and node in self.ctx.call_info:
                 info = self.ctx.info(node)
                 if info.qnames & RANDOM_TESTS:
