@@ -97,12 +97,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from ddpify import __version__
 
-        try:
-            typer.echo(f"ddpify {version('ddpify')}")
-        except PackageNotFoundError:
-            typer.echo("ddpify (not installed)")
+        typer.echo(f"ddpify {__version__}")  # the code that runs, installed or not
         raise typer.Exit()
 
 

@@ -236,10 +236,13 @@ def test_the_plan_renders_without_the_cli() -> None:
     assert plan.sbatch("a/b.py") == plan.sbatch("a/b.py") and "--rdzv-endpoint=\"$head_node_ip:29500\" a/b.py x\n" in plan.sbatch("a/b.py")
 
 
-def test_readme_documents_the_launch_options() -> None:
+def test_the_docs_document_the_launch_options() -> None:
+    """The convert page documents them in full (the README names them and links there)."""
+    page = (ROOT / "docs" / "convert.md").read_text(encoding="utf-8")
+    for option in ("`--launch slurm`", "`--launch torchrun`", "`--nodes", "`--nproc-per-node", "`--shared-fs`"):
+        assert option in page, option
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for option in ("`--launch slurm`", "`--launch torchrun`", "`--nodes", "`--nproc-per-node"):
-        assert option in readme, option
+    assert "`--launch slurm|torchrun`" in readme and "(docs/convert.md)" in readme
 
 
 def test_help_of_the_launch_options_is_short_sentences() -> None:

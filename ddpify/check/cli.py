@@ -133,12 +133,9 @@ def _count(n: int, one: str, many: str = "") -> str:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from ddpify import __version__
 
-    try:
-        return version("ddpify")
-    except PackageNotFoundError:
-        return "0.0.0"
+    return __version__
 
 
 def rules() -> None:

@@ -15,7 +15,7 @@ from ddpify.check.rule import Finding, rules_by_code
 
 FORMATS = ("text", "concise", "json", "json-lines", "github", "sarif")
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-RULES_PAGE = "blob/main/docs/check.md"  # under the repository's URL
+RULES_PAGE = "blob/main/docs/rules"  # under the repository's URL: one page per rule, <CODE>.md
 
 
 def project_home() -> str | None:
@@ -32,13 +32,9 @@ def project_home() -> str | None:
     return home.rstrip("/") if home else None
 
 
-def rule_anchor(code: str) -> str:
-    """The id of a rule's row in docs/check.md's rule table."""
-    return code.lower()
-
-
 def help_uri(code: str, home: str) -> str:
-    return f"{home}/{RULES_PAGE}#{rule_anchor(code)}"
+    """The rule's page (docs/rules/<CODE>.md, made from its docstring by ddpify.check.docs)."""
+    return f"{home}/{RULES_PAGE}/{code}.md"
 
 
 def format_text(findings: Iterable[Finding], color: bool = False) -> str:
