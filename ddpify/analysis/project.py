@@ -13,6 +13,7 @@ resolves to no file under the root (torch, numpy, a module in site-packages) is 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,10 +53,12 @@ def project_root(entry: Path) -> Path:
     return folder
 
 
-def find_project(entry: Path, parse=None, root: Path | None = None, read=None) -> Project:
+def find_project(entry: Path, parse=None, root: Path | None = None, read=None, limit: int | None = None) -> Project:
     """The entry and every project module it imports, directly or through other project modules.
     `parse` turns a file's text into a module and `read` a path into text (the engine's, which
-    report syntax errors and decode by the file's coding cookie)."""
+    report syntax errors and decode by the file's coding cookie); `limit`: at most this many
+    modules, the nearest imports first (a script inside a library's own repository reaches
+    hundreds of its modules)."""
     parse = parse or (lambda text, _path: cst.parse_module(text))
     read = read or (lambda path: path.read_text(encoding="utf-8"))
     entry = entry.resolve()
@@ -67,6 +70,8 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None) -
         path, name = todo.pop(0)
         if path in project.modules:
             continue
+        if limit is not None and len(project.modules) >= limit:
+            break
         try:
             module = parse(read(path), str(path))
         except Exception as exc:  # noqa: BLE001 - the engine's ConvertError, or a decoding error
@@ -114,8 +119,9 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
     while todo:
         reached = todo.pop()
         stem = reached.parent.name if reached.name == "__init__.py" else reached.stem
+        names_it = re.compile(rf"^\s*(from|import)\b[^\n#]*\b{re.escape(stem)}\b", re.MULTILINE)  # an import line naming it
         for path, text in texts.items():
-            if path in imported or stem not in text or "import" not in text:
+            if path in imported or stem not in text or not names_it.search(text):
                 continue
             try:
                 module = found.get(path) or parse(text, str(path))
@@ -128,8 +134,8 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
                 todo.append(path)
     # and what the importers import besides (the trainer beside the loader module, both imported by main.py)
     todo = list(found)
-    while todo:
-        path = todo.pop()
+    while todo and len(found) < MAX_IMPORTER_FILES // 8:  # the nearest first, as find_project's limit
+        path = todo.pop(0)
         for dotted in _imported_names(found[path], _dotted_under(path, root), path):
             other = _resolve(dotted, [path.parent, root], root)
             if other is None or other == target or other in found or other not in texts:

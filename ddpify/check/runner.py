@@ -258,6 +258,7 @@ def _check_path(args: tuple[str, tuple[str, ...], bool, bool]) -> FileResult:
     return result
 
 
+MAX_PROJECT_MODULES = 32  # a checked file is read with at most this many project modules, the nearest first
 _PARSED: dict[tuple[str, float], cst.Module] = {}  # (path, mtime) -> module, per worker process
 
 
@@ -284,7 +285,7 @@ def project_modules(path: Path, source: Optional[str] = None):
         return source if source is not None and file == entry else _text(file)
 
     try:
-        project = find_project(path, parse=_parsed, read=read)
+        project = find_project(path, parse=_parsed, read=read, limit=MAX_PROJECT_MODULES)
     except Exception:  # noqa: BLE001 - the file does not parse: check_source reports it
         return None, None
     module = project.parsed.get(entry) if source is not None else None

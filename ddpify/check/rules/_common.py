@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis import names as N
@@ -15,8 +17,27 @@ def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
 
 
 def every_rank(ctx: FileContext, call: cst.Call) -> bool:
-    """A side effect that runs on every rank (not rank-0-only, not tagged with the rank)."""
-    return not ctx.in_rank0(call) and not mentions_rank(ctx, call)
+    """A side effect that runs on every rank (not rank-0-only, not tagged with the rank, not in
+    the branch a one-process run takes)."""
+    return not ctx.in_rank0(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
+
+
+_DISTRIBUTED_TEST = re.compile(r"(distributed|\bddp\b|is_initialized|world_size\s*>\s*1|\bis_dist)", re.IGNORECASE)
+
+
+def single_process_branch(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """Is `node` in the branch of `if args.distributed:` (`if ddp:`, `if dist.is_initialized():`,
+    `if world_size > 1:`) that runs without a group: its `else`, or the body of `if not ...`?"""
+    child = node
+    for p in ctx.ancestors(node):
+        if isinstance(p, cst.If) and _DISTRIBUTED_TEST.search(ctx.code(p.test)):
+            negated = isinstance(p.test, cst.UnaryOperation) and isinstance(p.test.operator, cst.Not)
+            if (child is p.orelse) != negated:
+                return True
+        if isinstance(p, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        child = p
+    return False
 
 
 def iterated_name(for_node: cst.For) -> str | None:

@@ -16,8 +16,9 @@ class LogOnEveryRank(Rule):
     rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard, the other ranks getting at most
     a `NullHandler`; a handler writing to a file named after the rank is per-rank on purpose), or turned down
     on the other ranks (`logger.setLevel(logging.WARN)` under `if rank > 0:`, a level chosen by
-    the rank, `logging.disable(...)`; in the file or a module it imports): their info messages
-    then reach no handler.
+    the rank, `logging.disable(...)`; in the file, a module it imports, or a launcher that
+    imports it): their info messages then reach no handler. A message in the branch a run
+    without a group takes (the `else:` of `if args.distributed:`) is one process's.
 
     ## Why is this bad?
     Each message is written N times; with a shared log file the lines interleave.

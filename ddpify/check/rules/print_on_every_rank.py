@@ -14,7 +14,9 @@ class PrintOnEveryRank(Rule):
     (`builtins.print = ...`, the `setup_for_distributed(is_master)` helper, in the file or a
     module it imports; its `print(..., force=True)` prints on every rank on purpose). An error
     message right before the program gives up (`exit(1)`, `sys.exit(...)`, `raise`) is left alone:
-    every failing rank says why.
+    every failing rank says why; so is a print in the branch a run without a group takes (the
+    `else:` of `if args.distributed:`). Training code includes the top level of a script after
+    the group is started, also by a helper (`utils.init_distributed()`).
 
     ## Why is this bad?
     Every line appears N times, interleaved: logs become unreadable and slow.
