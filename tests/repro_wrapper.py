@@ -5,7 +5,9 @@ Usage: torchrun ... tests/repro_wrapper.py SCRIPT [ARGS...]
 Every stdout/stderr line the script writes is prefixed with ``[R<rank>] `` so the harness can
 tell which rank said what, and every file the script opens for writing is announced as
 ``WRITE <rank> <absolute path>`` (an audit hook on ``open``): a checkpoint saved by every rank
-shows up as the same path written by two ranks. The script runs as ``__main__``.
+shows up as the same path written by two ranks. The script runs as ``__main__``; when it
+returns, the process leaves at once (``os._exit(0)``), skipping an interpreter teardown that
+gloo can abort.
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ def main():
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+    # The script returned: leave without the interpreter's teardown, where torch 2.15's gloo
+    # threads can abort a finished process ("terminate called without an active exception",
+    # seen on controls that had printed their last line). An exception or sys.exit() above
+    # still ends the run with its own status.
+    sys.__stdout__.flush()
+    sys.__stderr__.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
