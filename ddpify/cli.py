@@ -32,6 +32,15 @@ class Format(str, Enum):
     json = "json"
 
 
+class Target(str, Enum):
+    ddp = "ddp"
+    fsdp2 = "fsdp2"
+
+
+TO_HELP = "ddp (DistributedDataParallel), or fsdp2: shard the model over the processes with fully_shard."
+SHARD_HELP = "fsdp2: the class of the blocks that become their own units (when the choice is ambiguous)."
+
+
 class Launcher(str, Enum):
     torchrun = "torchrun"
     spawn = "spawn"
@@ -169,6 +178,8 @@ def convert(
     shared_fs: bool = typer.Option(
         False, "--shared-fs", help="Every node sees the same files: download data once per job, not once per node."
     ),
+    to: Target = typer.Option(Target.ddp, "--to", help=TO_HELP),
+    shard: Optional[str] = typer.Option(None, "--shard", metavar="CLASS", help=SHARD_HELP),
 ) -> None:
     """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
 
@@ -189,7 +200,7 @@ def convert(
     from ddpify.projects import is_project
 
     options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0,
-                             launcher=launcher.value, shared_fs=shared_fs)  # fmt: skip
+                             launcher=launcher.value, shared_fs=shared_fs, target=to.value, shard=shard)  # fmt: skip
     try:
         if folder or is_project(src):
             _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan, folder=folder)
@@ -436,6 +447,8 @@ def verify(
     global_batch: bool = typer.Option(False, "--global-batch", help="Convert as `convert --global-batch` would."),
     eval_on_rank0: bool = typer.Option(False, "--eval-on-rank0", help="Convert as `convert --eval-on-rank0` would."),
     launcher: Launcher = typer.Option(Launcher.torchrun, "--launcher", help="Convert as `convert --launcher` would."),
+    to: Target = typer.Option(Target.ddp, "--to", help="Convert as `convert --to` would."),
+    shard: Optional[str] = typer.Option(None, "--shard", metavar="CLASS", help="Convert as `convert --shard` would."),
 ) -> None:
     """Run the DDP version of ORIGINAL briefly under torchrun, and the original as one process,
     and report which DDP invariants hold: exit 0 all hold, 1 one fails, 2 verification could not run.
@@ -450,7 +463,8 @@ def verify(
         nproc=nproc, steps=steps, timeout=timeout, device=device.value, python=python or sys.executable,
         args=list(_SCRIPT_ARGS), keep=keep,
         convert_options=ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch,
-                                       eval_on_rank0=eval_on_rank0, launcher=launcher.value),
+                                       eval_on_rank0=eval_on_rank0, launcher=launcher.value, target=to.value,
+                                       shard=shard),
     )  # fmt: skip
     try:
         result = run_verify(original, converted, options)

@@ -24,6 +24,8 @@ class ConvertOptions:
     launcher: str = "torchrun"  # "spawn": also start processes with mp.spawn when not under torchrun
     eval_on_rank0: bool = False  # evaluate on rank 0 through model.module instead of on every rank
     shared_fs: bool = False  # every node sees the same files: data is prepared once per job, not per node
+    target: str = "ddp"  # "fsdp2": shard the model with fully_shard instead of wrapping it in DDP
+    shard: str | None = None  # fsdp2: the block class whose instances become their own units
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,7 @@ COLLECTIVES = spelled(
 )  # fmt: skip
 ALL_REDUCE = spelled({"torch.distributed.all_reduce", "torch.distributed.all_gather_object", "torch.distributed.all_gather"})
 DDP_CLASSES = spelled({"torch.nn.DistributedDataParallel", "torch.nn.parallel.DistributedDataParallel"})
+FULLY_SHARD = frozenset({"torch.distributed.fsdp.fully_shard", "torch.distributed._composable.fsdp.fully_shard"})
 DISTRIBUTED_SAMPLER = spelled({"torch.utils.data.DistributedSampler"})
 SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in spellings("torch.nn.SyncBatchNorm"))
 SPAWN = spelled({"torch.multiprocessing.spawn"})
@@ -176,7 +177,7 @@ START_PROCESSES = spelled({"torch.multiprocessing.start_processes"})
 CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
 # What a distributed script uses; one with a process group, a DDP wrap and a DistributedSampler
 # (or no DataLoader) is left alone (analysis.script.fully_distributed).
-DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | DISTRIBUTED_SAMPLER | SPAWN
+DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | FULLY_SHARD | DISTRIBUTED_SAMPLER | SPAWN
 AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
 SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
@@ -186,6 +187,12 @@ FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horo
 # torch.nn.parallel import DistributedDataParallel as DDP`, ...
 DIST_MODULE = "torch.distributed"
 DDP_MODULE = "torch.nn.parallel"
+FSDP_MODULE = "torch.distributed.fsdp"
+MESH_MODULE = "torch.distributed.device_mesh"
+STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
+AUTOCAST = spelled({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
+BFLOAT16 = frozenset({"torch.bfloat16"})
+GRAD_SCALER = spelled({"torch.amp.GradScaler", "torch.cuda.amp.GradScaler"})
 SAMPLER_MODULE = "torch.utils.data.distributed"
 MP_MODULE = "torch.multiprocessing"
 DATA_MODULES = ("torch.utils.data", "torch.utils.data.sampler")  # where the samplers may be imported from

@@ -553,10 +553,12 @@ class _CallCollector(cst.CSTVisitor):
 
 def fully_distributed(script: Script) -> bool:
     """Does the script already do what a conversion would: set up a process group, wrap a model
-    in DDP, and read its data through a DistributedSampler (or through no DataLoader at all)?"""
+    in DDP (or shard it with FSDP2's fully_shard), and read its data through a DistributedSampler
+    (or through no DataLoader at all)?"""
     apis = set(script.distributed_apis)
+    wrapped = apis & (D.DDP | D.FULLY_SHARD)
     return bool(
-        apis & D.INIT_PROCESS_GROUP and apis & D.DDP and (apis & D.DISTRIBUTED_SAMPLER or not script.has_dataloader)
+        apis & D.INIT_PROCESS_GROUP and wrapped and (apis & D.DISTRIBUTED_SAMPLER or not script.has_dataloader)
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
@@ -16,6 +18,7 @@ from ddpify.convert import (
     agree_on_stop,
     download_once,
     evaluate_distributed,
+    gather_full_state,
     flag_double_forward,
     flag_unfollowed_code,
     flag_visible_devices,
@@ -33,6 +36,7 @@ from ddpify.convert import (
     share_rank0_values,
     shard_data,
     shard_hand_batches,
+    shard_model,
     shard_split_loaders,
     shard_subset_samplers,
     skip_sync_on_accumulation,
@@ -87,6 +91,12 @@ PASSES = (
     launch_with_spawn,
     flag_unfollowed_code,
     flag_visible_devices,
+)
+
+
+# `--to fsdp2`: the model is sharded instead of wrapped; its checkpoints are gathered first.
+FSDP2_PASSES = tuple(
+    p for q in PASSES for p in ((shard_model,) if q is wrap_model else (gather_full_state, q) if q is guard_rank_zero else (q,))
 )
 
 
@@ -212,8 +222,11 @@ def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, dri
     edits = Edits(wrapper.module)
     edits.line_of = script.line
     edits.end_line_of = lambda node: script.positions[node].end.line if node in script.positions else script.line(node)
+    if options.target == "fsdp2" and (options.eval_on_rank0 or options.sync_batchnorm):
+        edits.note(1, "--eval-on-rank0 and --sync-batchnorm do not apply to --to fsdp2: a sharded model evaluates on every rank")
+        options = dataclasses.replace(options, eval_on_rank0=False, sync_batchnorm=False)
     ctx = Context(script, edits, options, gpus_per_process=spread_model_over_gpus.width(script), driver=driver)
-    for convert_pass in DRIVER_PASSES if driver else PASSES:
+    for convert_pass in DRIVER_PASSES if driver else FSDP2_PASSES if options.target == "fsdp2" else PASSES:
         edits.current_pass = convert_pass.__name__.rsplit(".", 1)[-1]
         convert_pass.run(ctx)
     return script, edits

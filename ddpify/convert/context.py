@@ -41,6 +41,12 @@ class Context:
     local_rank: str = "local_rank"
     helpers: set[tuple[cst.Module, str]] = field(default_factory=set)  # module-level helpers already added
     driver: bool = False  # the module only drives training another module runs (and sets up)
+    collective_lines: set[cst.CSTNode] = field(default_factory=set)  # statements with a collective now run before them
+
+    @property
+    def fsdp2(self) -> bool:
+        """Is the model sharded with FSDP2 (`--to fsdp2`): no wrapper, no `.module`?"""
+        return self.options.target == "fsdp2"
 
     def rank_and_world(self, stmt: cst.CSTNode) -> tuple[str, str]:
         """This process's rank and the world size as code that works where `stmt` runs."""
@@ -124,8 +130,9 @@ class Context:
         """How `node` reads the network inside `model`: `model.module` where every path to it
         has wrapped the model, `unwrap(model)` where some path has not (a method of a trainer
         that may run before the method that wraps its model, or without it), None where the model
-        is still plain. `unwrap` is the module's helper (defined where it is used)."""
-        if not self.after_wrap(node, model):
+        is still plain (or sharded with FSDP2, which keeps the model itself). `unwrap` is the
+        module's helper (defined where it is used)."""
+        if self.fsdp2 or not self.after_wrap(node, model):
             return None
         if self._wrapped_on_every_path(node, model):
             return f"{model}.module"

@@ -375,7 +375,12 @@ def add_imports(module: cst.Module, needed) -> cst.Module:
     plain = sorted((name, asname) for name, obj, asname in needed if obj is None)
     froms = sorted((name, obj, asname) for name, obj, asname in needed if obj is not None)
     lines = [f"import {name}" + (f" as {asname}" if asname else "") for name, asname in plain]
-    lines += [f"from {name} import {obj}" + (f" as {asname}" if asname else "") for name, obj, asname in froms]
+    grouped: dict[str, list[str]] = {}
+    for name, obj, asname in froms:  # `from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard`
+        grouped.setdefault(name, []).append(obj + (f" as {asname}" if asname else ""))
+    for name, objs in grouped.items():
+        line = f"from {name} import {', '.join(objs)}"
+        lines.append(line if len(line) <= 99 else f"from {name} import (\n" + "".join(f"    {o},\n" for o in objs) + ")")
     at = count
     while at > 0 and not _has_import(body[at - 1]):
         at -= 1  # after the last import (a docstring alone: after it)

@@ -78,8 +78,9 @@ def run(ctx: Context) -> None:
             line = script.statement_line(call)
             targets[line] = ctx.rank0_condition(line)
         _pass_unwrapped(ctx, call)
-    _unwrapped_on_rank0(ctx, targets, moved)
-    _guard(ctx, targets, hoisted)
+    if not ctx.fsdp2:  # a sharded model has no plain copy to run on rank 0 alone
+        _unwrapped_on_rank0(ctx, targets, moved)
+    _guard(ctx, targets, hoisted | ctx.collective_lines)
 
 
 def _unwrapped_on_rank0(ctx: Context, guarded, moved: set[cst.Call]) -> None:
@@ -203,8 +204,8 @@ def _gets_plain_model(ctx: Context, call: cst.Call, fn: cst.FunctionDef) -> bool
     and does the helper run no evaluation loop (whose sums are all-reduced on every rank)?"""
     script = ctx.script
     models = set(script.models) | set().union(*script.ddp_names.values())
-    if any(script.inside(loop, fn) for loops in script.eval_loops.values() for loop in loops):
-        return False
+    if ctx.fsdp2 or any(script.inside(loop, fn) for loops in script.eval_loops.values() for loop in loops):
+        return False  # (a sharded forward is a collective: every rank runs it)
     return any(ref_of(a.value) in models and script.summaries.needs_plain(call, a) for a in call.args)
 
 

@@ -22,6 +22,7 @@ from ddpify.analysis.script import param_receiving, ref_of
 from ddpify.convert.context import Context
 
 HEADER = "with contextlib.nullcontext() if {sync} else {model}.no_sync():"
+FSDP2_SYNC = "{model}.set_requires_gradient_sync({sync})  # FSDP2: reduce gradients on the step's last micro-step only\n"
 
 
 def run(ctx: Context) -> None:
@@ -40,6 +41,8 @@ def _accumulation(ctx: Context, loop: cst.For, backward: cst.Call, models: set[s
     optimizers = _optimizers(script)
     if any(_skips_sync(script, a) for a in script.ancestors(backward) if script.inside(a, loop)):
         return  # under `model.no_sync()` already
+    if any(N.call_name(c) == "set_requires_gradient_sync" for c in script.calls_in(loop)):
+        return  # FSDP2's switch is set already
     body = list(loop.body.body)
     last = _top(script, backward, body)
     step_if = next((s for s in body if isinstance(s, cst.If) and _steps(script, s, optimizers)), None)
@@ -54,6 +57,11 @@ def _accumulation(ctx: Context, loop: cst.For, backward: cst.Call, models: set[s
     sync = script.module.code_for_node(_through_module(step_if.test, models))
     if not isinstance(step_if.test, (cst.Comparison, cst.Name, cst.Attribute, cst.Call)):
         sync = f"({sync})"
+    if ctx.fsdp2:
+        sync = script.module.code_for_node(step_if.test)
+        edits.insert_before(first, FSDP2_SYNC.format(sync=sync, model=model))
+        edits.change(first, f"micro-steps that do not step the optimizer skip the gradient reduce-scatter (`{model}.set_requires_gradient_sync`)")
+        return
     edits.enclose(first, last, HEADER.format(sync=sync, model=model))
     edits.need_import("contextlib")
     edits.change(first, f"micro-steps that do not step the optimizer run under `{model}.no_sync()`")

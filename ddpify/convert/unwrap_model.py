@@ -25,6 +25,9 @@ ON_WRAPPER = N.DDP_ATTRIBUTES
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
+    if ctx.fsdp2:
+        _no_data_parallel_module(ctx)
+        return
     _reload_into_module(ctx)
     _plain_before_wrap(ctx)
     _unwrapped_to_objects(ctx)
@@ -54,6 +57,13 @@ def _plain_before_wrap(ctx: Context) -> None:
         if owner in ctx.wrap_after and not ctx.after_wrap(node, owner):
             edits.replace(node, node.value)
             edits.change(node, f"`{owner}` before the DDP wrap is the network itself (no `.module`)")
+
+
+def _no_data_parallel_module(ctx: Context) -> None:
+    """FSDP2 keeps the model itself: DataParallel's `model.module` is the model everywhere."""
+    for node in data_parallel_modules(ctx.script):
+        ctx.edits.replace(node, node.value)
+        ctx.edits.change(node, f"`{ref_of(node.value)}` is the network itself under FSDP2 (no `.module`)")
 
 
 def _unwrapped_to_objects(ctx: Context) -> None:

@@ -16,6 +16,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, kept_by_objects, mentions, ref_of
 from ddpify.convert.context import Context
+from ddpify.convert.wrap_point import moved_before, runs_model, wrap_point
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
 WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
@@ -35,18 +36,7 @@ def _wrap(ctx: Context, model: str, scope) -> None:
             ctx.wrap_after[model] = wrapped
         return
     _returned_model(ctx, model, scope, body)
-    last = None
-    for stmt in body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            continue  # a definition runs nothing
-        if last is not None and _runs(script, stmt, model):
-            break  # (before the model is built, what runs trains something else)
-        if mentions(stmt, model):
-            last = stmt  # built, moved, loaded, frozen, given a new head...: not run yet
-    if last is None:
-        raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
-    if scope is ctx.setup_scope and body.index(last) < ctx.init_index - 1:
-        last = body[ctx.init_index - 1]  # the process group (and the device) must exist first
+    last = wrap_point(ctx, model, scope, body)
     ctx.wrap_after[model] = last
     synced = any(
         script.is_call_to(c, D.SYNC_BATCHNORM) and c.args and mentions(c.args[0].value, model) for c in script.calls
@@ -61,7 +51,7 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     else:
         index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device_type.removesuffix('.type')}.index"
         wrap = WRAP.format(model=model, index=index, device_type=ctx.device_type)
-        if script.uses_gpu and not _moved(script, body[: body.index(last) + 1], model):  # `Trainer(model, ...)` moves it later
+        if script.uses_gpu and not moved_before(script, body[: body.index(last) + 1], model):  # `Trainer(model, ...)` moves it later
             wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
         edits.insert_after(last, wrap)
     edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
@@ -100,7 +90,7 @@ def _returned_model(ctx: Context, model: str, scope, body: list[cst.CSTNode]) ->
     to where it lands, so one that is not (called twice, unpacked oddly) is refused here."""
     if not isinstance(scope, cst.FunctionDef):
         return
-    trains = scope in ctx.script.training_functions or any(_runs(ctx.script, stmt, model) for stmt in body)
+    trains = scope in ctx.script.training_functions or any(runs_model(ctx.script, stmt, model) for stmt in body)
     for stmt in body:
         if not (m.matches(stmt, m.SimpleStatementLine(body=[m.Return()])) and stmt.body[0].value is not None):
             continue
@@ -119,52 +109,6 @@ def _returned_model(ctx: Context, model: str, scope, body: list[cst.CSTNode]) ->
             if ref_of(item) == model:
                 ctx.edits.replace(item, ctx.edits.expression(f"{model}.module"))
                 ctx.edits.change(stmt, f"returns `{model}.module`: the caller gets the plain model")
-
-
-def _moved(script, stmts: list[cst.CSTNode], model: str) -> bool:
-    """Is the model put on a device before the wrap (`.to(...)`/`.cuda()` in a statement that
-    names it)? DDP with `device_ids` needs the module on that GPU already."""
-    return any(
-        mentions(stmt, model) and any(N.call_name(c) in ("to", "cuda") for c in script.calls_in(stmt)) for stmt in stmts
-    )
-
-
-def _runs(script, stmt: cst.CSTNode, model: str) -> bool:
-    """Does `stmt` train or call the model (directly, by handing it to a training function, or
-    by giving it to an object of the script's own classes, e.g. `Trainer(model, ...)`)?"""
-    if isinstance(stmt, (cst.For, cst.While)) and _trains_inside(script, stmt):
-        return True  # a training loop, whatever it calls: the wrap is never after it
-    for call in script.calls_in(stmt):
-        if ref_of(call.func) == model or N.call_name(call) == "backward":
-            return True
-        if (script.local_function(call) or script.method_of_object(call)) in script.training_functions:
-            return True  # a training helper (it may use the model as a global)
-        cls = script.class_called(call)
-        if cls is not None and any(ref_of(a.value) == model for a in call.args):
-            if _rebuilds(script, call, cls, model):
-                continue  # `model = LossWrapper(model)`: the model is the wrapper now, wrapped after it
-            return True  # the object keeps the model and trains it later: it must get the DDP one
-    return False
-
-
-def _trains_inside(script, loop: cst.For | cst.While) -> bool:
-    """Does a loop step an optimizer or iterate a training loader (an epoch or step loop)?"""
-    train = {loader.name for loader in script.train_loaders}
-    if any(N.call_name(c) in ("backward", "step") and N.receiver(c) is not None for c in script.calls_in(loop)):
-        return True
-    return any(isinstance(f, cst.For) and any(mentions(f.iter, name) for name in train) for f in script.nodes_in(loop, cst.For))
-
-
-def _rebuilds(script, call: cst.Call, cls: cst.ClassDef, model: str) -> bool:
-    """`model = LossWrapper(model)`: an nn.Module built around the model under its own name; the
-    training step calls the wrapper's forward, so the wrapper is what DDP wraps."""
-    assign = script.parent(call)
-    return (
-        isinstance(assign, cst.Assign)
-        and assign.value is call
-        and ref_of(assign.targets[0].target) == model
-        and script.optimizer_summaries.is_module(cls) is True
-    )
 
 
 def _has_batchnorm(script) -> bool:

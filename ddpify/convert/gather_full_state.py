@@ -1,0 +1,114 @@
+"""`--to fsdp2`: checkpoints hold the whole model, gathered on every rank, saved by rank 0.
+
+    model_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        torch.save(model_state, "model.pt")       # loads into the single-GPU model
+
+A sharded model's `state_dict()` holds each rank's shard (DTensors); gathering the whole is a
+collective, so it runs on every rank before the guarded save (rank 0 keeps the result on the
+CPU; the others get an empty dict). A state dict kept for later (`best = model.state_dict()`)
+is gathered in full on every rank. Loading into the sharded model goes through
+`set_model_state_dict` (each rank takes its shard of the full state dict); the optimizer's
+state through `get_optimizer_state_dict` / `set_optimizer_state_dict`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import ref_of
+from ddpify.convert.context import Context
+
+TO_FILE = "StateDictOptions(full_state_dict=True, cpu_offload=True)"  # rank 0's copy, on the CPU
+FULL = "StateDictOptions(full_state_dict=True)"  # every rank's copy
+
+
+def run(ctx: Context) -> None:
+    script, edits = ctx.script, ctx.edits
+    models = set(script.models)
+    optimizers = _optimizers(script)
+    taken = set().union(*script.bound.values()) if script.bound else set()
+    for call in script.calls:
+        owner = ref_of(N.receiver(call)) if N.receiver(call) is not None else None
+        name = N.call_name(call)
+        if owner is None or name not in ("state_dict", "load_state_dict"):
+            continue
+        if owner in models and ctx.after_wrap(call, owner):
+            model = owner
+        elif owner in optimizers and len(models) == 1:
+            model = next(iter(models))
+            if not ctx.after_wrap(call, model):
+                continue
+        else:
+            continue
+        line = script.statement_line(call)
+        if line is None:
+            edits.todo(script.top_statement(call, script.scope_of(call)) or call, call,
+                       f"`{owner}.{name}()` of a sharded model: gather it with get_model_state_dict on every rank")  # fmt: skip
+            continue
+        edits.need_import(N.STATE_DICT_MODULE, "StateDictOptions")
+        if name == "load_state_dict":
+            _load(ctx, call, owner, model)
+            continue
+        getter = f"get_model_state_dict({model}" if owner == model else f"get_optimizer_state_dict({model}, {owner}"
+        edits.need_import(N.STATE_DICT_MODULE, getter.split("(")[0])
+        if _saved(script, call, line):
+            var = _free(taken, f"{owner.replace('self.', '').replace('.', '_')}_state")
+            edits.insert_before(line, f"{var} = {getter}, options={TO_FILE})\n")
+            edits.replace(call, cst.Name(var))
+            ctx.collective_lines.add(line)
+            edits.change(call, f"`{owner}`'s whole state is gathered on every rank (a collective), then saved by rank 0")
+        else:
+            edits.replace(call, edits.expression(f"{getter}, options={FULL})"))
+            edits.change(call, f"`{owner}`'s whole state is gathered on every rank")
+    for call in script.calls:
+        if script.is_call_to(call, N.TORCH_SAVE) and N.positional(call) and ref_of(N.positional(call)[0].value) in models:
+            edits.todo(script.statement_line(call) or call, call, "saves the whole sharded model object: save get_model_state_dict(...) instead")
+
+
+def _load(ctx: Context, call: cst.Call, owner: str, model: str) -> None:
+    script, edits = ctx.script, ctx.edits
+    args = [script.module.code_for_node(a.value) for a in N.positional(call)]
+    strict = N.keyword(call, "strict")
+    options = FULL if strict is None else FULL[:-1] + f", strict={script.module.code_for_node(strict.value)})"
+    if not args:
+        edits.todo(script.statement_line(call), call, f"`{owner}.load_state_dict(...)` of a sharded model: use set_model_state_dict")
+        return
+    if owner == model:
+        edits.replace(call, edits.expression(f"set_model_state_dict({model}, {args[0]}, options={options})"))
+        edits.need_import(N.STATE_DICT_MODULE, "set_model_state_dict")
+    else:
+        edits.replace(call, edits.expression(f"set_optimizer_state_dict({model}, {owner}, {args[0]}, options={FULL})"))
+        edits.need_import(N.STATE_DICT_MODULE, "set_optimizer_state_dict")
+    edits.change(call, f"every rank loads its shard of `{owner}`'s whole state")
+
+
+def _saved(script, call: cst.Call, line: cst.SimpleStatementLine) -> bool:
+    """Is the state dict (or a dict/list literal holding it) what a torch.save in `line` saves?"""
+    node = script.parent(call)
+    while isinstance(node, (cst.DictElement, cst.Dict, cst.Element, cst.List, cst.Tuple, cst.Arg)):
+        if isinstance(node, cst.Arg):
+            outer = script.parent(node)
+            return isinstance(outer, cst.Call) and script.is_call_to(outer, N.TORCH_SAVE) and node is outer.args[0]
+        node = script.parent(node)
+    return False
+
+
+def _optimizers(script) -> set[str]:
+    """Names bound to a torch.optim optimizer in the script."""
+    found = set()
+    for assigns in script.assigns.values():
+        for a in assigns:
+            target = ref_of(a.targets[0].target)
+            if target and isinstance(a.value, cst.Call) and N.is_optimizer(set(script.names(a.value.func))):
+                found.add(target)
+    return found
+
+
+def _free(taken: set[str], name: str) -> str:
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}{n}", n + 1
+    taken.add(candidate)
+    return candidate

@@ -1,0 +1,230 @@
+"""`--to fsdp2`: shard the model over the processes with FSDP2's `fully_shard`.
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in model.blocks:             # each repeated block is its own unit
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)          # then the root: what is left (embeddings, head)
+    optimizer = torch.optim.AdamW(model.parameters(), ...)
+
+The blocks are the entries of an `nn.ModuleList` / `nn.Sequential` of one class that the model's
+class (of the script or its project) builds in `__init__` (`--shard CLASS` names the class
+instead). `fully_shard` replaces the parameters with DTensors, so it goes before the optimizer
+is built: an optimizer built earlier would step the old ones. A `torch.autocast(...,
+dtype=torch.bfloat16)` becomes a `MixedPrecisionPolicy` (bf16 parameters in forward and
+backward, gradients reduced in fp32); fp16 with a GradScaler is left with a TODO.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import mentions, ref_of, returns
+from ddpify.convert.context import Context
+from ddpify.convert.wrap_point import wrap_point
+
+CONTAINERS = frozenset({"ModuleList", "Sequential"})
+POLICY = "mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+
+
+def run(ctx: Context) -> None:
+    mixed = _bf16_autocasts(ctx)
+    for model, scope in ctx.script.models.items():
+        _shard(ctx, model, scope, policy=bool(mixed))
+    if mixed:
+        _drop_autocasts(ctx, mixed)
+    for call in ctx.script.calls:
+        if ctx.script.is_call_to(call, N.GRAD_SCALER):
+            line = ctx.script.statement_line(call) or call
+            ctx.edits.todo(line, call, "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients")
+
+
+def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
+    script, edits = ctx.script, ctx.edits
+    body = list(script.block_of(scope).body)
+    existing = [s for s in body if any(script.is_call_to(c, N.FULLY_SHARD) for c in script.calls_in(s))]
+    if existing:
+        ctx.wrap_after[model] = existing[-1]
+        return
+    last = wrap_point(ctx, model, scope, body)
+    optimizer = _optimizer_built(ctx, model, body, last)
+    anchor = last
+    if optimizer is not None:
+        at = body.index(optimizer)
+        floor = ctx.init_index - 1 if scope is ctx.setup_scope else -1
+        if at - 1 > floor and _built_before(body, at, model):
+            anchor = body[at - 1]  # before the optimizer: it must see the sharded parameters
+        else:
+            edits.todo(optimizer, optimizer, f"the optimizer is built before `{model}` can be sharded: build it after `fully_shard({model})`")
+    ctx.wrap_after[model] = anchor
+    kwargs = ", mesh=mesh" + (", mp_policy=mp_policy" if policy else "")
+    code = f"mesh = init_device_mesh({ctx.device_type}, (dist.get_world_size(),))\n"
+    if policy:
+        code += POLICY
+        edits.need_import(N.FSDP_MODULE, "MixedPrecisionPolicy")
+    units = _units(ctx, model, scope, body)
+    if ctx.options.shard:
+        cls = ctx.options.shard
+        test = f"isinstance(module, {cls})" if _bound_at_top(script, cls) else f'type(module).__name__ == "{cls}"'
+        code += f"for module in [module for module in {model}.modules() if {test} and module is not {model}]:\n"
+        code += f"    fully_shard(module{kwargs})\n"
+        what = f"every `{cls}` in `{model}`, then `{model}` itself"
+    elif units:
+        for path, cls in units:
+            code += f"for block in {model}.{path}:  # each {cls} is its own unit\n    fully_shard(block{kwargs})\n"
+        what = ", ".join(f"each `{cls}` of `{model}.{path}`" for path, cls in units) + f", then `{model}` itself"
+    else:
+        what = f"`{model}` as one unit"
+    code += f"fully_shard({model}{kwargs})\n"
+    edits.insert_after(anchor, code)
+    edits.need_import(N.FSDP_MODULE, "fully_shard")
+    edits.need_import(N.MESH_MODULE, "init_device_mesh")
+    edits.need_import(N.DIST_MODULE, asname="dist")
+    edits.change(anchor, f"FSDP2 shards {what} over the processes (no wrapper: `{model}` keeps its own attributes)")
+    if not units and not ctx.options.shard:
+        edits.note(anchor, f"`{model}` has no repeated blocks ddpify can see: one unit, gathered whole for every forward (--shard CLASS names its blocks; if it fits one GPU, --to ddp is faster)")
+    if policy:
+        edits.change(anchor, "bf16 autocast becomes a MixedPrecisionPolicy (bf16 parameters, gradients reduced in fp32)")
+
+
+def _optimizer_built(ctx: Context, model: str, body: list, last: cst.CSTNode) -> cst.CSTNode | None:
+    """The first statement up to `last` that builds an optimizer over the model's parameters."""
+    script = ctx.script
+    for stmt in body[: body.index(last) + 1]:
+        if stmt is script.optimizer_stmt:
+            return stmt
+        if mentions(stmt, model) and any(
+            N.call_name(c) in ("parameters", "named_parameters") and mentions(c.func, model) for c in script.calls_in(stmt)
+        ):
+            return stmt
+    return None
+
+
+def _built_before(body: list, at: int, model: str) -> bool:
+    """Is the model bound by a statement before index `at`?"""
+    return any(mentions(s, model) for s in body[:at] if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
+
+
+def _units(ctx: Context, model: str, scope, body: list) -> list[tuple[str, str]]:
+    """(attribute path, block class) of each stack of one block class the model's class builds."""
+    cls = _model_class(ctx, model, scope, body)
+    init = ctx.script.methods(cls).get("__init__") if cls is not None else None
+    if init is None:
+        return []
+    found = []
+    for assign in m.findall(init, m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("self")))])):
+        attr = assign.targets[0].target.attr.value
+        for path, block in _stacks(assign.value):
+            found.append((".".join([attr, *path]), block))
+    tied = _tied(init)
+    return [(path, block) for path, block in found if path.split(".")[0] not in tied]
+
+
+def _stacks(value: cst.BaseExpression) -> list[tuple[list[str], str]]:
+    """`nn.ModuleList([Block(c) for _ in range(n)])`, `nn.Sequential(*[...])`, or one of those in
+    an `nn.ModuleDict(dict(h=...))`: ([keys below the attribute], the block class)."""
+    if not isinstance(value, cst.Call):
+        return []
+    name = N.call_name(value)
+    if name == "ModuleDict" and value.args:
+        inner = value.args[0].value
+        pairs = []
+        if isinstance(inner, cst.Call) and N.call_name(inner) == "dict":
+            pairs = [(a.keyword.value, a.value) for a in inner.args if a.keyword is not None]
+        elif isinstance(inner, cst.Dict):
+            pairs = [(e.key.evaluated_value, e.value) for e in inner.elements
+                     if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)]  # fmt: skip
+        return [([key, *path], block) for key, v in pairs for path, block in _stacks(v)]
+    if name not in CONTAINERS or not value.args:
+        return []
+    items = [a.value for a in value.args]
+    if len(items) == 1 and isinstance(items[0], (cst.ListComp, cst.GeneratorExp)):
+        items = [items[0].elt]  # `[Block(c) for _ in range(n)]`
+    elif len(items) == 1 and isinstance(items[0], cst.List):
+        items = [e.value for e in items[0].elements]
+    elif len(items) == 1 and value.args[0].star == "*" and isinstance(items[0], cst.ListComp):
+        items = [items[0].elt]
+    classes = {N.call_name(i) for i in items if isinstance(i, cst.Call)}
+    if len(classes) != 1 or not all(isinstance(i, cst.Call) for i in items) or None in classes:
+        return []
+    (block,) = classes
+    if block in CONTAINERS or not block[:1].isupper():
+        return []
+    if len(items) == 1 and not isinstance(value.args[0].value, (cst.ListComp, cst.GeneratorExp)):
+        return []  # one block: nothing repeats
+    return [([], block)]
+
+
+def _tied(init: cst.FunctionDef) -> set[str]:
+    """Attributes whose weights are tied to another's (`self.head.weight = self.wte.weight`):
+    a tie stays inside one unit, so their stacks are not split off."""
+    tied = set()
+    for assign in m.findall(init, m.Assign(value=m.Attribute(attr=m.Name("weight")))):
+        for node in (assign.targets[0].target, assign.value):
+            parts = []
+            while isinstance(node, cst.Attribute):
+                parts.append(node.attr.value)
+                node = node.value
+            if isinstance(node, cst.Name) and node.value == "self" and parts:
+                tied.add(parts[-1])
+    return tied
+
+
+def _model_class(ctx: Context, model: str, scope, body: list) -> cst.ClassDef | None:
+    """The class of the script (or its project) the model is built from: `model = GPT(cfg)`, or
+    the class a factory of the script returns (`model = build_model(cfg)`)."""
+    script = ctx.script
+    for assign in script.assigns.get(scope, []):
+        if ref_of(assign.targets[0].target) != model:
+            continue
+        for call in script.calls_in(assign.value):
+            cls = script.class_called(call)
+            if cls is not None and script.optimizer_summaries.is_module(cls):
+                return cls
+            fn = script.local_function(call)
+            for ret in returns(fn) if fn is not None else ():
+                inner = [c for c in script.calls_in(ret)]
+                found = next((c for c in map(script.class_called, inner) if c is not None), None)
+                if found is not None and script.optimizer_summaries.is_module(found):
+                    return found
+    return None
+
+
+def _bound_at_top(script, name: str) -> bool:
+    return name in script.classes or any(
+        isinstance(s, cst.SimpleStatementLine) and any(
+            isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
+            and any((a.asname.name.value if a.asname else a.name.value.split(".")[0]) == name for a in small.names)
+            for small in s.body
+        )
+        for s in script.module.body
+    )  # fmt: skip
+
+
+def _bf16_autocasts(ctx: Context) -> list[tuple[cst.With, cst.WithItem]]:
+    """`with torch.autocast(..., dtype=torch.bfloat16):` items (the dtype spelled out)."""
+    script = ctx.script
+    found = []
+    for with_ in script.nodes_of(cst.With):
+        for item in with_.items:
+            call = item.item
+            if isinstance(call, cst.Call) and script.is_call_to(call, N.AUTOCAST):
+                dtype = N.keyword(call, "dtype")
+                if dtype is not None and script.names(dtype.value) & N.BFLOAT16:
+                    found.append((with_, item))
+    return found
+
+
+def _drop_autocasts(ctx: Context, found: list[tuple[cst.With, cst.WithItem]]) -> None:
+    """The policy casts instead: a `with` of the autocast alone gives way to its body; an
+    autocast among other items is dropped from them."""
+    edits = ctx.edits
+    for with_, item in found:
+        if len(with_.items) == 1 and isinstance(with_.body, cst.IndentedBlock):
+            edits.replace(with_, cst.FlattenSentinel(with_.body.body))
+        else:
+            items = [i for i in with_.items if i is not item]
+            items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            edits.rewrite(with_, lambda updated, kept=items: updated.with_changes(items=kept))
+        edits.change(with_, "autocast to bf16 is the MixedPrecisionPolicy's work under FSDP2")
