@@ -34,6 +34,7 @@ class Edits:
         self.guards: dict[cst.CSTNode, str] = {}
         self.removed: set[cst.CSTNode] = set()
         self.enclosures: dict[cst.CSTNode, tuple[cst.CSTNode, str]] = {}
+        self.dissolved: set[cst.CSTNode] = set()
         # Notes keep the node they are about; its line is looked up once, when they are read
         # (a conversion that plans nothing, like the verification's, never computes positions).
         self._changes: list[tuple[cst.CSTNode | int, str]] = []
@@ -128,6 +129,11 @@ class Edits:
         """Put the statements from `first` to `last` (one block) under `header` (e.g. a `with`)."""
         self.enclosures[first] = (last, header)
         self._log(first, f"encloses it in `{header}`")
+
+    def dissolve(self, stmt: cst.With) -> None:
+        """Put the body of a `with` (whose context is no longer needed) in its place."""
+        self.dissolved.add(stmt)
+        self._log(stmt, f"replaces `{_short(stmt)}` by its body")
 
     def remove(self, stmt: cst.CSTNode) -> None:
         self.removed.add(stmt)
@@ -288,10 +294,11 @@ class _Applier(cst.CSTTransformer):
                 upd, inserted[0] = _blank_lines_move_up(upd, inserted[0])
             out.extend(inserted)
             if orig not in edits.removed:
+                news = _dissolved(upd) if orig in edits.dissolved else [upd]
                 if condition is None:
-                    out.append(upd)
+                    out.extend(news)
                 else:
-                    run.append(upd)
+                    run.extend(news)
                     run_condition = condition
             if edits.after.get(orig):
                 flush()
@@ -316,6 +323,12 @@ class _Applier(cst.CSTTransformer):
         )
 
 
+def _dissolved(stmt: cst.With) -> list[cst.BaseStatement]:
+    """A `with`'s body statements, the first with the `with`'s own leading lines."""
+    body = list(stmt.body.body)
+    return [body[0].with_changes(leading_lines=[*stmt.leading_lines, *body[0].leading_lines]), *body[1:]]
+
+
 def _blank_lines_move_up(stmt: cst.CSTNode, inserted: cst.CSTNode) -> tuple[cst.CSTNode, cst.CSTNode]:
     """Code inserted before `stmt` goes below the blank lines that separate it from what precedes
     (unless it brings blank lines of its own, like a helper function)."""
@@ -332,7 +345,7 @@ def _blank_lines_move_up(stmt: cst.CSTNode, inserted: cst.CSTNode) -> tuple[cst.
 
 def edited_nodes(edits: Edits) -> list[cst.CSTNode]:
     """Every node an edit is attached to."""
-    edited = [*edits.rewrites, *edits.before, *edits.after, *edits.guards, *edits.removed, *edits.enclosures]
+    edited = [*edits.rewrites, *edits.before, *edits.after, *edits.guards, *edits.removed, *edits.enclosures, *edits.dissolved]
     return edited + [last for last, _ in edits.enclosures.values()]
 
 

@@ -222,7 +222,9 @@ def _drop_autocasts(ctx: Context, found: list[tuple[cst.With, cst.WithItem]]) ->
     edits = ctx.edits
     for with_, item in found:
         if len(with_.items) == 1 and isinstance(with_.body, cst.IndentedBlock):
-            edits.replace(with_, cst.FlattenSentinel(with_.body.body))
+            edits.dissolve(with_)
+        elif len(with_.items) == 1:
+            continue  # `with torch.autocast(...): loss = step(x)` on one line: harmless under the policy
         else:
             items = [i for i in with_.items if i is not item]
             items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)

@@ -36,6 +36,11 @@ wraps a few torch entry points to take notes, always calling the original:
   constructor; a forward pre-hook on every DDP model notes the integer first input of each
   training forward (``trained_tokens``) and a checksum of its parameters (``ddp_forwards``;
   ``ddp_final`` at the end): the replica check for scripts that update parameters by hand.
+* FSDP2's ``fully_shard``: the outermost module it shards counts as a wrapped model (entries of
+  ``ddp_models`` with ``kind`` "fsdp2"; its blocks, sharded first, are folded into it), and
+  ``set_requires_gradient_sync(False)`` as ``no_sync``. Checksums and the parameters at the end
+  are of the whole (gathered) parameters: the gathers run where every rank is (after each
+  optimizer step, before each training forward, before the process group is destroyed).
 * ``torch.multiprocessing.spawn``: a script that starts its own processes has each child
   traced as rank ``i`` (the launcher writes its own files as rank ``launcher``).
 * ``sys.stdout``: what this process printed, and each line's script line (``lines``).
@@ -85,6 +90,10 @@ import torch.utils.data.dataloader as dataloader_module
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch < 2.5: no FSDP2
+    DTensor = None
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -481,7 +490,8 @@ def _loads_into(state) -> int | None:
     """The index of the DDP model whose unwrapped module would load `state` (same keys and shapes)."""
     shapes = _shape_map(state)
     for i, model in enumerate(_ddp_models):
-        if _shape_map(model.module.state_dict()) == shapes:
+        plain = model.module if isinstance(model, DistributedDataParallel) else model  # FSDP2: the model itself
+        if _shape_map(plain.state_dict()) == shapes:
             return i
     return None
 
@@ -595,14 +605,23 @@ def _optimizer_params(optimizer) -> list:
     return [p for g in optimizer.param_groups for p in g["params"]]
 
 
+def _whole(p):
+    """A parameter's whole value: FSDP2's DTensors are gathered (a collective: every rank calls it)."""
+    return p.full_tensor() if DTensor is not None and isinstance(p, DTensor) else p
+
+
+def _sharded(params) -> bool:
+    return DTensor is not None and any(isinstance(p, DTensor) for p in params)
+
+
 def params_checksum(params) -> str:
     """blake2b of the parameters' bytes: equal on two ranks iff their parameters are bitwise equal."""
     digest = hashlib.blake2b(digest_size=8)
     for p in params:
-        t = p.detach()
+        t = _whole(p).detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous().reshape(-1)
+        t = t.reshape(-1).clone()  # a copy: numpy must not pin the storage (FSDP2 frees it after forward)
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
@@ -646,6 +665,7 @@ def _init_process_group(original):
 def _destroy_process_group(original):
     def destroy_process_group(*args, **kwargs):
         _trace["destroy_process_group"] += 1
+        _gather_final()
         return original(*args, **kwargs)
 
     return destroy_process_group
@@ -681,6 +701,64 @@ def _ddp_init(original):
         self.register_forward_pre_hook(_record_forward_params)
 
     return __init__
+
+
+def _install_fsdp2_hooks() -> None:
+    try:
+        import torch.distributed.fsdp as fsdp
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return
+    _wrap(fsdp, "fully_shard", _fully_shard)
+    _wrap(FSDPModule, "set_requires_gradient_sync", _set_requires_gradient_sync)
+    composable = sys.modules.get("torch.distributed._composable.fsdp")
+    if composable is not None and hasattr(composable, "fully_shard"):
+        composable.fully_shard = fsdp.fully_shard
+
+
+def _fully_shard(original):
+    def fully_shard(module, *args, **kwargs):
+        result = original(module, *args, **kwargs)
+        inner = {id(m) for m in module.modules()}
+        for model in [m for m in _ddp_models if id(m) in inner]:  # its blocks, sharded before it
+            at = _ddp_models.index(model)
+            del _ddp_models[at], _trace["ddp_models"][at], _trace["ddp_forwards"][at]
+            _trace["ddp_wrapped"] -= 1
+        for i, model in enumerate(_ddp_models):
+            model._ddpify_trace_index = i
+        _trace["ddp_wrapped"] += 1
+        module._ddpify_trace_index = len(_ddp_models)
+        _ddp_models.append(module)
+        _state["ddp_params"].update(id(p) for p in module.parameters())
+        _trace["ddp_models"].append(
+            dict(module=type(module).__name__, kind="fsdp2", params=sum(1 for _ in module.parameters()),
+                 where=_user_frame(), event=_event())
+        )  # fmt: skip
+        _trace["ddp_forwards"].append([])
+        module.register_forward_pre_hook(_record_tokens)
+        module.register_forward_pre_hook(_record_forward_params)
+        return result
+
+    return fully_shard
+
+
+def _set_requires_gradient_sync(original):
+    def set_requires_gradient_sync(self, requires_gradient_sync, *args, **kwargs):
+        if getattr(self, "_ddpify_trace_index", None) is not None:
+            _state["fsdp_no_sync"] = not requires_gradient_sync
+        return original(self, requires_gradient_sync, *args, **kwargs)
+
+    return set_requires_gradient_sync
+
+
+def _gather_final() -> None:
+    """The whole parameters of sharded models, while the process group is still up."""
+    if "final_params" in _state or not dist.is_initialized():
+        return
+    if not any(_sharded(_optimizer_params(opt)) for opt in _optimizers):
+        return
+    _state["final_params"] = [[_whole(p).detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers]
+    _state["final_ddp"] = [params_checksum(model.parameters()) for model in _ddp_models]
 
 
 def _no_sync(original):
@@ -754,7 +832,7 @@ def _backward(original):
                 _trace["losses"].append(float(self.detach().float().item()))
             except RuntimeError:
                 pass
-            _state["backward_in_no_sync"] = bool(_state["in_no_sync"])
+            _state["backward_in_no_sync"] = bool(_state["in_no_sync"] or _state.get("fsdp_no_sync"))
         return original(self, *args, **kwargs)
 
     return backward
@@ -806,6 +884,7 @@ def install_hooks() -> None:
             _wrap(dist, name, _collective)
     _wrap(DistributedDataParallel, "__init__", _ddp_init)
     _wrap(DistributedDataParallel, "no_sync", _no_sync)
+    _install_fsdp2_hooks()
     for name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"):
         if hasattr(F, name):
             _wrap(F, name, _dropout)
@@ -923,11 +1002,17 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
 
     _trace["exit_code"] = code
     _trace["dist_initialized_at_exit"] = dist.is_initialized()
+    if code == 0:
+        _gather_final()  # a run cut short (StopRun) has its group up still
     if dist.is_initialized():
         dist.destroy_process_group()  # cut short before the script's teardown, or left up: the next run makes its own
-    params = [[p.detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers]
+    params = _state.get("final_params") or [
+        [_local(p).detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers
+    ]
     _trace["final_checksums"] = [params_checksum(group) for group in params]
-    _trace["ddp_final"] = [params_checksum(model.parameters()) for model in _ddp_models]
+    _trace["ddp_final"] = _state.get("final_ddp") or [
+        params_checksum(_local(p) for p in model.parameters()) for model in _ddp_models
+    ]
     _trace["uncovered"] = _uncovered()
     _unwritten_appends()
     if config.get("compare_params"):
@@ -944,6 +1029,11 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
     if reraise and failure is not None:
         raise failure
     return code
+
+
+def _local(p):
+    """This rank's own part of a parameter (a failed FSDP2 run cannot gather the whole)."""
+    return p.to_local() if DTensor is not None and isinstance(p, DTensor) else p
 
 
 def _tag(label, rank) -> str:
