@@ -1,0 +1,180 @@
+"""`convert --to fsdp2`: the converted fixtures shard their models with FSDP2 and train right under
+real torchrun (2 CPU processes, gloo).
+
+fixtures/fsdp2/<case>.in.py -> <case>.out.py (reviewed goldens; `--update-goldens` rewrites them).
+One torchrun launch runs every case with shuffle off (and the transformer with shuffle on too);
+one plain-python launch runs each converted script as one process with twice the batch (and the
+fp32 originals). The tests read the traces (ddpify/verify/tracer.py): FSDP2's fully_shard wrapped
+the model, each rank read its own half of the data, every rank's whole (gathered) parameters are
+equal after every optimizer step (Launch.trace checks it), equal to the one-process run at 2x the
+batch, one voice, one checkpoint that loads into the original model class, and a restart that
+resumes from a full-state-dict checkpoint trains on as one uninterrupted run does.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+import torch
+
+from conftest import NPROC, ROOT, run_plan
+from ddpify.engine import ConvertOptions, convert_source
+
+FIXTURES = ROOT / "fixtures" / "fsdp2"
+FSDP2 = ConvertOptions(target="fsdp2")
+B = 16
+
+# case -> (train set size, epochs, checkpoint file, model class, a line printed per epoch, tolerance vs one process)
+CASES = {
+    "mlp": (384, 2, "mlp.pt", "DeepMLP", r"epoch \d: mean batch loss", 1e-5),
+    "tiny_gpt": (192, 2, "tiny_decoder.pt", "TinyDecoder", r"epoch \d: last loss", 2e-2),  # bf16 compute
+    "cnn_stages": (256, 2, "staged_cnn.pt", "StagedCNN", r"epoch \d: \d+ images", 1e-5),
+    "resume": (320, 2, "last.pt", "Classifier", r"epoch \d: loss", 1e-5),
+}
+FP32_ORIGINALS = ("mlp", "cnn_stages")  # the original (no bf16) must give the same parameters too
+
+
+def env(batch: int, epochs: int, shuffle: bool = False) -> dict:
+    return {"BATCH_SIZE": str(batch), "EPOCHS": str(epochs), "SHUFFLE": "1" if shuffle else "0"}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_conversion(case, update_goldens):
+    src, golden = FIXTURES / f"{case}.in.py", FIXTURES / f"{case}.out.py"
+    result = convert_source(src.read_text(), str(src), FSDP2)
+    if update_goldens and (not golden.exists() or golden.read_text() != result.code):
+        golden.write_text(result.code)
+    assert result.code == golden.read_text(), f"{golden.name} is stale: pytest tests/test_fsdp2.py --update-goldens"
+    assert not result.todos, result.todos
+    again = convert_source(result.code, str(golden), FSDP2)
+    assert again.code == result.code, "converting the FSDP2 script again changed it"
+    code = result.code
+    assert "fully_shard(" in code and "DistributedDataParallel" not in code and ".module" not in code
+    assert code.index("fully_shard(") < code.index("torch.optim."), "the optimizer must be built after fully_shard"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("fsdp2")
+    out = {case: str(FIXTURES / f"{case}.out.py") for case in CASES}
+    dist_plan = [{"label": case, "script": out[case], "args": [], "env": env(B, CASES[case][1])} for case in CASES if case != "resume"]
+    dist_plan += [
+        {"label": "tiny_gpt_shuffled", "script": out["tiny_gpt"], "args": [], "env": env(B, 2, shuffle=True)},
+        {"label": "resume_first", "script": out["resume"], "args": [], "env": env(B, 1), "cwd": "resume"},
+        {"label": "resume", "script": out["resume"], "args": [], "env": env(B, 2), "cwd": "resume"},
+    ]
+    single_plan = [{"label": case, "script": out[case], "args": [], "env": env(NPROC * B, CASES[case][1])} for case in CASES]
+    single_plan += [
+        {"label": f"{case}_original", "script": str(FIXTURES / f"{case}.in.py"), "args": [], "env": env(NPROC * B, CASES[case][1])}
+        for case in FP32_ORIGINALS
+    ]  # fmt: skip
+    dist = run_plan(dist_plan, work / "torchrun", nproc=NPROC)
+    single = run_plan(single_plan, work / "python", nproc=None)
+    return dist, single
+
+
+def ran(launch, label: str, ranks: int) -> list[dict]:
+    traces = []
+    for rank in range(ranks):
+        assert (label, rank) in launch.traces, f"no trace of {label} rank {rank}\n{launch.log()}"
+        t = launch.trace(label, rank)  # also checks that the ranks' whole parameters agree after every step
+        assert t["exit_code"] == 0, f"{label} rank {rank}: {t['error']}\n{launch.log()}"
+        traces.append(t)
+    return traces
+
+
+def train_passes(trace: dict, size: int) -> list[list[int]]:
+    loaders = [ld["id"] for ld in trace["loaders"] if ld["dataset_len"] == size]
+    assert len(loaders) == 1, trace["loaders"]
+    return [p["indices"] for p in trace["passes"] if p["loader"] == loaders[0] and p["complete"]]
+
+
+def max_diff(a: list, b: list) -> float:
+    assert [[t.shape for t in g] for g in a] == [[t.shape for t in g] for g in b]
+    return max((x.double() - y.double()).abs().max().item() for ga, gb in zip(a, b) for x, y in zip(ga, gb))
+
+
+def original_model(case: str):
+    """An instance of the model class of the single-GPU script (its classes and constants, not its training)."""
+    tree = ast.parse((FIXTURES / f"{case}.in.py").read_text())
+    keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.ClassDef)) or (
+        isinstance(n, ast.Assign) and _literal(n.value))]  # fmt: skip
+    namespace: dict = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(FIXTURES / f"{case}.in.py"), "exec"), namespace)
+    return namespace[CASES[case][3]]()
+
+
+def _literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "resume"])
+def test_sharded_training_matches_one_process_with_double_batch(runs, case):
+    dist, single = runs
+    size, epochs, _, model_class, _, tolerance = CASES[case]
+    traces = ran(dist, case, NPROC)
+    for rank, t in enumerate(traces):
+        assert [(g["backend"], g["world_size"], g["rank"]) for g in t["init_process_group"]] == [("gloo", NPROC, rank)]
+        assert t["ddp_wrapped"] == 1 and t["ddp_models"][0]["kind"] == "fsdp2", t["ddp_models"]
+        assert t["ddp_models"][0]["module"].endswith(model_class)  # the root, its blocks folded into it
+        assert t["uncovered"] == [], "an optimizer trains parameters fully_shard never sharded"
+        assert t["destroy_process_group"] == 1 and not t["dist_initialized_at_exit"]
+        assert all(len(steps) > 0 for steps in t["optimizer_steps"]) and t["optimizer_steps"]
+    shards = [train_passes(t, size) for t in traces]
+    for epoch in range(epochs):
+        halves = [set(s[epoch]) for s in shards]
+        assert not halves[0] & halves[1] and halves[0] | halves[1] == set(range(size)), f"epoch {epoch}: not two disjoint halves"
+    (alone,) = ran(single, case, 1)
+    assert [g["world_size"] for g in alone["init_process_group"]] == [1], "plain python must be one process"
+    diff = max_diff(dist.params(case, 0), single.params(case, 0))
+    assert diff <= tolerance, f"{case}: max |param - one process at batch {NPROC * B}| = {diff:g}"
+    if case in FP32_ORIGINALS:
+        ran(single, f"{case}_original", 1)
+        diff = max_diff(dist.params(case, 0), single.params(f"{case}_original", 0))
+        assert diff <= tolerance, f"{case}: max |param - the original at batch {NPROC * B}| = {diff:g}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "resume"])
+def test_one_voice_and_one_checkpoint_that_loads_into_the_original_model(runs, case):
+    dist, _ = runs
+    _, epochs, checkpoint, _, per_epoch, _ = CASES[case]
+    traces = ran(dist, case, NPROC)
+    assert traces[1]["stdout"] == "" and traces[1]["saves"] == [], "rank 1 printed or saved"
+    assert len(re.findall(per_epoch, traces[0]["stdout"])) == epochs
+    assert [s["path"] for s in traces[0]["saves"]] == [checkpoint]
+    state = torch.load(dist.cwd / case / checkpoint, map_location="cpu", weights_only=True)
+    model = original_model(case)
+    model.load_state_dict(state)  # strict: every key, every shape, no DTensor left
+    assert all(type(v) is torch.Tensor for v in state.values())
+    final = [p for group in dist.params(case, 0) for p in group]
+    assert any(torch.equal(p.detach(), f) for p in model.parameters() for f in final), "saved weights are not the trained ones"
+
+
+def test_shuffled_epochs_differ(runs):
+    dist, _ = runs
+    traces = ran(dist, "tiny_gpt_shuffled", NPROC)
+    for rank, t in enumerate(traces):
+        passes = train_passes(t, CASES["tiny_gpt"][0])
+        assert len(passes) == 2 and passes[0] != passes[1], f"rank {rank}: the same order twice (set_epoch?)"
+        assert passes[0] != sorted(passes[0])
+    assert t["no_sync_steps"] == 0, "an optimizer step used gradients that were never reduced"
+
+
+def test_a_restart_resumes_from_the_full_state_dict_checkpoint(runs):
+    dist, single = runs
+    ran(dist, "resume_first", NPROC)
+    traces = ran(dist, "resume", NPROC)
+    assert traces[0]["stdout"].count("resumed after epoch 0") == 1 and traces[1]["stdout"] == ""
+    assert len(traces[0]["passes"]) == 1, "the resumed run trains the one epoch left"
+    ran(single, "resume", 1)  # two epochs in one go, one process, batch 2B
+    diff = max_diff(dist.params("resume", 0), single.params("resume", 0))
+    assert diff <= CASES["resume"][5], f"resumed training is {diff:g} away from one uninterrupted run"
+    state = torch.load(dist.cwd / "resume" / "last.pt", map_location="cpu", weights_only=True)
+    original_model("resume").load_state_dict(state["model"])
+    assert state["epoch"] == 1
