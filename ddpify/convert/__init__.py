@@ -28,6 +28,7 @@ from ddpify.convert import (
     legacy_local_rank,
     place_on_device,
     quiet_progress_bars,
+    read_whole_parameters,
     reduce_train_metrics,
     replace_data_parallel,
     resume_after_restart,
@@ -96,7 +97,9 @@ PASSES = (
 
 # `--to fsdp2`: the model is sharded instead of wrapped; its checkpoints are gathered first.
 FSDP2_PASSES = tuple(
-    p for q in PASSES for p in ((shard_model,) if q is wrap_model else (gather_full_state, q) if q is guard_rank_zero else (q,))
+    p
+    for q in PASSES
+    for p in ((shard_model,) if q is wrap_model else (gather_full_state, read_whole_parameters, q) if q is guard_rank_zero else (q,))
 )
 
 

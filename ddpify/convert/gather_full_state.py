@@ -34,10 +34,15 @@ def run(ctx: Context) -> None:
         name = N.call_name(call)
         if owner is None or name not in ("state_dict", "load_state_dict"):
             continue
-        if owner in models and ctx.after_wrap(call, owner):
+        here = models | set(script.ddp_names.get(script.scope_of(call), ()))  # `self.model` of a trainer too
+        if owner in here and ctx.after_wrap(call, owner):
             model = owner
-        elif owner in optimizers and len(models) == 1:
-            model = next(iter(models))
+        elif owner in optimizers or owner.rsplit(".", 1)[-1] in {o.rsplit(".", 1)[-1] for o in optimizers}:
+            candidates = sorted(here)
+            if len(candidates) != 1:
+                edits.todo(script.statement_line(call) or call, call, f"`{owner}.{name}()` of a sharded model's optimizer: use get/set_optimizer_state_dict with its model")
+                continue
+            model = candidates[0]
             if not ctx.after_wrap(call, model):
                 continue
         else:
@@ -76,11 +81,19 @@ def _load(ctx: Context, call: cst.Call, owner: str, model: str) -> None:
         edits.todo(script.statement_line(call), call, f"`{owner}.load_state_dict(...)` of a sharded model: use set_model_state_dict")
         return
     if owner == model:
-        edits.replace(call, edits.expression(f"set_model_state_dict({model}, {args[0]}, options={options})"))
+        template = edits.expression(f"set_model_state_dict({model}, STATE, options={options})")
         edits.need_import(N.STATE_DICT_MODULE, "set_model_state_dict")
     else:
-        edits.replace(call, edits.expression(f"set_optimizer_state_dict({model}, {owner}, {args[0]}, options={FULL})"))
+        template = edits.expression(f"set_optimizer_state_dict({model}, {owner}, STATE, options={FULL})")
         edits.need_import(N.STATE_DICT_MODULE, "set_optimizer_state_dict")
+    at = len(template.args) - 2
+
+    def loading(updated: cst.Call) -> cst.Call:
+        """The state as the other passes left it (`torch.load(path, map_location=device)`)."""
+        state = N.positional(updated)[0].value
+        return template.with_changes(args=[*template.args[:at], template.args[at].with_changes(value=state), template.args[-1]])
+
+    edits.rewrite(call, loading)
     edits.change(call, f"every rank loads its shard of `{owner}`'s whole state")
 
 

@@ -24,6 +24,7 @@ from ddpify.analysis.script import mentions, ref_of, returns
 from ddpify.convert.context import Context
 from ddpify.convert.wrap_point import wrap_point
 
+BACKEND_DEVICE = '"cuda" if dist.get_backend() == "nccl" else "cpu"'  # where the setup's device is not in sight
 CONTAINERS = frozenset({"ModuleList", "Sequential"})
 POLICY = "mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
 
@@ -47,6 +48,19 @@ def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
     if existing:
         ctx.wrap_after[model] = existing[-1]
         return
+    factory = _factory(ctx, model, scope)
+    if factory is not None:
+        fn, before, local = factory
+        ctx.wrap_after[model] = next(s for s in body if any(script.local_function(c) is fn for c in script.calls_in(s)))
+        if any(script.is_call_to(c, N.FULLY_SHARD) for c in script.calls_in(fn)):
+            return  # sharded there already
+        code, what = _code(ctx, local, ctx.options.shard, _units(ctx, local, fn, list(fn.body.body)), policy, BACKEND_DEVICE)
+        edits.insert_before(script.top_statement(before, fn), code)
+        _imports(ctx)
+        edits.change(before, f"FSDP2 shards {what} in `{fn.name.value}()`, before its optimizer is built (no wrapper)")
+        if policy:
+            edits.change(before, "bf16 autocast becomes a MixedPrecisionPolicy (bf16 parameters, gradients reduced in fp32)")
+        return
     last = wrap_point(ctx, model, scope, body)
     optimizer = _optimizer_built(ctx, model, body, last)
     anchor = last
@@ -58,14 +72,33 @@ def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
         else:
             edits.todo(optimizer, optimizer, f"the optimizer is built before `{model}` can be sharded: build it after `fully_shard({model})`")
     ctx.wrap_after[model] = anchor
+    units = _units(ctx, model, scope, body)
+    device_type = ctx.device_type if ctx.device_visible(scope) else BACKEND_DEVICE
+    code, what = _code(ctx, model, ctx.options.shard, units, policy, device_type)
+    edits.insert_after(anchor, code)
+    _imports(ctx)
+    edits.change(anchor, f"FSDP2 shards {what} over the processes (no wrapper: `{model}` keeps its own attributes)")
+    if not units and not ctx.options.shard:
+        edits.note(anchor, f"`{model}` has no repeated blocks ddpify can see: one unit, gathered whole for every forward (--shard CLASS names its blocks; if it fits one GPU, --to ddp is faster)")
+    if policy:
+        edits.change(anchor, "bf16 autocast becomes a MixedPrecisionPolicy (bf16 parameters, gradients reduced in fp32)")
+
+
+def _imports(ctx: Context) -> None:
+    ctx.edits.need_import(N.FSDP_MODULE, "fully_shard")
+    ctx.edits.need_import(N.MESH_MODULE, "init_device_mesh")
+    ctx.edits.need_import(N.DIST_MODULE, asname="dist")
+
+
+def _code(ctx: Context, model: str, cls: str | None, units: list, policy: bool, device_type: str) -> tuple[str, str]:
+    """The sharding code, and what it shards in words."""
+    script = ctx.script
     kwargs = ", mesh=mesh" + (", mp_policy=mp_policy" if policy else "")
-    code = f"mesh = init_device_mesh({ctx.device_type}, (dist.get_world_size(),))\n"
+    code = f"mesh = init_device_mesh({device_type}, (dist.get_world_size(),))\n"
     if policy:
         code += POLICY
-        edits.need_import(N.FSDP_MODULE, "MixedPrecisionPolicy")
-    units = _units(ctx, model, scope, body)
-    if ctx.options.shard:
-        cls = ctx.options.shard
+        ctx.edits.need_import(N.FSDP_MODULE, "MixedPrecisionPolicy")
+    if cls:
         test = f"isinstance(module, {cls})" if _bound_at_top(script, cls) else f'type(module).__name__ == "{cls}"'
         code += f"for module in [module for module in {model}.modules() if {test} and module is not {model}]:\n"
         code += f"    fully_shard(module{kwargs})\n"
@@ -77,15 +110,29 @@ def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
     else:
         what = f"`{model}` as one unit"
     code += f"fully_shard({model}{kwargs})\n"
-    edits.insert_after(anchor, code)
-    edits.need_import(N.FSDP_MODULE, "fully_shard")
-    edits.need_import(N.MESH_MODULE, "init_device_mesh")
-    edits.need_import(N.DIST_MODULE, asname="dist")
-    edits.change(anchor, f"FSDP2 shards {what} over the processes (no wrapper: `{model}` keeps its own attributes)")
-    if not units and not ctx.options.shard:
-        edits.note(anchor, f"`{model}` has no repeated blocks ddpify can see: one unit, gathered whole for every forward (--shard CLASS names its blocks; if it fits one GPU, --to ddp is faster)")
-    if policy:
-        edits.change(anchor, "bf16 autocast becomes a MixedPrecisionPolicy (bf16 parameters, gradients reduced in fp32)")
+    return code, what
+
+
+def _factory(ctx: Context, model: str, scope) -> tuple[cst.FunctionDef, cst.Call, str] | None:
+    """`dataset, model, optimizer = load_train_objs()`: the script's function that builds the
+    model and its optimizer and returns both; the model is sharded there, before the optimizer
+    (the function, the optimizer's call, the model's name in it). Only for a function that runs
+    once the process group exists."""
+    script = ctx.script
+    for assign in script.assigns.get(scope, []):
+        if not (isinstance(assign.value, cst.Call) and mentions(assign.targets[0].target, model)):
+            continue
+        fn = script.local_function(assign.value)
+        if fn is None or fn in ctx.called_before_init():
+            continue
+        for call in script.calls_in(fn):
+            if not N.is_optimizer(set(script.names(call.func))) or not call.args:
+                continue
+            params = [c for c in script.calls_in(call.args[0].value) if N.call_name(c) in ("parameters", "named_parameters")]
+            local = ref_of(N.receiver(params[0])) if params and N.receiver(params[0]) is not None else None
+            if local and any(mentions(r.value, local) for r in returns(fn) if r.value is not None):
+                return fn, call, local
+    return None
 
 
 def _optimizer_built(ctx: Context, model: str, body: list, last: cst.CSTNode) -> cst.CSTNode | None:
@@ -175,6 +222,9 @@ def _model_class(ctx: Context, model: str, scope, body: list) -> cst.ClassDef | 
     """The class of the script (or its project) the model is built from: `model = GPT(cfg)`, or
     the class a factory of the script returns (`model = build_model(cfg)`)."""
     script = ctx.script
+    built = [a for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == model and isinstance(a.value, cst.Call)]
+    if len({script.module.code_for_node(a.value.func) for a in built}) > 1:
+        return None  # `model = GPT(cfg)` or `model = MLP(cfg)` by a flag: which blocks is known at run time only
     for assign in script.assigns.get(scope, []):
         if ref_of(assign.targets[0].target) != model:
             continue

@@ -1,0 +1,99 @@
+"""`--to fsdp2`: parameters read outside the model's forward are gathered whole, or flagged.
+
+Outside forward, a sharded model's parameters are DTensors holding one rank's shard.
+
+    print("learned:", fc.weight.view(-1))          # single-GPU script
+
+    fc_weight = fc.weight.full_tensor()            # every rank gathers (a collective)
+    if dist.get_rank() == 0:
+        print("learned:", fc_weight.view(-1))
+
+A print or log message that reads `model...weight` / `.bias` gets the gathered value, computed
+on every rank before the rank-0 guard. A method of the model's own class other than forward
+that reads its parameters (`model.init_hidden(bsz)` calling `next(self.parameters())`) would
+make DTensors out of them: a TODO at the call.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.script import ref_of
+from ddpify.convert.context import Context
+
+PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})
+OUTPUT = N.PRINT | N.LOGGING_CALLS
+NN_MODULE_METHODS = frozenset(dir(object)) | {
+    "forward", "train", "eval", "parameters", "named_parameters", "state_dict", "load_state_dict", "to", "cuda",
+    "cpu", "zero_grad", "modules", "named_modules", "children", "buffers", "apply", "requires_grad_", "half",
+    "float", "bfloat16", "set_requires_gradient_sync", "reshard", "unshard", "register_forward_hook",
+}  # fmt: skip
+
+
+def run(ctx: Context) -> None:
+    script = ctx.script
+    for call in script.calls:
+        if script.is_call_to(call, OUTPUT):
+            _gather_printed(ctx, call)
+        elif isinstance(call.func, cst.Attribute):
+            _flag_own_method(ctx, call)
+
+
+def _sharded_root(ctx: Context, node: cst.CSTNode) -> str | None:
+    """The sharded model an attribute chain starts from (`model`, `self.model`), if any."""
+    script = ctx.script
+    here = set(script.models) | set(script.ddp_names.get(script.scope_of(node), ()))
+    while isinstance(node, cst.Attribute):
+        ref = ref_of(node)
+        if ref in here:
+            return ref
+        node = node.value
+    ref = ref_of(node)
+    return ref if ref in here else None
+
+
+def _gather_printed(ctx: Context, call: cst.Call) -> None:
+    script, edits = ctx.script, ctx.edits
+    line = script.statement_line(call)
+    if line is None:
+        return
+    for node in script.nodes_in(call, cst.Attribute):
+        if node.attr.value not in PARAMETER_ATTRIBUTES or isinstance(script.parent(node), cst.Attribute) and script.parent(node).attr.value in ("data", "grad"):
+            continue
+        model = _sharded_root(ctx, node.value)
+        if model is None or not ctx.after_wrap(call, model):
+            continue
+        name = script.module.code_for_node(node).replace("self.", "").replace(".", "_")
+        edits.insert_before(line, f"{name} = {script.module.code_for_node(node)}.full_tensor()  # a sharded parameter, gathered whole\n")
+        edits.replace(node, cst.Name(name))
+        ctx.collective_lines.add(line)
+        edits.change(node, f"`{script.module.code_for_node(node)}` is gathered whole on every rank before it is shown")
+
+
+def _flag_own_method(ctx: Context, call: cst.Call) -> None:
+    script, edits = ctx.script, ctx.edits
+    method = call.func.attr.value
+    owner = ref_of(call.func.value)
+    if method in NN_MODULE_METHODS or owner is None or _sharded_root(ctx, call.func.value) != owner:
+        return
+    if not ctx.after_wrap(call, owner):
+        return
+    target = script.summaries.callee(call)
+    fn = target[1] if target is not None else None
+    if fn is None or not _reads_parameters(script, fn):
+        return
+    stmt = script.statement_line(call) or script.top_statement(call, script.scope_of(call)) or call
+    edits.todo(stmt, call, f"`{owner}.{method}()` reads the model's parameters outside forward: under FSDP2 they are sharded DTensors there (make what it builds from plain tensors, e.g. with the device and dtype it needs)")
+
+
+def _reads_parameters(script, fn: cst.FunctionDef) -> bool:
+    """Does a method read its own parameters (`self.parameters()`, `self.<layer>.weight`)?"""
+    for node in script.nodes_in(fn, cst.Attribute):
+        if node.attr.value in PARAMETER_ATTRIBUTES | {"parameters", "named_parameters"}:
+            root = node.value
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            if isinstance(root, cst.Name) and root.value == "self":
+                return True
+    return False
