@@ -38,7 +38,9 @@ def run(ctx: Context) -> None:
         if owner in here and ctx.after_wrap(call, owner):
             model = owner
         elif owner in optimizers or owner.rsplit(".", 1)[-1] in {o.rsplit(".", 1)[-1] for o in optimizers}:
-            candidates = sorted(here)
+            scope = script.scope_of(call)
+            candidates = sorted(set(script.ddp_names.get(scope, ())) | {m for m, s in script.models.items() if s is scope})
+            candidates = candidates or sorted(models)
             if len(candidates) != 1:
                 edits.todo(script.statement_line(call) or call, call, f"`{owner}.{name}()` of a sharded model's optimizer: use get/set_optimizer_state_dict with its model")
                 continue

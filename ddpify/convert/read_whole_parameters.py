@@ -11,7 +11,8 @@ Outside forward, a sharded model's parameters are DTensors holding one rank's sh
 A print or log message that reads `model...weight` / `.bias` gets the gathered value, computed
 on every rank before the rank-0 guard. A method of the model's own class other than forward
 that reads its parameters (`model.init_hidden(bsz)` calling `next(self.parameters())`) would
-make DTensors out of them: a TODO at the call.
+make DTensors out of them: a TODO at the call; so does a loop over the model's parameters
+that hands each to a writer (`writer.add_histogram(name, p)`), which would see one shard.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def run(ctx: Context) -> None:
             _gather_printed(ctx, call)
         elif isinstance(call.func, cst.Attribute):
             _flag_own_method(ctx, call)
+    for loop in script.nodes_of(cst.For):
+        _flag_parameters_handed_out(ctx, loop)
 
 
 def _sharded_root(ctx: Context, node: cst.CSTNode) -> str | None:
@@ -85,6 +88,24 @@ def _flag_own_method(ctx: Context, call: cst.Call) -> None:
         return
     stmt = script.statement_line(call) or script.top_statement(call, script.scope_of(call)) or call
     edits.todo(stmt, call, f"`{owner}.{method}()` reads the model's parameters outside forward: under FSDP2 they are sharded DTensors there (make what it builds from plain tensors, e.g. with the device and dtype it needs)")
+
+
+def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:
+    """`for name, p in model.named_parameters(): writer.add_histogram(name, p)`."""
+    script = ctx.script
+    if not (isinstance(loop.iter, cst.Call) and N.call_name(loop.iter) in ("parameters", "named_parameters")):
+        return
+    owner = N.receiver(loop.iter)
+    model = _sharded_root(ctx, owner) if owner is not None else None
+    if model is None or not ctx.after_wrap(loop, model):
+        return
+    target = loop.target.elements[-1].value if isinstance(loop.target, cst.Tuple) else loop.target
+    if not isinstance(target, cst.Name):
+        return
+    for call in script.calls_in(loop.body):
+        if any(isinstance(a.value, cst.Name) and a.value.value == target.value for a in call.args):
+            ctx.edits.todo(loop, call, f"each parameter of `{model}` is handed to `{script.module.code_for_node(call.func)}`: under FSDP2 it is this rank's shard (gather it with `.full_tensor()` on every rank)")
+            return
 
 
 def _reads_parameters(script, fn: cst.FunctionDef) -> bool:

@@ -36,6 +36,10 @@ def run(ctx: Context) -> None:
     if mixed:
         _drop_autocasts(ctx, mixed)
     for call in ctx.script.calls:
+        create_graph = N.keyword(call, "create_graph")
+        if ctx.script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and ctx.script.module.code_for_node(create_graph.value) != "False":
+            line = ctx.script.statement_line(call) or call
+            ctx.edits.todo(line, call, "a gradient of a gradient (create_graph=True, e.g. a gradient penalty) through a model FSDP2 shards is not supported: convert with --to ddp")
         if ctx.script.is_call_to(call, N.GRAD_SCALER):
             line = ctx.script.statement_line(call) or call
             ctx.edits.todo(line, call, "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients")
