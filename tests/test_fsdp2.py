@@ -178,3 +178,40 @@ def test_a_restart_resumes_from_the_full_state_dict_checkpoint(runs):
     state = torch.load(dist.cwd / "resume" / "last.pt", map_location="cpu", weights_only=True)
     original_model("resume").load_state_dict(state["model"])
     assert state["epoch"] == 1
+
+
+# --- `ddpify verify --to fsdp2`: the same invariants, read the FSDP2 way -----------------------
+
+
+def _verify(tmp_path, monkeypatch, converted=None):
+    from ddpify.verify.session import VerifyOptions, verify
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BATCH_SIZE", "16")
+    original = FIXTURES / "mlp.in.py"
+    return verify(original, converted, VerifyOptions(timeout=90, convert_options=FSDP2))
+
+
+@pytest.mark.torchrun
+def test_verify_passes_the_fsdp2_conversion(tmp_path, monkeypatch):
+    result = _verify(tmp_path, monkeypatch)
+    statuses = {r.number: r.status for r in result.results}
+    assert [n for n, s in statuses.items() if s == "FAIL"] == [], [(r.number, r.summary) for r in result.results]
+    assert {n for n, s in statuses.items() if s == "PASS"} >= {1, 2, 3, 4, 5, 6, 7, 9, 10}
+    assert "DeepMLP sharded with FSDP2 before training" in result.results[1].summary
+    assert "equal one process at 2x the batch" in result.results[4].summary
+    assert result.exit_code == 0
+
+
+@pytest.mark.torchrun
+def test_verify_fails_an_optimizer_built_before_fully_shard(tmp_path, monkeypatch):
+    code = (FIXTURES / "mlp.out.py").read_text()
+    build = "optimizer = torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.5)\n"
+    assert build in code
+    broken = code.replace(build, "").replace("mesh = init_device_mesh(", build + "mesh = init_device_mesh(", 1)
+    path = tmp_path / "mlp_broken.py"
+    path.write_text(broken)
+    result = _verify(tmp_path, monkeypatch, path)
+    two = result.results[1]
+    assert two.status == "FAIL" and "parameters outside DDP" in two.summary, two.summary
+    assert result.exit_code == 1

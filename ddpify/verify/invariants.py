@@ -206,9 +206,11 @@ def wrapped(runs: Runs) -> Result:
         if not trace["optimizers"]:
             return Result(2, NA, "no optimizer and no DDP model in the run")
         return Result(2, FAIL, "no model is wrapped in DistributedDataParallel: gradients are never averaged")
-    shown = [f"{m['module']} ({m['params']} parameters) wrapped{_where(m)}" for m in models]
-    return Result(2, PASS, f"{', '.join(m['module'] for m in models)} wrapped in DDP before training; every optimizer "
-                  "trains DDP parameters only", shown)  # fmt: skip
+    sharded = all(m.get("kind") == "fsdp2" for m in models)
+    how, whose = ("sharded with FSDP2", "sharded") if sharded else ("wrapped in DDP", "DDP")
+    shown = [f"{m['module']} ({m['params']} parameters) {how.split()[0]}{_where(m)}" for m in models]
+    return Result(2, PASS, f"{', '.join(m['module'] for m in models)} {how} before training; every optimizer "
+                  f"trains {whose} parameters only", shown)  # fmt: skip
 
 
 # --- 3. the training data is sharded -----------------------------------------------------------

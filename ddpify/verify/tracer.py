@@ -718,6 +718,7 @@ def _install_fsdp2_hooks() -> None:
 
 def _fully_shard(original):
     def fully_shard(module, *args, **kwargs):
+        name = type(module).__name__  # (FSDP2 changes the class to FSDP<name>)
         result = original(module, *args, **kwargs)
         inner = {id(m) for m in module.modules()}
         for model in [m for m in _ddp_models if id(m) in inner]:  # its blocks, sharded before it
@@ -731,7 +732,7 @@ def _fully_shard(original):
         _ddp_models.append(module)
         _state["ddp_params"].update(id(p) for p in module.parameters())
         _trace["ddp_models"].append(
-            dict(module=type(module).__name__, kind="fsdp2", params=sum(1 for _ in module.parameters()),
+            dict(module=name, kind="fsdp2", params=sum(1 for _ in module.parameters()),
                  where=_user_frame(), event=_event())
         )  # fmt: skip
         _trace["ddp_forwards"].append([])
