@@ -32,22 +32,34 @@ CASES = {
     "tiny_gpt": (192, 2, "tiny_decoder.pt", "TinyDecoder", r"epoch \d: last loss", 2e-2),  # bf16 compute
     "cnn_stages": (256, 2, "staged_cnn.pt", "StagedCNN", r"epoch \d: \d+ images", 1e-5),
     "resume": (320, 2, "last.pt", "Classifier", r"epoch \d: loss", 1e-5),
+    "factory": (256, 2, "denoiser.pt", "Denoiser", r"epoch \d: mse", 1e-5),  # sharded inside its builder
 }
-FP32_ORIGINALS = ("mlp", "cnn_stages")  # the original (no bf16) must give the same parameters too
+FP32_ORIGINALS = ("mlp", "cnn_stages", "factory")
+# Inputs whose every TODO is pinned: what FSDP2 cannot do as the script does it (not run).
+LEFT_TO_THE_USER = {
+    "outside_forward": [
+        "a gradient of a gradient (create_graph=True",
+        "each parameter of `critic` is handed to `writer.add_histogram`",
+        "`critic.sample()` reads the model's parameters outside forward",
+        "saves the whole sharded model object",
+    ],
+}  # the original (no bf16) must give the same parameters too
 
 
 def env(batch: int, epochs: int, shuffle: bool = False) -> dict:
     return {"BATCH_SIZE": str(batch), "EPOCHS": str(epochs), "SHUFFLE": "1" if shuffle else "0"}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted([*CASES, *LEFT_TO_THE_USER]))
 def test_golden_conversion(case, update_goldens):
     src, golden = FIXTURES / f"{case}.in.py", FIXTURES / f"{case}.out.py"
     result = convert_source(src.read_text(), str(src), FSDP2)
     if update_goldens and (not golden.exists() or golden.read_text() != result.code):
         golden.write_text(result.code)
     assert result.code == golden.read_text(), f"{golden.name} is stale: pytest tests/test_fsdp2.py --update-goldens"
-    assert not result.todos, result.todos
+    todos = [t.message for t in result.todos]
+    wanted = LEFT_TO_THE_USER.get(case, [])
+    assert len(todos) == len(wanted) and all(any(w in t for t in todos) for w in wanted), todos
     again = convert_source(result.code, str(golden), FSDP2)
     assert again.code == result.code, "converting the FSDP2 script again changed it"
     code = result.code

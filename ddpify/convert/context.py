@@ -187,6 +187,27 @@ class Context:
         param = param_receiving(fn, value, model)
         return param is not None and any(ref_of(r.value) == param for r in returns(fn))
 
+    def model_class(self, model: str, scope: ScopeNode | None = None) -> cst.ClassDef | None:
+        """The nn.Module class of the script (or its project) `model` is built from in `scope`
+        (default: where the analysis found it): `model = GPT(cfg)`, or the class a factory of the
+        script returns (`model = build_model(cfg)`); None when a flag picks among several."""
+        script = self.script
+        scope = scope if scope is not None else script.models.get(model)
+        built = [a for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == model and isinstance(a.value, cst.Call)]
+        if len({script.module.code_for_node(a.value.func) for a in built}) > 1:
+            return None  # `model = GPT(cfg)` or `model = MLP(cfg)` by a flag: known at run time only
+        for assign in built:
+            for call in script.calls_in(assign.value):
+                cls = script.class_called(call)
+                if cls is not None and script.optimizer_summaries.is_module(cls):
+                    return cls
+                fn = script.local_function(call)
+                for ret in returns(fn) if fn is not None else ():
+                    found = next((c for c in map(script.class_called, script.calls_in(ret)) if c is not None), None)
+                    if found is not None and script.optimizer_summaries.is_module(found):
+                        return found
+        return None
+
     def called_before_init(self) -> set[cst.FunctionDef]:
         """The script's functions that may run before the process group exists."""
         if self._before_init is None:

@@ -49,6 +49,7 @@ class Edits:
         self.end_line_of: Callable[[cst.CSTNode], int] = lambda node: 0
         self._planned: list[tuple[str, cst.CSTNode, bool, str]] = []
         self._expressions: dict[str, cst.BaseExpression] = {}
+        self._comments: set[str] | None = None  # the module's own TODO(ddpify) lines, once asked for
 
     def _log(self, node: cst.CSTNode, what: str, end: bool = False) -> None:
         self._planned.append((self.current_pass, node, end, what))
@@ -160,6 +161,10 @@ class Edits:
         self._todos.append((where, message))
         text = f"# TODO(ddpify): {message}"
         if any(getattr(lead.comment, "value", None) == text for lead in getattr(stmt, "leading_lines", ())):
+            return
+        if self._comments is None:  # (a guard an earlier conversion put around `stmt` holds its TODO)
+            self._comments = {line.strip() for line in self.config.code.splitlines() if line.strip().startswith("# TODO(ddpify)")}
+        if text in self._comments:
             return
         comment = cst.EmptyLine(comment=cst.Comment(text))
         self.rewrite(stmt, lambda updated: updated.with_changes(leading_lines=[*updated.leading_lines, comment]))

@@ -17,6 +17,8 @@ that hands each to a writer (`writer.add_histogram(name, p)`), which would see o
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis import names as N
@@ -26,9 +28,14 @@ from ddpify.convert.context import Context
 PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})
 OUTPUT = N.PRINT | N.LOGGING_CALLS
 NN_MODULE_METHODS = frozenset(dir(object)) | {
-    "forward", "train", "eval", "parameters", "named_parameters", "state_dict", "load_state_dict", "to", "cuda",
-    "cpu", "zero_grad", "modules", "named_modules", "children", "buffers", "apply", "requires_grad_", "half",
-    "float", "bfloat16", "set_requires_gradient_sync", "reshard", "unshard", "register_forward_hook",
+    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "eval",
+    "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
+    "load_state_dict", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",
+    "parameters", "requires_grad_", "set_extra_state", "set_submodule", "share_memory", "state_dict", "to",
+    "to_empty", "train", "type", "zero_grad",
+    # FSDP2's own (FSDPModule)
+    "reshard", "unshard", "set_requires_gradient_sync", "set_reshard_after_backward", "set_is_last_backward",
+    "set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch", "set_requires_all_reduce",
 }  # fmt: skip
 
 
@@ -47,7 +54,7 @@ def _sharded_root(ctx: Context, node: cst.CSTNode) -> str | None:
     """The sharded model an attribute chain starts from (`model`, `self.model`), if any."""
     script = ctx.script
     here = set(script.models) | set(script.ddp_names.get(script.scope_of(node), ()))
-    while isinstance(node, cst.Attribute):
+    while isinstance(node, (cst.Attribute, cst.Subscript)):  # `model.body[2].bias`
         ref = ref_of(node)
         if ref in here:
             return ref
@@ -67,7 +74,7 @@ def _gather_printed(ctx: Context, call: cst.Call) -> None:
         model = _sharded_root(ctx, node.value)
         if model is None or not ctx.after_wrap(call, model):
             continue
-        name = script.module.code_for_node(node).replace("self.", "").replace(".", "_")
+        name = re.sub(r"\W+", "_", script.module.code_for_node(node).replace("self.", "")).strip("_")
         edits.insert_before(line, f"{name} = {script.module.code_for_node(node)}.full_tensor()  # a sharded parameter, gathered whole\n")
         edits.replace(node, cst.Name(name))
         ctx.collective_lines.add(line)
@@ -84,10 +91,15 @@ def _flag_own_method(ctx: Context, call: cst.Call) -> None:
         return
     target = script.summaries.callee(call)
     fn = target[1] if target is not None else None
-    if fn is None or not _reads_parameters(script, fn):
+    if fn is None:
+        models = [owner] if owner in script.models else list(script.models)
+        cls = ctx.model_class(models[0]) if len(models) == 1 else None
+        fn = ctx.script.methods(cls).get(method) if cls is not None else None
+    if fn is not None and not _reads_parameters(script, fn):
         return
+    reads = "reads" if fn is not None else "may read (its code is not in sight)"
     stmt = script.statement_line(call) or script.top_statement(call, script.scope_of(call)) or call
-    edits.todo(stmt, call, f"`{owner}.{method}()` reads the model's parameters outside forward: under FSDP2 they are sharded DTensors there (make what it builds from plain tensors, e.g. with the device and dtype it needs)")
+    edits.todo(stmt, call, f"`{owner}.{method}()` {reads} the model's parameters outside forward: under FSDP2 they are sharded DTensors there (run it through forward, or build what it makes from plain tensors)")
 
 
 def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:
@@ -109,7 +121,12 @@ def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:
 
 
 def _reads_parameters(script, fn: cst.FunctionDef) -> bool:
-    """Does a method read its own parameters (`self.parameters()`, `self.<layer>.weight`)?"""
+    """Does a method read its own parameters (`self.parameters()`, `self.<layer>.weight`) or run
+    one of its layers (`self.fc3(z)`)?"""
+    for call in script.calls_in(fn):
+        if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and call.func.value.value == "self":
+            if call.func.attr.value not in NN_MODULE_METHODS or call.func.attr.value == "forward":
+                return True  # `self.fc3(z)`, or another method that may
     for node in script.nodes_in(fn, cst.Attribute):
         if node.attr.value in PARAMETER_ATTRIBUTES | {"parameters", "named_parameters"}:
             root = node.value

@@ -146,9 +146,9 @@ def _optimizer_built(ctx: Context, model: str, body: list, last: cst.CSTNode) ->
         if stmt is script.optimizer_stmt:
             return stmt
         if mentions(stmt, model) and any(
-            N.call_name(c) in ("parameters", "named_parameters") and mentions(c.func, model) for c in script.calls_in(stmt)
+            N.is_optimizer(set(script.names(c.func))) and c.args and mentions(c.args[0].value, model) for c in script.calls_in(stmt)
         ):
-            return stmt
+            return stmt  # (a loop that freezes parameters is not one: it stays before the shard)
     return None
 
 
@@ -159,7 +159,7 @@ def _built_before(body: list, at: int, model: str) -> bool:
 
 def _units(ctx: Context, model: str, scope, body: list) -> list[tuple[str, str]]:
     """(attribute path, block class) of each stack of one block class the model's class builds."""
-    cls = _model_class(ctx, model, scope, body)
+    cls = ctx.model_class(model, scope)
     init = ctx.script.methods(cls).get("__init__") if cls is not None else None
     if init is None:
         return []
@@ -220,29 +220,6 @@ def _tied(init: cst.FunctionDef) -> set[str]:
             if isinstance(node, cst.Name) and node.value == "self" and parts:
                 tied.add(parts[-1])
     return tied
-
-
-def _model_class(ctx: Context, model: str, scope, body: list) -> cst.ClassDef | None:
-    """The class of the script (or its project) the model is built from: `model = GPT(cfg)`, or
-    the class a factory of the script returns (`model = build_model(cfg)`)."""
-    script = ctx.script
-    built = [a for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == model and isinstance(a.value, cst.Call)]
-    if len({script.module.code_for_node(a.value.func) for a in built}) > 1:
-        return None  # `model = GPT(cfg)` or `model = MLP(cfg)` by a flag: which blocks is known at run time only
-    for assign in script.assigns.get(scope, []):
-        if ref_of(assign.targets[0].target) != model:
-            continue
-        for call in script.calls_in(assign.value):
-            cls = script.class_called(call)
-            if cls is not None and script.optimizer_summaries.is_module(cls):
-                return cls
-            fn = script.local_function(call)
-            for ret in returns(fn) if fn is not None else ():
-                inner = [c for c in script.calls_in(ret)]
-                found = next((c for c in map(script.class_called, inner) if c is not None), None)
-                if found is not None and script.optimizer_summaries.is_module(found):
-                    return found
-    return None
 
 
 def _bound_at_top(script, name: str) -> bool:
