@@ -180,6 +180,9 @@ def convert(
     ),
     to: Target = typer.Option(Target.ddp, "--to", help=TO_HELP),
     shard: Optional[str] = typer.Option(None, "--shard", metavar="CLASS", help=SHARD_HELP),
+    sharded_checkpoints: bool = typer.Option(
+        False, "--sharded-checkpoints", help="fsdp2: save torch.distributed.checkpoint folders (each rank its shard)."
+    ),
 ) -> None:
     """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
 
@@ -200,7 +203,8 @@ def convert(
     from ddpify.projects import is_project
 
     options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0,
-                             launcher=launcher.value, shared_fs=shared_fs, target=to.value, shard=shard)  # fmt: skip
+                             launcher=launcher.value, shared_fs=shared_fs, target=to.value, shard=shard,
+                             sharded_checkpoints=sharded_checkpoints)  # fmt: skip
     try:
         if folder or is_project(src):
             _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan, folder=folder)

@@ -26,6 +26,7 @@ class ConvertOptions:
     shared_fs: bool = False  # every node sees the same files: data is prepared once per job, not per node
     target: str = "ddp"  # "fsdp2": shard the model with fully_shard instead of wrapping it in DDP
     shard: str | None = None  # fsdp2: the block class whose instances become their own units
+    sharded_checkpoints: bool = False  # fsdp2: torch.distributed.checkpoint folders, each rank writing its shard
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class Context:
     helpers: set[tuple[cst.Module, str]] = field(default_factory=set)  # module-level helpers already added
     driver: bool = False  # the module only drives training another module runs (and sets up)
     collective_lines: set[cst.CSTNode] = field(default_factory=set)  # statements with a collective now run before them
+    every_rank: set[cst.Call] = field(default_factory=set)  # saves every rank makes (sharded checkpoints): never guarded
 
     @property
     def fsdp2(self) -> bool:

@@ -50,8 +50,8 @@ def run(ctx: Context) -> None:
     for call in script.calls:
         writes = _opens_for_writing(ctx, call)
         line = None if writes else _once_statement(ctx, call, writers)
-        if not writes and line is None:
-            continue  # no side effect to guard (the cheap tests first: most calls stop here)
+        if not writes and line is None or call in ctx.every_rank:
+            continue  # no side effect to guard (the cheap tests first: most calls stop here), or a collective save
         if script.scope_of(call) in eval_helpers or D.guarded_by_rank(script, call):
             continue  # runs on rank 0 only already
         if own.in_pipeline(call):
