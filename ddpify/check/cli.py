@@ -42,7 +42,7 @@ def check(
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", metavar="CODES", help="Disable these codes or prefixes."),
     to: str = typer.Option(
         "ddp", "--to", metavar="TARGET",
-        help="What the script runs (or will run) with: ddp (default) or fsdp2 (turns off the rules whose advice is DDP's own).",
+        help="Target: ddp (default) or fsdp2, which turns off DDP-only advice.",
     ),
     fix: bool = typer.Option(False, "--fix", help="Apply safe fixes in place."),
     unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="With --fix, also apply unsafe fixes."),
