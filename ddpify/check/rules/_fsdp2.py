@@ -66,7 +66,32 @@ def is_sharded(ctx: FileContext, expr: cst.CSTNode) -> bool:
     is read? A name that may hold a DDP wrapper instead (`if fsdp: ... else: model = DDP(model)`)
     is left to the DDP rules."""
     bindings = sharded_bindings(ctx)
-    return bool(bindings) and ctx.index.is_bound(expr, bindings) and not ctx.is_ddp(expr)
+    if not bindings or not ctx.index.is_bound(expr, bindings) or ctx.is_ddp(expr):
+        return False
+    return not _rebound(ctx, expr, bindings)
+
+
+def _rebound(ctx: FileContext, expr: cst.CSTNode, bindings: list[Binding]) -> bool:
+    """Is the name assigned something else after its last shard in this function, before this
+    read (`model = fully_shard(...)` ... `model = Net()` for a fresh copy)?"""
+    name = dotted_name(expr)
+    func = ctx.enclosing_func(expr)
+    start = ctx.index.source_order()[0]
+    here = start[expr]
+    shard_at = [start[b._node] for b in bindings if b.dotted == name and b.func is func and isinstance(b._node, cst.Call)]
+    shard_at = [at for at in shard_at if at < here]
+    if not shard_at:
+        return False
+    last = max(shard_at)
+    return any(
+        b.dotted == name and b.func is func and last < start[b._node] < here and not _holds_shard(ctx, b.value)
+        for b in ctx.assignments
+    )
+
+
+def _holds_shard(ctx: FileContext, value: cst.BaseExpression) -> bool:
+    """A value that is the sharded module again: a shard call, or a name."""
+    return isinstance(value, (cst.Name, cst.Attribute)) or any(isinstance(value, cst.Call) and s.node is value for s in shards(ctx))
 
 
 def prefixes(path: str) -> list[str]:

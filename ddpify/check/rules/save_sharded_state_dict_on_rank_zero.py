@@ -87,17 +87,27 @@ class SaveShardedStateDictOnRankZero(Rule):
 def _sharded_state(ctx, saved: cst.CSTNode, save) -> list[cst.CSTNode]:
     """The parts of the saved object that are a sharded state dict (the name that holds one, for
     a state dict taken before the save)."""
+    if _gathers(saved):
+        return []  # `{k: v.full_tensor() for k, v in model.state_dict().items()}`: gathered (DDP132 if on rank 0 only)
     found = []
     for node in iter_nodes(saved):
         if isinstance(node, cst.Call) and _shard_getter(ctx, node):
             found.append(node)
         elif isinstance(node, cst.Name) and not _attribute_name(ctx, node):
             value = last_value(ctx, node.value, save.func, save.node)
-            if isinstance(value, (cst.Call, cst.Dict)) and any(
+            if isinstance(value, (cst.Call, cst.Dict)) and not _gathers(value) and any(
                 isinstance(n, cst.Call) and _shard_getter(ctx, n) for n in iter_nodes(value)
             ):
                 found.append(node)
     return found
+
+
+def _gathers(node: cst.CSTNode) -> bool:
+    """Does the expression gather shards itself (`.full_tensor()`)?"""
+    return any(
+        isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "full_tensor"
+        for n in iter_nodes(node)
+    )
 
 
 def _shard_getter(ctx, call: cst.Call) -> bool:
