@@ -4,7 +4,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
-from ddpify.check.context import dotted_name
+from ddpify.check.context import dotted_name, is_false
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._fsdp2 import optimizer_sources, overlap, prefixes, root_of, shards, unresolved
 
@@ -30,8 +30,9 @@ class FullyShardWithoutRoot(Rule):
     It stays silent when it cannot be sure the model has parameters of its own outside the
     sharded blocks (a class of the file with nothing else but parameter-free layers, or blocks
     taken from `model.modules()`/`model.children()`), when something is sharded that it cannot
-    name, when the model is also wrapped another way (DDP, `replicate`, FSDP1), or when the
-    model is handed to a function it cannot see (which might shard it).
+    name, when the model is also wrapped another way (DDP, `replicate`, FSDP1), when the
+    model is handed to a function it cannot see (which might shard it), or when the program
+    freezes parameters (`requires_grad_(False)`: what stays unsharded may be the frozen part).
 
     ## Why is this bad?
     FSDP2 manages the parameters of the modules passed to `fully_shard`, and those of the
@@ -78,6 +79,9 @@ class FullyShardWithoutRoot(Rule):
         "class Stack(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "        self.layers = nn.ModuleList([Block() for _ in range(4)])\n        self.drop = nn.Dropout(0.1)\n"
         "model = Stack()\nfor layer in model.layers:\n    fully_shard(layer)\nopt = torch.optim.AdamW(model.parameters())\n",
+        # the embedding outside the blocks is frozen
+        "import torch\nfrom torch.distributed.fsdp import fully_shard\nmodel = Net()\nmodel.embed.requires_grad_(False)\n"
+        "for layer in model.layers:\n    fully_shard(layer)\nopt = torch.optim.AdamW(model.parameters())\n",
     ]
     INVALID = [
         Invalid(
@@ -101,6 +105,8 @@ class FullyShardWithoutRoot(Rule):
                 continue
             if not _trained_whole(ctx, root) or _wrapped_otherwise(ctx, root) or _handed_away(ctx, root, shard):
                 continue
+            if _freezes_something(ctx):
+                continue  # frozen parameters left unsharded are fine (no gradient to reduce)
             sharded_attrs = {other.path[len(root) + 1 :].split(".")[0] for other in found if other.path.startswith(root + ".")}
             if _nothing_else(ctx, root, shard, sharded_attrs):
                 continue
@@ -117,6 +123,14 @@ def _trained_whole(ctx, root: str) -> bool:
     return any(
         root in optimizer_sources(ctx, ci) for ci in ctx.calls if ctx.index.root_of(ci.node) is ctx.module
     )
+
+
+def _freezes_something(ctx) -> bool:
+    """Does the program freeze parameters (`requires_grad_(False)`, `p.requires_grad = False`)?
+    What stays outside the shards may then be the frozen part."""
+    if any(ci.name == "requires_grad_" and ci.node.args and is_false(ci.node.args[0].value) for ci in ctx.calls):
+        return True
+    return any(b.dotted.endswith(".requires_grad") and is_false(b.value) for b in ctx.assignments)
 
 
 def _wrapped_otherwise(ctx, root: str) -> bool:

@@ -14,7 +14,8 @@ class OptimizerBeforeFullyShard(Rule):
     like `model.configure_optimizers(...)`) when, later in the same function, FSDP2's
     `fully_shard` shards that module or a module inside it (`for block in model.layers:
     fully_shard(block)`, `fully_shard(model)`). An optimizer built again after the sharding is
-    not flagged.
+    not flagged, nor is one built after every child of the model was sharded and before only
+    the model itself is (`for layer in model: fully_shard(layer)`, optimizer, `fully_shard(model)`).
 
     ## Why is this bad?
     `fully_shard` replaces each parameter of the module with a new `nn.Parameter` holding a
@@ -68,6 +69,10 @@ class OptimizerBeforeFullyShard(Rule):
         "import torch\nfrom torch.distributed.fsdp import fully_shard\nmodel = Net()\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfully_shard(model)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        # every child sharded first: the root shard takes nothing the optimizer holds
+        "import torch\nfrom torch.distributed.fsdp import fully_shard\nmodel = make_blocks()\n"
+        "for layer in model:\n    fully_shard(layer)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "fully_shard(model)\n",
     ]
     INVALID = [
         Invalid(
@@ -94,10 +99,20 @@ class OptimizerBeforeFullyShard(Rule):
                     continue
                 if not any(overlap(source, shard.path) for source in sources):
                     continue
-                if _rebuilt(ctx, shard, builds) or _repointed(ctx, ci, shard):
+                if _rebuilt(ctx, shard, builds) or _repointed(ctx, ci, shard) or _only_leftovers(ctx, ci, shard, found):
                     continue
                 yield Report(ci.node)
                 break
+
+
+def _only_leftovers(ctx, ci, shard, found) -> bool:
+    """`for layer in model: fully_shard(layer)` (every child of `model`) before the optimizer,
+    `fully_shard(model)` after it: the root shard takes only what the children left, which for
+    a container of blocks is nothing."""
+    return shard.exact and any(
+        other.path == shard.path and not other.exact and other.func is ci.func and may_precede(ctx, other.node, ci.node)
+        for other in found
+    )
 
 
 def _rebuilt(ctx, shard, builds) -> bool:
