@@ -55,6 +55,9 @@ class ShardedForwardOnRankZero(Rule):
         # the model before sharding
         "import torch.distributed as dist\nfrom torch.distributed.fsdp import fully_shard\n"
         "if dist.get_rank() == 0:\n    print(model(x))\nfully_shard(model)\n",
+        # a fresh, unsharded model under the same name
+        "import torch.distributed as dist\nfrom torch.distributed.fsdp import fully_shard\nfully_shard(model)\n"
+        "model = Net()\nif dist.get_rank() == 0:\n    print(model(x))\n",
     ]
     INVALID = [
         Invalid(
