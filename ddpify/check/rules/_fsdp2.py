@@ -12,7 +12,7 @@ bindings, call sites), and cached on the file's context.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 import libcst as cst
 
@@ -91,7 +91,9 @@ def _rebound(ctx: FileContext, expr: cst.CSTNode, bindings: list[Binding]) -> bo
 
 def _holds_shard(ctx: FileContext, value: cst.BaseExpression) -> bool:
     """A value that is the sharded module again: a shard call, or a name."""
-    return isinstance(value, (cst.Name, cst.Attribute)) or any(isinstance(value, cst.Call) and s.node is value for s in shards(ctx))
+    if isinstance(value, (cst.Name, cst.Attribute)):
+        return True
+    return isinstance(value, cst.Call) and any(s.node is value for s in shards(ctx))
 
 
 def prefixes(path: str) -> list[str]:
@@ -147,7 +149,8 @@ def last_value(ctx: FileContext, name: str, func, before: cst.CSTNode) -> Option
     start = ctx.index.source_order()[0]
     found = [b for b in ctx.assignments if b.dotted == name and b.func is func and start[b._node] < start[before]]
     if not found and func is not None:
-        found = [b for b in ctx.assignments if b.dotted == name and b.func is None and ctx.index.root_of(b._node) is ctx.index.root_of(before)]
+        module = ctx.index.root_of(before)
+        found = [b for b in ctx.assignments if b.dotted == name and b.func is None and ctx.index.root_of(b._node) is module]
     if not found:
         return None
     return max(found, key=lambda b: start[b._node]).value
@@ -292,7 +295,8 @@ def _assigned(ctx: FileContext, ci: CallInfo, got: tuple[str, bool]) -> list[Sha
 
 
 def _returns(fn: cst.FunctionDef, name: str) -> bool:
-    return any(isinstance(n, cst.Return) and n.value is not None and dotted_name(n.value) == name for n in iter_nodes(fn.body))
+    returns = (n for n in iter_nodes(fn.body) if isinstance(n, cst.Return) and n.value is not None)
+    return any(dotted_name(n.value) == name for n in returns)
 
 
 def _arg_for(ctx: FileContext, site: CallInfo, fn: cst.FunctionDef, param: str) -> Optional[cst.BaseExpression]:
@@ -366,8 +370,3 @@ def _iterated(it: cst.BaseExpression) -> Optional[str]:
     if isinstance(it, cst.Subscript):  # `model.layers[:4]`
         it = it.value
     return dotted_name(it)
-
-
-def calls_in_order(ctx: FileContext, func) -> Iterator[CallInfo]:
-    """The checked file's calls in one function (None: the top level), in source order."""
-    return (c for c in ctx.calls if c.func is func and ctx.index.root_of(c.node) is ctx.module)

@@ -6,7 +6,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
 from ddpify.check.context import dotted_name, is_false
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._fsdp2 import optimizer_sources, overlap, prefixes, root_of, shards, unresolved
+from ddpify.check.rules._fsdp2 import optimizer_sources, prefixes, root_of, shards, unresolved
 
 # nn modules without parameters: a network whose other attributes are only these has nothing
 # outside its sharded blocks.
@@ -73,7 +73,8 @@ class FullyShardWithoutRoot(Rule):
     )
     VALID = [
         "import torch\nfrom torch.distributed.fsdp import fully_shard\nmodel = Net()\n"
-        "for layer in model.layers:\n    fully_shard(layer)\nfully_shard(model)\nopt = torch.optim.AdamW(model.parameters())\n",
+        "for layer in model.layers:\n    fully_shard(layer)\nfully_shard(model)\n"
+        "opt = torch.optim.AdamW(model.parameters())\n",
         # a container of blocks only
         "import torch\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
         "class Stack(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -107,7 +108,8 @@ class FullyShardWithoutRoot(Rule):
                 continue
             if _freezes_something(ctx):
                 continue  # frozen parameters left unsharded are fine (no gradient to reduce)
-            sharded_attrs = {other.path[len(root) + 1 :].split(".")[0] for other in found if other.path.startswith(root + ".")}
+            inside = [other.path[len(root) + 1 :] for other in found if other.path.startswith(root + ".")]
+            sharded_attrs = {path.split(".")[0] for path in inside}
             if _nothing_else(ctx, root, shard, sharded_attrs):
                 continue
             reported.add(root)

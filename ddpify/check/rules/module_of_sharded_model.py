@@ -43,7 +43,9 @@ class ModuleOfShardedModel(Rule):
 
     CODE = "DDP134"
     NAME = "module-of-sharded-model"
-    MESSAGE = "a model sharded with `fully_shard` has no `.module` (AttributeError): it is the network itself; drop `.module`"
+    MESSAGE = (
+        "a model sharded with `fully_shard` has no `.module` (AttributeError): it is the network itself; drop `.module`"
+    )
     FIX = FIX_SAFE
     VALID = [
         "from torch.distributed.fsdp import fully_shard\nfully_shard(model)\nsd = model.state_dict()\n",
@@ -67,7 +69,9 @@ class ModuleOfShardedModel(Rule):
             if isinstance(node.value, (cst.Name, cst.Attribute)) and is_sharded(ctx, node.value):
                 if not _assigned(ctx, node) and not _type_tested(ctx, node):
                     held = ctx.code(node.value)
-                    message = f"`{held}` is sharded in place by `fully_shard` and has no `.module` (AttributeError): use `{held}`"
+                    message = (
+                        f"`{held}` is sharded in place by `fully_shard` and has no `.module` (AttributeError): use `{held}`"
+                    )
                     yield Report(node, message, fixes=[(node, node.value)])
 
 
@@ -76,7 +80,8 @@ def _type_tested(ctx, node: cst.Attribute) -> bool:
     what it holds first."""
     held = ctx.code(node.value)
     return any(
-        isinstance(p, (cst.If, cst.IfExp)) and any(f"{test}({held}," in ctx.code(p.test) for test in ("isinstance", "hasattr"))
+        isinstance(p, (cst.If, cst.IfExp))
+        and any(f"{test}({held}," in ctx.code(p.test) for test in ("isinstance", "hasattr"))
         for p in ctx.ancestors(node)
     )
 

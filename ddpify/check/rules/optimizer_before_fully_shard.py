@@ -118,9 +118,10 @@ def _only_leftovers(ctx, ci, shard, found) -> bool:
 def _rebuilt(ctx, shard, builds) -> bool:
     """An optimizer of the same module is built again after the sharding."""
     return any(
-        other.func is shard.func and may_precede(ctx, shard.node, other.node) and any(overlap(s, shard.path) for s in sources)
+        other.func is shard.func and may_precede(ctx, shard.node, other.node)
+        and any(overlap(s, shard.path) for s in sources)
         for other, sources in builds
-    )
+    )  # fmt: skip
 
 
 def _repointed(ctx, ci, shard) -> bool:

@@ -123,4 +123,6 @@ def _shard_getter(ctx, call: cst.Call) -> bool:
 
 def _attribute_name(ctx, name: cst.Name) -> bool:
     parent = ctx.parent(name)
-    return (isinstance(parent, cst.Attribute) and parent.attr is name) or (isinstance(parent, cst.Arg) and parent.keyword is name)
+    if isinstance(parent, cst.Attribute):
+        return parent.attr is name
+    return isinstance(parent, cst.Arg) and parent.keyword is name
