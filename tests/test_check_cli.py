@@ -670,3 +670,34 @@ def test_a_trainer_is_checked_with_what_its_launcher_does(tmp_path: Path, launch
     result = runner.invoke(APP, ["check", str(tmp_path / "trainer.py"), "--output-format", "json", "--select", "DDP106,DDP303"])
     codes = sorted(f["code"] for f in json.loads(result.stdout))
     assert codes == ([] if launcher_sets_up else ["DDP106", "DDP303"]), result.stdout
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """\
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(4, 4))
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), "m.pt")
+        print(model.config)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_to_fsdp2_turns_off_the_advice_that_is_ddps_own(tmp_path):
+    """`--to fsdp2`: "use `model.module`" (DDP120, DDP124) is the wrong advice for a script
+    moving to FSDP2, where there is no wrapper; the rules that hold for both stay on."""
+    from ddpify.check.rule import all_rules
+
+    p = tmp_path / "train.py"
+    p.write_text(DDP_SCRIPT)
+    codes = {f["code"] for f in json.loads(run("check", "--output-format", "json", str(p)).output)}
+    assert {"DDP120", "DDP124"} <= codes
+    r = run("check", "--output-format", "json", "--to", "fsdp2", str(p))
+    assert not {f["code"] for f in json.loads(r.output)} & {r.CODE for r in all_rules() if r.DDP_ONLY}
+    assert run("check", "--to", "fsdp3", str(p)).exit_code == 2
+    assert "off under --to fsdp2" in run("rule", "DDP120").output

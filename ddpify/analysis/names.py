@@ -184,6 +184,29 @@ SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_de
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
 FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horovod", "colossalai")
 
+# FSDP2: `fully_shard(module)` shards a module in place (no wrapper: the module keeps its class,
+# its parameters become DTensor shards). `torch.distributed._composable.fsdp` is its first home
+# (torch 2.4-2.5), `torch.distributed.fsdp._fully_shard` where torch defines it now.
+FULLY_SHARD = frozenset(
+    {"torch.distributed.fsdp.fully_shard", "torch.distributed._composable.fsdp.fully_shard",
+     "torch.distributed._composable.fsdp.fully_shard.fully_shard", "torch.distributed.fsdp._fully_shard.fully_shard",
+     "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"}
+)  # fmt: skip
+# torch.distributed.checkpoint.state_dict: the getters gather a full state dict (an all-gather on
+# every rank) when their options say `full_state_dict=True`.
+_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict."
+GET_MODEL_STATE_DICT = frozenset({_DCP_STATE_DICT + "get_model_state_dict"})
+GET_OPTIMIZER_STATE_DICT = frozenset({_DCP_STATE_DICT + "get_optimizer_state_dict"})
+GET_STATE_DICT = frozenset({_DCP_STATE_DICT + "get_state_dict"})
+STATE_DICT_GETTERS = GET_MODEL_STATE_DICT | GET_OPTIMIZER_STATE_DICT | GET_STATE_DICT
+STATE_DICT_OPTIONS = frozenset({_DCP_STATE_DICT + "StateDictOptions"})
+# Other ways to make one module data parallel: what they wrap is not FSDP2's to manage.
+REPLICATE = frozenset({"torch.distributed._composable.replicate", "torch.distributed._composable.replicate.replicate"})
+FSDP1_CLASSES = frozenset(
+    {"torch.distributed.fsdp.FullyShardedDataParallel",
+     "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel"}
+)  # fmt: skip
+
 # The modules the converted code imports: `import torch.distributed as dist`, `from
 # torch.nn.parallel import DistributedDataParallel as DDP`, ...
 DIST_MODULE = "torch.distributed"

@@ -40,6 +40,10 @@ def check(
         None, "--extend-select", metavar="CODES", help="Also enable these codes or prefixes (e.g. DDP9)."
     ),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", metavar="CODES", help="Disable these codes or prefixes."),
+    to: str = typer.Option(
+        "ddp", "--to", metavar="TARGET",
+        help="Target: ddp (default) or fsdp2, which turns off DDP-only advice.",
+    ),
     fix: bool = typer.Option(False, "--fix", help="Apply safe fixes in place."),
     unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="With --fix, also apply unsafe fixes."),
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
@@ -53,12 +57,14 @@ def check(
     """Find DDP pitfalls: wrong results, hangs, wasted GPUs, duplicated logs."""
     from ddpify.check import output
     from ddpify.check.config import Config, ConfigError, discover, load_file
-    from ddpify.check.rule import select_rules, valid_selector
+    from ddpify.check.rule import TARGETS, select_rules, valid_selector
     from ddpify.check.runner import check_paths, iter_python_files
 
     format = format or output_format
     if format not in output.FORMATS:
         raise _fail(f"unknown format {format!r}; choose one of {', '.join(output.FORMATS)}")
+    if to not in TARGETS:
+        raise _fail(f"unknown target {to!r}; choose one of {', '.join(TARGETS)}")
     paths = paths or [Path(".")]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -75,6 +81,7 @@ def check(
         cli_select if cli_select is not None else cfg.select,
         ignore=cfg.ignore + cli_ignore,
         extend_select=cfg.extend_select + cli_extend,
+        target=to,
     )
     files = iter_python_files(paths, cfg)
     tasks = []
@@ -164,6 +171,8 @@ def rule_page(r) -> str:
     flags.append("on by default" if r.DEFAULT else "off by default (opinionated): enable with --extend-select")
     if r.DISTRIBUTED_ONLY:
         flags.append("applies to files that use torch.distributed / DDP")
+    if r.DDP_ONLY:
+        flags.append("off under --to fsdp2 (its advice is DDP's own)")
     if r.FIX == "safe":
         flags.append("fixable with --fix")
     elif r.FIX == "unsafe":

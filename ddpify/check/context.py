@@ -41,6 +41,7 @@ from ddpify.analysis.names import (  # re-exported for the rules
     DDP_CLASSES,
     DISTRIBUTED_SAMPLER,
     FRAMEWORKS,
+    FULLY_SHARD,
     INIT_PROCESS_GROUP,
     SET_DEVICE_CALLS,
     SPAWN,
@@ -168,6 +169,13 @@ class FileContext:
     def uses_framework(self) -> bool:
         """The file uses Lightning, Accelerate, DeepSpeed, ...: they run DDP themselves."""
         return any(name.split(".")[0] in FRAMEWORKS for name in self.index.imported_modules)
+
+    @cached_property
+    def is_fsdp2(self) -> bool:
+        """The file shards modules with FSDP2's `fully_shard` (it imports it or calls it): what it
+        shards stays the module it was (no wrapper, no `.module`), with DTensor shards for
+        parameters."""
+        return any(name in FULLY_SHARD for name in self.index.own_imports) or bool(self.calls_to(*FULLY_SHARD))
 
     @cached_property
     def is_distributed(self) -> bool:

@@ -61,6 +61,8 @@ def rule_page(r) -> str:
     facts.append(
         "applies to files that use `torch.distributed` or DDP" if r.DISTRIBUTED_ONLY else "applies to every Python file"
     )
+    if r.DDP_ONLY:
+        facts.append("off under `--to fsdp2` (its advice is DDP's own)")
     if r.FIX == "safe":
         facts.append("fix: safe (`--fix` applies it)")
     elif r.FIX == "unsafe":

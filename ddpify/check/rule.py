@@ -91,6 +91,9 @@ class Rule:
     FOLLOWS_CALLS: ClassVar[bool] = False
     # Opinionated rules are off unless selected explicitly.
     DEFAULT: ClassVar[bool] = True
+    # Its advice is DDP's own (`model.module`, DDP's arguments, "use DDP"): off under
+    # `ddpify check --to fsdp2`, where it would mislead.
+    DDP_ONLY: ClassVar[bool] = False
     FIX: ClassVar[str | None] = None  # FIX_SAFE or FIX_UNSAFE when it offers a fix
     VALID: ClassVar[list[str]] = []
     INVALID: ClassVar[list[Invalid]] = []
@@ -147,12 +150,17 @@ def valid_selector(selector: str) -> bool:
     return s == "ALL" or any(r.CODE.startswith(s) for r in all_rules())
 
 
+TARGETS = ("ddp", "fsdp2")  # what `ddpify check --to` checks a script against
+
+
 def select_rules(
     select: Iterable[str] | None,
     ignore: Iterable[str] = (),
     extend_select: Iterable[str] = (),
+    target: str = "ddp",
 ) -> set[str]:
-    """Codes enabled by a selection; by default every rule that is not opinionated."""
+    """Codes enabled by a selection; by default every rule that is not opinionated. With the
+    `fsdp2` target, the rules whose advice is DDP's own are off."""
     codes = [r.CODE for r in all_rules()]
     if select is None:
         chosen = {r.CODE for r in all_rules() if r.DEFAULT}
@@ -160,6 +168,8 @@ def select_rules(
         select = list(select)
         chosen = {c for c in codes if any(matches(c, s) for s in select)}
     chosen |= {c for c in codes if any(matches(c, s) for s in extend_select)}
+    if target == "fsdp2":
+        chosen -= {r.CODE for r in all_rules() if r.DDP_ONLY}
     return {c for c in chosen if not any(matches(c, s) for s in ignore)}
 
 

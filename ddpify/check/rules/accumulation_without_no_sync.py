@@ -42,6 +42,7 @@ class AccumulationWithoutNoSync(Rule):
 
     CODE = "DDP204"
     NAME = "accumulation-without-no-sync"
+    DDP_ONLY = True
     MESSAGE = "gradient accumulation all-reduces on every micro-batch; wrap non-final backwards in `model.no_sync()`"
     SEVERITY = "warning"
     VALID = [

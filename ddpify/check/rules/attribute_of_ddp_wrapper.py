@@ -55,6 +55,7 @@ class AttributeOfDDPWrapper(Rule):
 
     CODE = "DDP124"
     NAME = "attribute-of-ddp-wrapper"
+    DDP_ONLY = True
     MESSAGE = "the DDP wrapper has no such attribute (AttributeError): read it from the network, `model.module.<name>`"
     FIX = FIX_SAFE
     VALID = [

@@ -10,7 +10,9 @@ class DataParallel(Rule):
     ## What it does
     Flags `torch.nn.DataParallel(...)`, in any script, except as the other branch of an `if` that
     wraps the model in DistributedDataParallel (`if args.distributed: ... else:
-    nn.DataParallel(model)`): there it is the fallback of a run without a process group.
+    nn.DataParallel(model)`): there it is the fallback of a run without a process group. Files
+    that shard with FSDP2's `fully_shard` are left alone: DDP is not their way forward, and
+    their DataParallel is the fallback of the sharded run.
 
     ## Why is this bad?
     DataParallel runs one process with one thread per GPU: the GIL, a scatter/gather through
@@ -36,6 +38,7 @@ class DataParallel(Rule):
 
     CODE = "DDP201"
     NAME = "data-parallel"
+    DDP_ONLY = True
     MESSAGE = "`nn.DataParallel` is slower than DDP and single-node only; use DistributedDataParallel (`ddpify convert`)"
     DISTRIBUTED_ONLY = False
     SEVERITY = "warning"
@@ -43,11 +46,15 @@ class DataParallel(Rule):
         "from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(net)\n",
         "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
         "if distributed:\n    m = DDP(net)\nelse:\n    m = torch.nn.DataParallel(net)\n",
+        "import torch\nfrom torch.distributed.fsdp import fully_shard\n"
+        "if distributed:\n    fully_shard(net)\nelse:\n    net = torch.nn.DataParallel(net)\n",
     ]
     INVALID = [Invalid("import torch.nn as nn\nm = nn.DataParallel(net)\n"),
                Invalid("from torch.nn import DataParallel as DP\nm = DP(net)\n")]
 
     def check(self, ctx):
+        if ctx.is_fsdp2:
+            return
         for ci in ctx.calls_to(*N.DATA_PARALLEL):
             if not _fallback_of_ddp(ctx, ci.node):
                 yield Report(ci.node)

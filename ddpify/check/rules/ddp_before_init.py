@@ -39,6 +39,7 @@ class DDPBeforeInitProcessGroup(Rule):
 
     CODE = "DDP101"
     NAME = "ddp-before-init-process-group"
+    DDP_ONLY = True
     MESSAGE = "DDP model created before `init_process_group`; initialise the process group first"
     VALID = [
         "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"

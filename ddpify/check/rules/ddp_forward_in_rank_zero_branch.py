@@ -42,6 +42,7 @@ class DDPForwardInRankZeroBranch(Rule):
 
     CODE = "DDP117"
     NAME = "ddp-forward-in-rank-zero-branch"
+    DDP_ONLY = True
     MESSAGE = (
         "DDP model forward on rank 0 only: it hangs when the model has buffers to broadcast (BatchNorm) or DDP "
         "searches for unused parameters; run it on every rank or call `model.module` on rank 0"

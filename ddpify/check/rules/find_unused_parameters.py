@@ -32,6 +32,7 @@ class FindUnusedParameters(Rule):
 
     CODE = "DDP905"
     NAME = "find-unused-parameters"
+    DDP_ONLY = True
     MESSAGE = "`find_unused_parameters=True` traverses the graph every step; drop it if every parameter gets a gradient"
     DEFAULT = False
     SEVERITY = "warning"

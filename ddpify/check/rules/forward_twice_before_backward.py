@@ -42,6 +42,7 @@ class ForwardTwiceBeforeBackward(Rule):
 
     CODE = "DDP119"
     NAME = "forward-twice-before-backward"
+    DDP_ONLY = True
     MESSAGE = "DDP model called twice before backward while it searches for unused parameters; combine the inputs into one forward, set `static_graph=True`, or drop `find_unused_parameters`"
     VALID = [
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"

@@ -33,6 +33,7 @@ class LiteralDeviceIds(Rule):
 
     CODE = "DDP107"
     NAME = "literal-device-ids"
+    DDP_ONLY = True
     MESSAGE = "DDP `device_ids`/`output_device` is a constant; pass `[local_rank]` so each rank uses its own GPU"
     VALID = ["from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(m, device_ids=[local_rank])\n"]
     INVALID = [

@@ -35,6 +35,7 @@ class LoadIntoDDPModel(Rule):
 
     CODE = "DDP121"
     NAME = "load-into-ddp-model"
+    DDP_ONLY = True
     MESSAGE = "`load_state_dict` on the DDP wrapper expects `module.` keys; load before wrapping or into `model.module`"
     VALID = [
         "from torch.nn.parallel import DistributedDataParallel as DDP\nnet.load_state_dict(sd)\nmodel = DDP(net)\n",

@@ -113,6 +113,7 @@ class ModuleMovedAfterWrap(Rule):
 
     CODE = "DDP127"
     NAME = "module-moved-after-wrap"
+    DDP_ONLY = True
     MESSAGE = "the module is moved or converted after the DDP wrap: DDP's gradient hooks and buckets stay on the old parameters; move it before `DDP(...)`"
     VALID = [
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = Net().to(device)\nmodel = DDP(model)\n"

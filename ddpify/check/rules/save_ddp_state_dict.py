@@ -38,6 +38,7 @@ class SaveDDPStateDict(Rule):
 
     CODE = "DDP120"
     NAME = "save-ddp-state-dict"
+    DDP_ONLY = True
     MESSAGE = "`state_dict()` of the DDP wrapper prefixes every key with `module.`; use `model.module.state_dict()`"
     FIX = FIX_UNSAFE
     VALID = [

@@ -87,6 +87,7 @@ class UnusedParametersWithoutSearch(Rule):
 
     CODE = "DDP130"
     NAME = "unused-parameters-without-search"
+    DDP_ONLY = True
     MESSAGE = "the model's forward skips a submodule on some steps: its parameters get no gradient and DDP fails on the next step; pass `find_unused_parameters=True`"
     VALID = [
         "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
