@@ -169,7 +169,14 @@ COLLECTIVES = spelled(
 )  # fmt: skip
 ALL_REDUCE = spelled({"torch.distributed.all_reduce", "torch.distributed.all_gather_object", "torch.distributed.all_gather"})
 DDP_CLASSES = spelled({"torch.nn.DistributedDataParallel", "torch.nn.parallel.DistributedDataParallel"})
-FULLY_SHARD = frozenset({"torch.distributed.fsdp.fully_shard", "torch.distributed._composable.fsdp.fully_shard"})
+# FSDP2: `fully_shard(module)` shards a module in place (no wrapper: the module keeps its class,
+# its parameters become DTensor shards). `torch.distributed._composable.fsdp` is its first home
+# (torch 2.4-2.5), `torch.distributed.fsdp._fully_shard` where torch defines it now.
+FULLY_SHARD = frozenset(
+    {"torch.distributed.fsdp.fully_shard", "torch.distributed._composable.fsdp.fully_shard",
+     "torch.distributed._composable.fsdp.fully_shard.fully_shard", "torch.distributed.fsdp._fully_shard.fully_shard",
+     "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"}
+)  # fmt: skip
 DISTRIBUTED_SAMPLER = spelled({"torch.utils.data.DistributedSampler"})
 SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in spellings("torch.nn.SyncBatchNorm"))
 SPAWN = spelled({"torch.multiprocessing.spawn"})
@@ -184,14 +191,6 @@ SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_de
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
 FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horovod", "colossalai")
 
-# FSDP2: `fully_shard(module)` shards a module in place (no wrapper: the module keeps its class,
-# its parameters become DTensor shards). `torch.distributed._composable.fsdp` is its first home
-# (torch 2.4-2.5), `torch.distributed.fsdp._fully_shard` where torch defines it now.
-FULLY_SHARD = frozenset(
-    {"torch.distributed.fsdp.fully_shard", "torch.distributed._composable.fsdp.fully_shard",
-     "torch.distributed._composable.fsdp.fully_shard.fully_shard", "torch.distributed.fsdp._fully_shard.fully_shard",
-     "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"}
-)  # fmt: skip
 # torch.distributed.checkpoint.state_dict: the getters gather a full state dict (an all-gather on
 # every rank) when their options say `full_state_dict=True`.
 _DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict."
