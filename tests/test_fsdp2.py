@@ -19,6 +19,7 @@ import re
 import pytest
 import torch
 
+from cli_in_process import ddpify
 from conftest import NPROC, ROOT, run_plan
 from ddpify.engine import ConvertOptions, convert_source
 
@@ -62,9 +63,22 @@ def test_golden_conversion(case, update_goldens):
     assert len(todos) == len(wanted) and all(any(w in t for t in todos) for w in wanted), todos
     again = convert_source(result.code, str(golden), FSDP2)
     assert again.code == result.code, "converting the FSDP2 script again changed it"
+    lint = ddpify("check", "--to", "fsdp2", str(golden))
+    assert lint.returncode == 0, f"the converted script trips ddpify check:\n{lint.stdout}"
     code = result.code
     assert "fully_shard(" in code and "DistributedDataParallel" not in code and ".module" not in code
     assert code.index("fully_shard(") < code.index("torch.optim."), "the optimizer must be built after fully_shard"
+
+
+def test_golden_sharded_checkpoints(update_goldens):
+    """`--sharded-checkpoints`: the save becomes dcp.save on every rank (never behind a rank guard)."""
+    src, golden = FIXTURES / "mlp.in.py", FIXTURES / "mlp.dcp.out.py"
+    result = convert_source(src.read_text(), str(src), ConvertOptions(target="fsdp2", sharded_checkpoints=True))
+    if update_goldens and golden.read_text() != result.code:
+        golden.write_text(result.code)
+    assert result.code == golden.read_text(), f"{golden.name} is stale: pytest tests/test_fsdp2.py --update-goldens"
+    assert 'dcp.save({"model": get_model_state_dict(model)}' not in result.code  # the script saves the bare state dict
+    assert "\ndcp.save(get_model_state_dict(model), checkpoint_id=" in result.code
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +90,7 @@ def runs(tmp_path_factory):
         {"label": "tiny_gpt_shuffled", "script": out["tiny_gpt"], "args": [], "env": env(B, 2, shuffle=True)},
         {"label": "resume_first", "script": out["resume"], "args": [], "env": env(B, 1), "cwd": "resume"},
         {"label": "resume", "script": out["resume"], "args": [], "env": env(B, 2), "cwd": "resume"},
+        {"label": "mlp_dcp", "script": str(FIXTURES / "mlp.dcp.out.py"), "args": [], "env": env(B, 2)},
     ]
     single_plan = [{"label": case, "script": out[case], "args": [], "env": env(NPROC * B, CASES[case][1])} for case in CASES]
     single_plan += [
@@ -227,3 +242,20 @@ def test_verify_fails_an_optimizer_built_before_fully_shard(tmp_path, monkeypatc
     two = result.results[1]
     assert two.status == "FAIL" and "parameters outside DDP" in two.summary, two.summary
     assert result.exit_code == 1
+
+
+def test_sharded_checkpoint_folder_holds_every_rank_and_converts_to_the_original_model(runs, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dist, _ = runs
+    ran(dist, "mlp_dcp", NPROC)
+    folder = dist.cwd / "mlp_dcp" / "mlp.pt"
+    assert folder.is_dir() and (folder / ".metadata").exists()
+    assert sorted(p.name for p in folder.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(NPROC)], "a rank wrote no shard"
+    dcp_to_torch_save(folder, tmp_path / "whole.pt")
+    state = torch.load(tmp_path / "whole.pt", weights_only=True)
+    model = original_model("mlp")
+    model.load_state_dict(state)
+    final = [p for group in dist.params("mlp_dcp", 0) for p in group]
+    assert all(torch.equal(p.detach(), f) for p, f in zip(model.parameters(), final))
+    assert max_diff(dist.params("mlp_dcp", 0), dist.params("mlp", 0)) == 0, "the save changed the training"

@@ -213,6 +213,7 @@ DDP_MODULE = "torch.nn.parallel"
 FSDP_MODULE = "torch.distributed.fsdp"
 MESH_MODULE = "torch.distributed.device_mesh"
 STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
+DCP_MODULE = "torch.distributed.checkpoint"
 AUTOCAST = spelled({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
 BFLOAT16 = frozenset({"torch.bfloat16"})
 GRAD_SCALER = spelled({"torch.amp.GradScaler", "torch.cuda.amp.GradScaler"})

@@ -60,7 +60,10 @@ def run(ctx: Context) -> None:
             continue
         getter = f"get_model_state_dict({model}" if owner == model else f"get_optimizer_state_dict({model}, {owner}"
         edits.need_import(N.STATE_DICT_MODULE, getter.split("(")[0])
-        if _saved(script, call, line):
+        save = _saved(script, call, line)
+        if save is not None and ctx.options.sharded_checkpoints:
+            _sharded_save(ctx, save, call, getter)
+        elif save is not None:
             var = _free(taken, f"{owner.replace('self.', '').replace('.', '_')}_state")
             edits.insert_before(line, f"{var} = {getter}, options={TO_FILE})\n")
             edits.replace(call, cst.Name(var))
@@ -96,18 +99,51 @@ def _load(ctx: Context, call: cst.Call, owner: str, model: str) -> None:
         return template.with_changes(args=[*template.args[:at], template.args[at].with_changes(value=state), template.args[-1]])
 
     edits.rewrite(call, loading)
+    if ctx.options.sharded_checkpoints:
+        edits.todo(script.statement_line(call), call, "--sharded-checkpoints writes torch.distributed.checkpoint folders: read one with dcp.load(state, checkpoint_id=path) into get_model_state_dict(model) (and the optimizer's), then set_model_state_dict")
     edits.change(call, f"every rank loads its shard of `{owner}`'s whole state")
 
 
-def _saved(script, call: cst.Call, line: cst.SimpleStatementLine) -> bool:
-    """Is the state dict (or a dict/list literal holding it) what a torch.save in `line` saves?"""
+def _saved(script, call: cst.Call, line: cst.SimpleStatementLine) -> cst.Call | None:
+    """The torch.save in `line` that saves the state dict (or a dict/list literal holding it)."""
     node = script.parent(call)
     while isinstance(node, (cst.DictElement, cst.Dict, cst.Element, cst.List, cst.Tuple, cst.Arg)):
         if isinstance(node, cst.Arg):
             outer = script.parent(node)
-            return isinstance(outer, cst.Call) and script.is_call_to(outer, N.TORCH_SAVE) and node is outer.args[0]
+            if isinstance(outer, cst.Call) and script.is_call_to(outer, N.TORCH_SAVE) and node is outer.args[0]:
+                return outer
+            return None
         node = script.parent(node)
-    return False
+    return None
+
+
+def _sharded_save(ctx: Context, save: cst.Call, call: cst.Call, getter: str) -> None:
+    """`--sharded-checkpoints`: every rank writes its shards into a torch.distributed.checkpoint
+    folder (`dcp.save(state, checkpoint_id=path)`); the state dict stays sharded."""
+    script, edits = ctx.script, ctx.edits
+    edits.replace(call, edits.expression(f"{getter})"))
+    if save not in ctx.every_rank:
+        ctx.every_rank.add(save)
+        args = N.positional(save)
+        target = args[1] if len(args) > 1 else N.keyword(save, "f")
+        if target is None:
+            edits.todo(script.statement_line(save), save, "a sharded checkpoint needs a folder: pass its path as checkpoint_id")
+            return
+        edits.rewrite(save, lambda updated: _dcp_save(edits, updated))
+        edits.need_import(N.DCP_MODULE, asname="dcp")
+        edits.change(save, "every rank writes its shards into a torch.distributed.checkpoint folder (dcp.save)")
+
+
+def _dcp_save(edits, updated: cst.Call) -> cst.Call:
+    """`torch.save(state, path)` -> `dcp.save(state, checkpoint_id=path)`."""
+    args = N.positional(updated)
+    target = args[1].value if len(args) > 1 else N.keyword(updated, "f").value
+    return cst.Call(
+        func=edits.expression("dcp.save"),
+        args=[args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=cst.SimpleWhitespace("")).with_changes(
+            comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), cst.Arg(keyword=cst.Name("checkpoint_id"), value=target,
+            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))],
+    )  # fmt: skip
 
 
 def _optimizers(script) -> set[str]:
