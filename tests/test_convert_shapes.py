@@ -856,6 +856,13 @@ def test_checkpoints_without_a_usable_resume_path_get_a_note():
     code, none = _resumable("")
     assert RESTART_LINE not in code
     assert any(n.startswith("no resume path (loading model, optimizer and epoch before training)") for n in none)
+    code, exists = _resumable("""
+        if os.path.exists("last.pt"):
+            state = torch.load("last.pt")
+            optimizer.load_state_dict(state["opt"])
+    """)
+    assert RESTART_LINE not in code  # a gate on the file's existence resumes after a restart by itself
+    assert not any(n.startswith("no resume path") for n in exists), exists
 
 
 def test_a_file_written_at_start_and_read_back_is_written_on_every_node():

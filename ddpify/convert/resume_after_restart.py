@@ -33,6 +33,7 @@ RESUME = (
     "if {restarted} and os.path.exists({path}):\n"
     "    {target} = {value}\n"
 )
+EXISTS = frozenset({"exists", "isfile", "is_file", "isdir"})  # os.path.exists(p), Path(p).exists(), ...
 NO_RESUME = (
     "no resume path (loading model, optimizer and epoch before training): a worker torchrun "
     "restarts (--max-restarts) trains from the start; load the latest checkpoint before the "
@@ -48,7 +49,8 @@ def run(ctx: Context) -> None:
         return
     gates = _gates(ctx)
     if not gates:
-        edits.note(saves[0], NO_RESUME)
+        if not _resumes_when_saved(ctx):
+            edits.note(saves[0], NO_RESUME)
         return
     for head, target, value_of, load in gates:
         if _done(script, head):
@@ -102,6 +104,18 @@ def _gates(ctx: Context):
                 seen.add(node)
                 found.append((_chain_head(script, node), *gate, path))
     return found
+
+
+def _resumes_when_saved(ctx: Context) -> bool:
+    """`if os.path.exists(CHECKPOINT): state = torch.load(CHECKPOINT) ...`: a gate on the file's
+    existence resumes training by itself, after a restart as after a crash."""
+    script = ctx.script
+    for gate in script.nodes_of(cst.If):
+        exists = any(N.call_name(c) in EXISTS for c in script.calls_in(gate.test))
+        loads = any(script.is_call_to(c, N.TORCH_LOAD) for c in script.calls_in(gate.body))
+        if exists and loads and _restores_training(ctx, gate):
+            return True
+    return False
 
 
 def _restores_training(ctx: Context, gate: cst.If) -> bool:
