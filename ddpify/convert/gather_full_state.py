@@ -63,15 +63,15 @@ def run(ctx: Context) -> None:
         save = _saved(script, call, line)
         if save is not None and ctx.options.sharded_checkpoints:
             _sharded_save(ctx, save, call, getter)
-        elif save is not None:
-            var = _free(taken, f"{owner.replace('self.', '').replace('.', '_')}_state")
-            edits.insert_before(line, f"{var} = {getter}, options={TO_FILE})\n")
-            edits.replace(call, cst.Name(var))
-            ctx.collective_lines.add(line)
-            edits.change(call, f"`{owner}`'s whole state is gathered on every rank (a collective), then saved by rank 0")
-        else:
+        elif _kept(line, call):  # `best = model.state_dict()`: a value, never behind a rank guard
             edits.replace(call, edits.expression(f"{getter}, options={FULL})"))
             edits.change(call, f"`{owner}`'s whole state is gathered on every rank")
+        else:  # gathered before the statement, which may be rank 0's alone (a save, a helper that saves)
+            var = _free(taken, f"{owner.replace('self.', '').replace('.', '_')}_state")
+            edits.insert_before(line, f"{var} = {getter}, options={TO_FILE if save is not None else FULL})\n")
+            edits.replace(call, cst.Name(var))
+            ctx.collective_lines.add(line)
+            edits.change(call, f"`{owner}`'s whole state is gathered on every rank (a collective) before it is used")
     for call in script.calls:
         if script.is_call_to(call, N.TORCH_SAVE) and N.positional(call) and ref_of(N.positional(call)[0].value) in models:
             edits.todo(script.statement_line(call) or call, call, "saves the whole sharded model object: save get_model_state_dict(...) instead")
@@ -102,6 +102,12 @@ def _load(ctx: Context, call: cst.Call, owner: str, model: str) -> None:
     if ctx.options.sharded_checkpoints:
         edits.todo(script.statement_line(call), call, "--sharded-checkpoints writes torch.distributed.checkpoint folders: read one with dcp.load(state, checkpoint_id=path) into get_model_state_dict(model) (and the optimizer's), then set_model_state_dict")
     edits.change(call, f"every rank loads its shard of `{owner}`'s whole state")
+
+
+def _kept(line: cst.SimpleStatementLine, call: cst.Call) -> bool:
+    """`state = model.state_dict()`: the statement only binds the state dict to a name."""
+    small = line.body[0] if len(line.body) == 1 else None
+    return isinstance(small, cst.Assign) and small.value is call
 
 
 def _saved(script, call: cst.Call, line: cst.SimpleStatementLine) -> cst.Call | None:
