@@ -35,14 +35,21 @@ def run(ctx: Context) -> None:
         _shard(ctx, model, scope, policy=bool(mixed))
     if mixed:
         _drop_autocasts(ctx, mixed)
-    for call in ctx.script.calls:
+    _flag_unsupported(ctx)
+
+
+def _flag_unsupported(ctx: Context) -> None:
+    """What FSDP2 does not do as the script does it: a TODO at the line."""
+    script = ctx.script
+    for call in script.calls:
         create_graph = N.keyword(call, "create_graph")
-        if ctx.script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and ctx.script.module.code_for_node(create_graph.value) != "False":
-            line = ctx.script.statement_line(call) or call
-            ctx.edits.todo(line, call, "a gradient of a gradient (create_graph=True, e.g. a gradient penalty) through a model FSDP2 shards is not supported: convert with --to ddp")
-        if ctx.script.is_call_to(call, N.GRAD_SCALER):
-            line = ctx.script.statement_line(call) or call
-            ctx.edits.todo(line, call, "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients")
+        if script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and script.module.code_for_node(create_graph.value) != "False":
+            why = "a gradient of a gradient (create_graph=True, e.g. a gradient penalty) through a model FSDP2 shards is not supported: convert with --to ddp"
+        elif script.is_call_to(call, N.GRAD_SCALER):
+            why = "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients"
+        else:
+            continue
+        ctx.edits.todo(script.statement_line(call) or call, call, why)
 
 
 def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
