@@ -43,6 +43,8 @@ LEFT_TO_THE_USER = {
         "each parameter of `critic` is handed to `writer.add_histogram`",
         "`critic.sample()` reads the model's parameters outside forward",
         "saves the whole sharded model object",
+        "FSDP2 cannot deepcopy a sharded model",
+        "FSDP2 shards contiguous parameters only",
     ],
 }  # the original (no bf16) must give the same parameters too
 
@@ -259,3 +261,24 @@ def test_sharded_checkpoint_folder_holds_every_rank_and_converts_to_the_original
     final = [p for group in dist.params("mlp_dcp", 0) for p in group]
     assert all(torch.equal(p.detach(), f) for p, f in zip(model.parameters(), final))
     assert max_diff(dist.params("mlp_dcp", 0), dist.params("mlp", 0)) == 0, "the save changed the training"
+
+
+def test_a_project_keeps_its_notes(tmp_path):
+    """The summary of a project (an entry that imports its model from a module of its own) has the
+    same notes as a single file: here, that the model has no blocks ddpify can see."""
+    from ddpify.projects import convert_project
+
+    (tmp_path / "net.py").write_text(
+        "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 1)\n\n    def forward(self, x):\n        return self.fc(x)\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom net import Net\n\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+        "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(2):\n"
+        "    for x, y in loader:\n        optimizer.zero_grad()\n"
+        "        torch.nn.functional.mse_loss(model(x), y).backward()\n        optimizer.step()\n"
+    )
+    result = convert_project(tmp_path / "train.py", FSDP2)
+    notes = [n.message for outcome, _, _ in result.changed.values() for n in outcome.notes]
+    assert any("has no repeated blocks ddpify can see" in n for n in notes), notes

@@ -187,6 +187,7 @@ CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
 DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | FULLY_SHARD | DISTRIBUTED_SAMPLER | SPAWN
 AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
 AUTOGRAD_GRAD = frozenset({"torch.autograd.grad"})
+DEEPCOPY = frozenset({"copy.deepcopy"})
 SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
 FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horovod", "colossalai")

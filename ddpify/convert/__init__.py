@@ -180,6 +180,7 @@ def convert_modules(
             converted.code,
             sorted(dict.fromkeys(edits.changes_where(mine)), key=lambda n: n.line),
             sorted(dict.fromkeys(edits.todos_where(mine)), key=lambda n: n.line),
+            notes=sorted(dict.fromkeys(edits.notes_where(mine)), key=lambda n: n.line),
         )
     return results
 

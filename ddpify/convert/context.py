@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from ddpify.analysis.script import Script, ScopeNode, param_receiving, ref_of, returns
+from ddpify.analysis.script import Script, ScopeNode, mentions, param_receiving, ref_of, returns
 from ddpify.convert.edits import Edits
 from ddpify.results import ConvertOptions
 
@@ -194,7 +194,10 @@ class Context:
         script returns (`model = build_model(cfg)`); None when a flag picks among several."""
         script = self.script
         scope = scope if scope is not None else script.models.get(model)
-        built = [a for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == model and isinstance(a.value, cst.Call)]
+        built = [
+            a for a in script.assigns.get(scope, [])
+            if ref_of(a.targets[0].target) == model and isinstance(a.value, cst.Call) and not mentions(a.value, model)
+        ]  # fmt: skip  (`model = model.to(device)` moves it: not what builds it)
         if len({script.module.code_for_node(a.value.func) for a in built}) > 1:
             return None  # `model = GPT(cfg)` or `model = MLP(cfg)` by a flag: known at run time only
         for assign in built:

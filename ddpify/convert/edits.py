@@ -80,7 +80,10 @@ class Edits:
     @property
     def notes(self) -> list[Note]:
         """Advice about code the passes left as it is (printed as `note:`)."""
-        return [Note(self._line(where), message) for where, message in self._notes]
+        return self.notes_where(lambda where: True)
+
+    def notes_where(self, keep: Callable[[cst.CSTNode | int], bool]) -> list[Note]:
+        return [Note(self._line(where), message) for where, message in self._notes if keep(where)]
 
 
     # -- requests --------------------------------------------------------

@@ -45,11 +45,20 @@ def _flag_unsupported(ctx: Context) -> None:
         create_graph = N.keyword(call, "create_graph")
         if script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and script.module.code_for_node(create_graph.value) != "False":
             why = "a gradient of a gradient (create_graph=True, e.g. a gradient penalty) through a model FSDP2 shards is not supported: convert with --to ddp"
+        elif script.is_call_to(call, N.DEEPCOPY) and call.args and ref_of(call.args[0].value) in script.models and ctx.after_wrap(call, ref_of(call.args[0].value)):
+            why = "FSDP2 cannot deepcopy a sharded model: copy it before fully_shard (and shard the copy the same way)"
+        elif N.call_name(call) == "to" and _channels_last(script, call) and any(mentions(call.func, m) for m in script.models):
+            why = "FSDP2 shards contiguous parameters only: keep the model in the default memory format (channels_last inputs are fine)"
         elif script.is_call_to(call, N.GRAD_SCALER):
             why = "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients"
         else:
             continue
         ctx.edits.todo(script.statement_line(call) or call, call, why)
+
+
+def _channels_last(script, call: cst.Call) -> bool:
+    fmt = N.keyword(call, "memory_format")
+    return fmt is not None and script.module.code_for_node(fmt.value).endswith("channels_last")
 
 
 def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
