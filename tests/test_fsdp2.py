@@ -34,14 +34,15 @@ CASES = {
     "cnn_stages": (256, 2, "staged_cnn.pt", "StagedCNN", r"epoch \d: \d+ images", 1e-5),
     "resume": (320, 2, "last.pt", "Classifier", r"epoch \d: loss", 1e-5),
     "factory": (256, 2, "denoiser.pt", "Denoiser", r"epoch \d: mse", 1e-5),  # sharded inside its builder
+    "sampler_method": (256, 2, "refiner.pt", "Refiner", r"epoch \d: loss [\d.]+, refined probe mean", 1e-5),
 }
-FP32_ORIGINALS = ("mlp", "cnn_stages", "factory")
+FP32_ORIGINALS = ("mlp", "cnn_stages", "factory", "sampler_method")
 # Inputs whose every TODO is pinned: what FSDP2 cannot do as the script does it (not run).
 LEFT_TO_THE_USER = {
     "outside_forward": [
         "a gradient of a gradient (create_graph=True",
         "each parameter of `critic` is handed to `writer.add_histogram`",
-        "`critic.sample()` reads the model's parameters outside forward",
+        "`critic.code_scale()` reads the model's parameters outside forward",
         "saves the whole sharded model object",
         "FSDP2 cannot deepcopy a sharded model",
         "FSDP2 shards contiguous parameters only",

@@ -212,6 +212,16 @@ class Context:
                         return found
         return None
 
+    def children(self, cls: cst.ClassDef) -> set[str]:
+        """The submodules a model class builds in `__init__` (`self.encoder = Encoder(...)`)."""
+        init = self.script.methods(cls).get("__init__")
+        found = set()
+        for assign in self.script.assigns.get(init, []) if init is not None else ():
+            target = assign.targets[0].target
+            if isinstance(assign.value, cst.Call) and isinstance(target, cst.Attribute) and ref_of(target.value) == "self":
+                found.add(target.attr.value)
+        return found
+
     def called_before_init(self) -> set[cst.FunctionDef]:
         """The script's functions that may run before the process group exists."""
         if self._before_init is None:

@@ -68,6 +68,16 @@ def _gather_printed(ctx: Context, call: cst.Call) -> None:
     line = script.statement_line(call)
     if line is None:
         return
+    hoisted: list[cst.Call] = []
+    for inner in script.calls_in(call):
+        if inner is call or any(script.inside(inner, h) for h in hoisted) or not _runs_sharded(ctx, inner):
+            continue
+        hoisted.append(inner)  # `print(model.sample(4))`: a sharded forward is a collective
+        name = re.sub(r"\W+", "_", script.module.code_for_node(inner.func).replace("self.", "")).strip("_") + "_result"
+        edits.insert_before(line, f"{name} = {script.module.code_for_node(inner)}  # runs the sharded model: on every rank\n")
+        edits.replace(inner, cst.Name(name))
+        ctx.collective_lines.add(line)
+        edits.change(inner, f"`{script.module.code_for_node(inner.func)}(...)` runs the sharded model: every rank calls it, then rank 0 shows the result")
     for node in script.nodes_in(call, cst.Attribute):
         if node.attr.value not in PARAMETER_ATTRIBUTES or isinstance(script.parent(node), cst.Attribute) and script.parent(node).attr.value in ("data", "grad"):
             continue
@@ -79,6 +89,17 @@ def _gather_printed(ctx: Context, call: cst.Call) -> None:
         edits.replace(node, cst.Name(name))
         ctx.collective_lines.add(line)
         edits.change(node, f"`{script.module.code_for_node(node)}` is gathered whole on every rank before it is shown")
+
+
+def _runs_sharded(ctx: Context, call: cst.Call) -> bool:
+    """`model(x)`, `model.sample(n)`, `model.encoder(x)`: a call that runs the sharded model."""
+    func = call.func
+    if _sharded_root(ctx, func) == ref_of(func) and ref_of(func) is not None:
+        return ctx.after_wrap(call, ref_of(func))  # the model itself
+    if isinstance(func, cst.Attribute) and func.attr.value not in NN_MODULE_METHODS:
+        owner = ref_of(func.value)
+        return owner is not None and _sharded_root(ctx, func.value) == owner and ctx.after_wrap(call, owner)
+    return False
 
 
 def _flag_own_method(ctx: Context, call: cst.Call) -> None:
@@ -95,7 +116,7 @@ def _flag_own_method(ctx: Context, call: cst.Call) -> None:
         models = [owner] if owner in script.models else list(script.models)
         cls = ctx.model_class(models[0]) if len(models) == 1 else None
         fn = ctx.script.methods(cls).get(method) if cls is not None else None
-    if fn is not None and not _reads_parameters(script, fn):
+    if fn is not None and not _reads_parameters(ctx, fn):
         return
     reads = "reads" if fn is not None else "may read (its code is not in sight)"
     stmt = script.statement_line(call) or script.top_statement(call, script.scope_of(call)) or call
@@ -120,13 +141,18 @@ def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:
             return
 
 
-def _reads_parameters(script, fn: cst.FunctionDef) -> bool:
+def _reads_parameters(ctx: Context, fn: cst.FunctionDef) -> bool:
     """Does a method read its own parameters (`self.parameters()`, `self.<layer>.weight`) or run
-    one of its layers (`self.fc3(z)`)?"""
+    another method that may? (Its submodules, `self.net(x)`, are units of their own: shard_model
+    shards what runs outside forward.)"""
+    script = ctx.script
+    cls = script.class_of(fn)
+    children = ctx.children(cls) if cls is not None else set()
     for call in script.calls_in(fn):
         if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and call.func.value.value == "self":
-            if call.func.attr.value not in NN_MODULE_METHODS or call.func.attr.value == "forward":
-                return True  # `self.fc3(z)`, or another method that may
+            name = call.func.attr.value
+            if name not in children and (name not in NN_MODULE_METHODS or name == "forward"):
+                return True  # another method of the model, which may
     for node in script.nodes_in(fn, cst.Attribute):
         if node.attr.value in PARAMETER_ATTRIBUTES | {"parameters", "named_parameters"}:
             root = node.value

@@ -125,8 +125,12 @@ def _code(ctx: Context, model: str, cls: str | None, units: list, policy: bool, 
         what = f"every `{cls}` in `{model}`, then `{model}` itself"
     elif units:
         for path, cls in units:
-            code += f"for block in {model}.{path}:  # each {cls} is its own unit\n    fully_shard(block{kwargs})\n"
-        what = ", ".join(f"each `{cls}` of `{model}.{path}`" for path, cls in units) + f", then `{model}` itself"
+            if cls is None:  # a submodule the script runs outside the model's forward
+                code += f"fully_shard({model}.{path}{kwargs})  # runs outside `{model}`'s forward\n"
+            else:
+                code += f"for block in {model}.{path}:  # each {cls} is its own unit\n    fully_shard(block{kwargs})\n"
+        what = ", ".join(f"each `{cls}` of `{model}.{path}`" if cls else f"`{model}.{path}`" for path, cls in units)
+        what += f", then `{model}` itself"
     else:
         what = f"`{model}` as one unit"
     code += f"fully_shard({model}{kwargs})\n"
@@ -185,7 +189,28 @@ def _units(ctx: Context, model: str, scope, body: list) -> list[tuple[str, str]]
         for path, block in _stacks(assign.value):
             found.append((".".join([attr, *path]), block))
     tied = _tied(init)
-    return [(path, block) for path, block in found if path.split(".")[0] not in tied]
+    stacks = [(path, block) for path, block in found if path.split(".")[0] not in tied]
+    return stacks + [(child, None) for child in _run_outside_forward(ctx, model, cls) if child not in tied]
+
+
+def _run_outside_forward(ctx: Context, model: str, cls: cst.ClassDef) -> list[str]:
+    """The submodules the script runs without the model's forward: `model.encoder(x)`, or through
+    a method of the model other than forward (`model.sample()` calling `self.net(x, t)`). FSDP2
+    gathers a unit's parameters in that unit's forward, so each becomes a unit of its own."""
+    script = ctx.script
+    methods, children = script.methods(cls), ctx.children(cls)
+    aliases = {model, *script.models, *(n for names in script.ddp_names.values() for n in names)}
+    used: list[str] = []
+    for call in script.calls:
+        if not (isinstance(call.func, cst.Attribute) and ref_of(call.func.value) in aliases):
+            continue
+        name = call.func.attr.value
+        if name in children:
+            used.append(name)
+        elif name in methods and name not in ("forward", "__init__"):
+            used += [c.func.attr.value for c in script.calls_in(methods[name])
+                     if isinstance(c.func, cst.Attribute) and ref_of(c.func.value) == "self" and c.func.attr.value in children]  # fmt: skip
+    return list(dict.fromkeys(used))
 
 
 def _stacks(value: cst.BaseExpression) -> list[tuple[list[str], str]]:
