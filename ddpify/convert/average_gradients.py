@@ -53,6 +53,8 @@ def run(ctx: Context) -> None:
                     define_function(ctx, "average_gradients", AVERAGE_GRADIENTS, stmt)
                 continue
             done.add(stmt)
+            if ctx.fsdp2 and ctx.model_class(model) is not None:
+                continue  # the submodules its methods run are FSDP2 units of their own (shard_model): they reduce
             if ctx.fsdp2:
                 edits.todo(stmt, stmt, f"`{model}` runs through its own methods here: FSDP2 gathers a unit's parameters in its forward only; call `{model}(...)` (or fully_shard the submodules these methods run)")
                 continue

@@ -205,21 +205,34 @@ class Context:
                 cls = script.class_called(call)
                 if cls is not None and script.optimizer_summaries.is_module(cls):
                     return cls
-                fn = script.local_function(call)
-                for ret in returns(fn) if fn is not None else ():
-                    found = next((c for c in map(script.class_called, script.calls_in(ret)) if c is not None), None)
-                    if found is not None and script.optimizer_summaries.is_module(found):
-                        return found
+                fn = script.local_function(call) or script.project_definition(call.func)
+                if not isinstance(fn, cst.FunctionDef):
+                    continue
+                for ret in returns(fn):
+                    made = [ret] + [a.value for a in script.assigns.get(fn, []) if ret.value is not None and ref_of(ret.value) and
+                                    ref_of(a.targets[0].target) == ref_of(ret.value)]  # fmt: skip  (`model = GPT(...)`, `return model`)
+                    for value in made:
+                        found = next((c for c in map(script.class_called, script.calls_in(value)) if c is not None), None)
+                        if found is not None and script.optimizer_summaries.is_module(found):
+                            return found
         return None
 
     def children(self, cls: cst.ClassDef) -> set[str]:
         """The submodules a model class builds in `__init__` (`self.encoder = Encoder(...)`)."""
         init = self.script.methods(cls).get("__init__")
+        if init is None:
+            return set()
+        given = {p.name.value for p in init.params.params}
         found = set()
-        for assign in self.script.assigns.get(init, []) if init is not None else ():
-            target = assign.targets[0].target
-            if isinstance(assign.value, cst.Call) and isinstance(target, cst.Attribute) and ref_of(target.value) == "self":
-                found.add(target.attr.value)
+        for assign in self.script.assigns.get(init, []):
+            target, value = assign.targets[0].target, assign.value
+            pairs = [(target, value)]
+            if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):  # `self.enc, self.dec = enc, dec`
+                pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+            for t, v in pairs:
+                built = isinstance(v, cst.Call) or isinstance(v, cst.Name) and v.value in given  # made here, or handed in
+                if built and isinstance(t, cst.Attribute) and ref_of(t.value) == "self":
+                    found.add(t.attr.value)
         return found
 
     def called_before_init(self) -> set[cst.FunctionDef]:
