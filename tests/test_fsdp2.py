@@ -315,3 +315,15 @@ def test_a_step_through_the_models_own_methods_trains_in_step(runs):
     assert diff <= 1e-5, f"max |param - one process at batch {NPROC * B}| = {diff:g}"
     state = torch.load(dist.cwd / "seq2seq" / "translator.pt", map_location="cpu", weights_only=True)
     assert sorted(state) == sorted(["source.weight", "target.0.weight", "target.0.bias", "head.weight", "head.bias"])
+
+
+def test_shard_names_the_block_class():
+    """`--shard CLASS`: every CLASS inside the model becomes a unit (by isinstance when the script
+    binds the name, by class name when the class is a library's), then the root."""
+    src = (FIXTURES / "tiny_gpt.in.py").read_text()
+    code = convert_source(src, "tiny_gpt.py", ConvertOptions(target="fsdp2", shard="DecoderBlock")).code
+    assert "for module in [module for module in model.modules() if isinstance(module, DecoderBlock) and module is not model]:" in code
+    assert code.index("fully_shard(module, mesh=mesh, mp_policy=mp_policy)") < code.index("fully_shard(model, mesh=mesh, mp_policy=mp_policy)")
+    code = convert_source(src, "tiny_gpt.py", ConvertOptions(target="fsdp2", shard="TransformerEncoderLayer")).code
+    assert 'if type(module).__name__ == "TransformerEncoderLayer" and module is not model]' in code
+    compile(code, "tiny_gpt.py", "exec")
