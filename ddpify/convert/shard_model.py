@@ -122,7 +122,7 @@ def _code(ctx: Context, model: str, cls: str | None, units: list, policy: bool, 
         test = f"isinstance(module, {cls})" if _bound_at_top(script, cls) else f'type(module).__name__ == "{cls}"'
         code += f"for module in [module for module in {model}.modules() if {test} and module is not {model}]:\n"
         code += f"    fully_shard(module{kwargs})\n"
-        what = f"every `{cls}` in `{model}`, then `{model}` itself"
+        what = f"each `{cls}` it finds in `{model}` at run time, then `{model}` itself"
     elif units:
         for path, cls in units:
             if cls is None:  # a submodule the script runs outside the model's forward
