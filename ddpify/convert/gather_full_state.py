@@ -7,9 +7,11 @@
 A sharded model's `state_dict()` holds each rank's shard (DTensors); gathering the whole is a
 collective, so it runs on every rank before the guarded save (rank 0 keeps the result on the
 CPU; the others get an empty dict). A state dict kept for later (`best = model.state_dict()`)
-is gathered in full on every rank. Loading into the sharded model goes through
+is gathered in full on every rank; one handed to a helper (`save_checkpoint({...})`) is gathered
+before that statement, which may be rank 0's alone. Loading into the sharded model goes through
 `set_model_state_dict` (each rank takes its shard of the full state dict); the optimizer's
-state through `get_optimizer_state_dict` / `set_optimizer_state_dict`.
+state through `get_optimizer_state_dict` / `set_optimizer_state_dict`. With
+`--sharded-checkpoints` a save is `dcp.save(...)` on every rank: a folder of every rank's shards.
 """
 
 from __future__ import annotations
