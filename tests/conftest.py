@@ -126,7 +126,10 @@ class Launch(ProductLaunch):
             raise AssertionError(self.replicas[label])
 
 
-def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None, keep_going: bool = False) -> Launch:
+def run_plan(
+    plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None, keep_going: bool = False,
+    limit_s: float | None = None,
+) -> Launch:  # fmt: skip
     """Run ddpify/verify/tracer.py over a plan, under torchrun with nproc processes or plain python (None),
     with the product's launcher (ddpify.verify.launch, as `ddpify verify` runs it).
 
@@ -137,6 +140,8 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     each run has (default nproc, or 1 under python; NPROC for a script that calls mp.spawn).
     Traces land in workdir. Never raises on failure: the caller asserts on the Launch. keep_going:
     the runs after a failing one still run (give each a "timeout" so a rank left waiting ends).
+    limit_s: the whole launch's limit (default PYTHON_TIMEOUT_S or TORCHRUN_TIMEOUT_S). Many
+    cases in one launch: tests/batched.py.
     """
     plan = [dict(run, cwd=str(workdir / run.get("cwd", run["label"]))) for run in plan]
     ranks = ranks or nproc or 1
@@ -144,7 +149,7 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     progress(f"{how}: {len(plan)} run(s) in {workdir.name}/ ({', '.join(run['label'] for run in plan[:4])}{', ...' if len(plan) > 4 else ''})")
     done = launch_plan(
         plan, workdir, nproc, python=sys.executable, ranks=ranks,
-        limit_s=PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S,
+        limit_s=limit_s or (PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S),
         env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}, keep_going=keep_going,
     )  # fmt: skip
     launch = Launch(**vars(done))
