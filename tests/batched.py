@@ -22,7 +22,10 @@ was running when it died (that one's tests report the missing traces and the lau
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +50,8 @@ class Batch:
     lost: dict[str, str] = field(default_factory=dict)  # key -> why its runs are incomplete
     unattributed: list[str] = field(default_factory=list)  # per launch: what it printed that no trace holds
 
+    labels: dict[str, str] = field(default_factory=dict)  # run label -> its case (labels unique across cases)
+
     def __getitem__(self, key: str) -> Launch:
         return self.cases[key]
 
@@ -54,22 +59,69 @@ class Batch:
         return "\n".join(launch.log() for launch in self.launches)
 
 
-def run_cases(cases: dict[str, list[dict]], workdir: Path, nproc: int | None, ranks: int | None = None) -> Batch:
+@dataclass
+class ByLabel:
+    """A batch read as one launch, by run label (a plan whose labels are unique across its cases):
+    trace/params/check_replicas go to the label's case; stdout and stderr are the launches' own."""
+
+    batch: Batch
+    cwd: Path  # where the runs' working folders are (they were given absolute cwds)
+
+    def case(self, label: str) -> Launch:
+        assert label in self.batch.labels, f"no run {label!r} in the batch"
+        return self.batch[self.batch.labels[label]]
+
+    def trace(self, label: str, rank: int) -> dict:
+        return self.case(label).trace(label, rank)
+
+    def params(self, label: str, rank: int):
+        return self.case(label).params(label, rank)
+
+    def check_replicas(self, label: str) -> None:
+        self.case(label).check_replicas(label)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(launch.stdout for launch in self.batch.launches)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(launch.stderr for launch in self.batch.launches)
+
+    def log(self) -> str:
+        return self.batch.log()
+
+
+def run_cases(
+    cases: dict[str, list[dict]], workdir: Path, nproc: int | None, ranks: int | None = None, alone: tuple = ()
+) -> Batch:
     """Run every case's plan entries (conftest.run_plan's form) in as few launches as it takes.
 
     cases: key -> that case's runs, in order; labels need only be unique within a case. A run's
-    "cwd" is taken under the case's folder (default: its label). Every run gets a "timeout"
-    (RUN_TIMEOUT_S unless it has one).
+    "cwd" is taken under the case's folder (default: its label; an absolute one is kept). Every
+    run gets a "timeout" (RUN_TIMEOUT_S unless it has one). alone: keys of cases that get a
+    launch of their own (say why where you name them: what an earlier case leaves in the
+    processes breaks them).
     """
     ranks = ranks or nproc or 1
+    batch = Batch({}, [])
+    groups = [({key: cases[key]}, workdir / f"alone-{safe(key)}") for key in alone]
+    groups.append(({key: runs for key, runs in cases.items() if key not in alone}, workdir))
+    for group, work in groups:
+        if group:
+            _rounds(group, work, nproc, ranks, batch)
+    batch.cases = {key: batch.cases[key] for key in cases}  # the caller's order
+    labels = {run["label"]: key for key, runs in cases.items() for run in runs}
+    if len(labels) == sum(len(runs) for runs in cases.values()):  # else: a label in several cases, read by case
+        batch.labels = labels
+    return batch
+
+
+def _rounds(cases: dict[str, list[dict]], workdir: Path, nproc: int | None, ranks: int, batch: Batch) -> None:
+    """Launch the cases, again without the case a dead process was running, until every case has
+    run (or ROUNDS launches); add what happened to batch."""
     pending = list(cases)
-    found: dict[str, Launch] = {}
-    lost: dict[str, str] = {}
-    launches: list[Launch] = []
-    unattributed: list[str] = []
     for round_ in range(ROUNDS):
-        if not pending:
-            break
         work = workdir if round_ == 0 else workdir / f"again{round_}"
         plan = []
         for key in pending:
@@ -78,35 +130,82 @@ def run_cases(cases: dict[str, list[dict]], workdir: Path, nproc: int | None, ra
                     dict(
                         run,
                         label=f"{safe(key)}.{run['label']}",
-                        cwd=f"{safe(key)}/{run.get('cwd', run['label'])}",
+                        cwd=str(Path(safe(key)) / run.get("cwd", run["label"])),  # an absolute cwd stays
                         timeout=run.get("timeout", RUN_TIMEOUT_S),
                     )
                 )
         limit = 120 + sum(run["timeout"] for run in plan)
-        launch = run_plan(plan, work, nproc, ranks=ranks, keep_going=True, limit_s=limit)
-        launches.append(launch)
+        done = threading.Event()
+        reaper = threading.Thread(target=_reap_orphans, args=(work, done), daemon=True)
+        reaper.start()
+        try:
+            launch = run_plan(plan, work, nproc, ranks=ranks, keep_going=True, limit_s=limit)
+        finally:
+            done.set()
+            reaper.join()
+        batch.launches.append(launch)
         printed = "".join(t["stdout"] for t in launch.traces.values())
         printed = printed.replace("\r\n", "\n").replace("\r", "\n")  # as the launch's text-mode pipe reads it
         missing = Counter(launch.stdout) - Counter(printed)
-        unattributed.append("".join(sorted(missing.elements())))
+        batch.unattributed.append("".join(sorted(missing.elements())))
         incomplete = []
         for key in pending:
-            found[key] = _case(launch, key, cases[key], work, ranks)
-            if not _complete(found[key], cases[key], ranks):
+            batch.cases[key] = _case(launch, key, cases[key], work, ranks)
+            if not _complete(batch.cases[key], cases[key], ranks):
                 incomplete.append(key)
         if not incomplete:
-            pending = []
-            break
+            return
         culprit, *pending = incomplete
-        lost[culprit] = (
-            f"a process of the launch died while running it (exit {launch.returncode}"
-            f"{', TIMED OUT' if launch.timed_out else ''}): the cases after it ran again in a new launch"
-        )
+        _lost(batch, culprit, f"a process of the launch died while running it (exit {launch.returncode}"
+              f"{', TIMED OUT' if launch.timed_out else ''}): the cases after it ran again in a new launch")  # fmt: skip
+        if not pending:
+            return
     for key in pending:  # rounds exhausted: what is left keeps its incomplete traces
-        lost.setdefault(key, "not run to the end: too many processes died in this batch")
-    for key, why in lost.items():
-        found[key].stderr = f"[batch] case {key!r}: {why}\n{found[key].stderr}"
-    return Batch(found, launches, lost, unattributed)
+        _lost(batch, key, "not run to the end: too many processes died in this batch")
+
+
+def _lost(batch: Batch, key: str, why: str) -> None:
+    batch.lost[key] = why
+    batch.cases[key].stderr = f"[batch] case {key!r}: {why}\n{batch.cases[key].stderr}"
+
+
+def _reap_orphans(work: Path, done: threading.Event) -> None:
+    """While the launch runs: SIGKILL what a dead rank left behind (a DataLoader worker stuck in a
+    lock it inherited keeps the launch's stdout open, so the launch would wait for its limit).
+
+    A rank's leftovers are the processes of its session (torchrun starts each rank in a session
+    of its own, the launcher starts plain python in one) that run this launch's plan."""
+    plan = str(work / "plan.json")
+    while not done.wait(2):
+        ranks = set()
+        for path in work.glob("pid-*"):
+            try:
+                ranks.add(int(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        dead = {pid for pid in ranks if _state(pid) in (None, "Z")}
+        if not dead:
+            continue
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            pid = int(stat.parent.name)
+            if int(fields[3]) in dead and pid not in ranks and plan in cmdline:  # fields[3]: the session
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (Z: exited, not reaped yet), None when there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def _complete(case: Launch, runs: list[dict], ranks: int) -> bool:

@@ -7,6 +7,7 @@ of its own traces (the cases after a dead process run again in a new launch).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -34,7 +35,8 @@ if dist.is_initialized():
 
 FAILS = "import sys\nprint('failing')\nsys.exit(2)\n"
 DIES = "import os\nif os.environ.get('RANK', '1') == '1':\n    os._exit(3)\nimport time\ntime.sleep(600)\n"
-HANGS = "import time\nprint('hanging')\ntime.sleep(600)\n"
+# hangs, and leaves a child behind that holds the launch's stdout (a DataLoader worker stuck on a lock)
+HANGS = "import os, time\nprint('hanging')\nos.fork()\ntime.sleep(600)\n"
 STRAY = "import os\nos.write(1, b'stray\\n')\nprint('said')\n"
 
 
@@ -70,7 +72,9 @@ def test_python_batch_reports_each_case_on_its_own(tmp_path):
         "stray": [{"label": "a", "script": write(tmp_path, "stray", STRAY)}],
         "fourth": [{"label": "a", "script": ok}, {"label": "b", "script": ok}],
     }
+    start = time.monotonic()
     batch = run_cases(cases, tmp_path / "runs", nproc=None)
+    assert time.monotonic() - start < 100, "the hung case's child kept the launch open"
     assert len(batch.launches) == 3, batch.log()  # one launch, then one after each dead process
     check_survivors(batch, ["first", "second", "third", "fourth"], ranks=1)
     assert batch["fails"].returncode == 2 and batch["fails"].stdout == "failing\n"
