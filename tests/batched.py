@@ -17,7 +17,9 @@ case, a conftest.Launch of its own runs only, with the labels its tests know:
 One case cannot hide another's results: the plan runs with --keep-going and a timeout per run,
 so a run that fails or hangs fails its own case; when a process dies (a crash, a hang stopped
 at its timeout), the cases it had not finished run again in a new launch, without the case that
-was running when it died (that one's tests report the missing traces and the launch's log).
+was running when it died. That case then gets a launch of its own (what an earlier case left in
+the processes, such as a thread a forked DataLoader worker inherits, must not fail it); if it
+dies there too, it is ``lost``: its tests report the missing traces and the launches' logs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -107,9 +110,15 @@ def run_cases(
     batch = Batch({}, [])
     groups = [({key: cases[key]}, workdir / f"alone-{safe(key)}") for key in alone]
     groups.append(({key: runs for key, runs in cases.items() if key not in alone}, workdir))
+    retry: list[str] = []
     for group, work in groups:
         if group:
-            _rounds(group, work, nproc, ranks, batch)
+            _rounds(group, work, nproc, ranks, batch, retry)
+    for key in retry:  # died in the batch: a launch of its own, as the script would run for real
+        del batch.lost[key]
+        _rounds({key: cases[key]}, workdir / f"alone-{safe(key)}", nproc, ranks, batch, [])
+        if key in batch.lost:
+            _lost(batch, key, "it died in the batch too")
     batch.cases = {key: batch.cases[key] for key in cases}  # the caller's order
     labels = {run["label"]: key for key, runs in cases.items() for run in runs}
     if len(labels) == sum(len(runs) for runs in cases.values()):  # else: a label in several cases, read by case
@@ -117,23 +126,15 @@ def run_cases(
     return batch
 
 
-def _rounds(cases: dict[str, list[dict]], workdir: Path, nproc: int | None, ranks: int, batch: Batch) -> None:
-    """Launch the cases, again without the case a dead process was running, until every case has
-    run (or ROUNDS launches); add what happened to batch."""
+def _rounds(cases: dict[str, list[dict]], workdir: Path, nproc: int | None, ranks: int, batch: Batch, retry: list) -> None:
+    """Launch the cases, again without the case a dead process was running (added to retry when
+    it was not alone), until every case has run (or ROUNDS launches); add what happened to batch."""
     pending = list(cases)
     for round_ in range(ROUNDS):
         work = workdir if round_ == 0 else workdir / f"again{round_}"
         plan = []
         for key in pending:
-            for run in cases[key]:
-                plan.append(
-                    dict(
-                        run,
-                        label=f"{safe(key)}.{run['label']}",
-                        cwd=str(Path(safe(key)) / run.get("cwd", run["label"])),  # an absolute cwd stays
-                        timeout=run.get("timeout", RUN_TIMEOUT_S),
-                    )
-                )
+            plan += [_entry(run, safe(key)) for run in cases[key]]
         limit = 120 + sum(run["timeout"] for run in plan)
         done = threading.Event()
         reaper = threading.Thread(target=_reap_orphans, args=(work, done), daemon=True)
@@ -157,7 +158,9 @@ def _rounds(cases: dict[str, list[dict]], workdir: Path, nproc: int | None, rank
             return
         culprit, *pending = incomplete
         _lost(batch, culprit, f"a process of the launch died while running it (exit {launch.returncode}"
-              f"{', TIMED OUT' if launch.timed_out else ''}): the cases after it ran again in a new launch")  # fmt: skip
+              f"{', TIMED OUT' if launch.timed_out else ''})")  # fmt: skip
+        if len(plan) > len(cases[culprit]):
+            retry.append(culprit)
         if not pending:
             return
     for key in pending:  # rounds exhausted: what is left keeps its incomplete traces
@@ -208,8 +211,36 @@ def _state(pid: int) -> str | None:
         return None
 
 
+def _entry(run: dict, prefix: str) -> dict:
+    """A case's run as an entry of the batch's plan: its label, and the labels it names
+    (only_if_ok, only_if_failed, reference.train_loader_from), prefixed by the case's name."""
+    entry = dict(
+        run,
+        label=f"{prefix}.{run['label']}",
+        cwd=str(Path(prefix) / run.get("cwd", run["label"])),  # an absolute cwd stays
+        timeout=run.get("timeout", RUN_TIMEOUT_S),
+    )
+    for name in ("only_if_ok", "only_if_failed"):
+        if run.get(name):
+            entry[name] = f"{prefix}.{run[name]}"
+    if (run.get("reference") or {}).get("train_loader_from"):
+        entry["reference"] = dict(run["reference"], train_loader_from=f"{prefix}.{run['reference']['train_loader_from']}")
+    return entry
+
+
 def _complete(case: Launch, runs: list[dict], ranks: int) -> bool:
-    return all((run["label"], rank) in case.traces for run in runs for rank in range(ranks))
+    """Every run of the case that was to run left its traces (only_if_ok / only_if_failed: a run
+    that waits on an earlier one is to run when that one's trace says so)."""
+    for run in runs:
+        for rank in range(ranks):
+            after = case.traces.get((run.get("only_if_ok") or run.get("only_if_failed"), rank))
+            if run.get("only_if_ok") and not (after and after["exit_code"] == 0):
+                continue
+            if run.get("only_if_failed") and not (after and after["exit_code"] != 0):
+                continue
+            if (run["label"], rank) not in case.traces:
+                return False
+    return True
 
 
 def _case(launch: Launch, key: str, runs: list[dict], work: Path, ranks: int) -> Launch:
@@ -243,3 +274,91 @@ def _case(launch: Launch, key: str, runs: list[dict], work: Path, ranks: int) ->
     )  # fmt: skip
     case.may_diverge = {run["label"]: run["diverges"] for run in runs if run.get("diverges")}
     return case
+
+
+# --- `ddpify verify` over many scripts, its launches shared ---------------------------------------
+
+
+def verify_all(jobs: dict[str, tuple], workdir: Path) -> dict[str, object]:
+    """Run ``ddpify.verify.session.verify(original, converted, options)`` for every job, as the
+    product runs it, with the launches of all jobs shared: key -> (original, converted, options,
+    env) gives key -> its Verification, or the exception verify raised.
+
+    Each verify() runs in a thread of its own, one at a time (one lock: only one thread runs
+    Python code, the others wait), unchanged but for its launcher: its calls of
+    ddpify.verify.session.run_plan wait until every unfinished verify() has made the same call,
+    and then one run_cases() launch runs all their plans (each job a case). Each verify() gets back a Launch of its own runs, its traces and parameter files in the
+    folder it asked for, and judges them itself. env: the job's environment, given to each of its
+    runs (the plan entries' env) instead of the process's.
+    """
+    from ddpify.verify import session
+    from ddpify.verify.launch import Launch as ProductLaunch
+
+    lock = threading.Condition()
+    local = threading.local()
+    state = {"alive": len(jobs), "waiting": {}, "answers": {}, "launches": 0}
+    results: dict[str, object] = {}
+
+    def shared_run_plan(plan, traces, nproc, *, python, limit_s, ranks=None, env=None, keep_going=False):
+        key = local.key
+        assert python == sys.executable and keep_going, "verify_all runs what verify runs: sys.executable, --keep-going"
+        state["waiting"][key] = (plan, Path(traces), nproc)
+        launch_if_all_wait()
+        while key not in state["answers"]:
+            lock.wait()
+        answer = state["answers"].pop(key)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def launch_if_all_wait():
+        waiting = state["waiting"]
+        if not waiting or len(waiting) < state["alive"]:
+            return
+        state["waiting"] = {}
+        for nproc in {nproc for _, _, nproc in waiting.values()}:
+            group = {key: w for key, w in waiting.items() if w[2] == nproc}
+            state["launches"] += 1
+            kind = "torchrun" if nproc else "python"
+            cases = {key: [dict(run, env={**jobs[key][3], **run.get("env", {})}) for run in plan]
+                     for key, (plan, _, _) in group.items()}  # fmt: skip
+            try:
+                batch = run_cases(cases, workdir / f"{state['launches']}-{kind}", nproc)
+            except BaseException as exc:  # noqa: BLE001 - every verify() waiting on it raises it
+                state["answers"].update((key, exc) for key in group)
+                continue
+            for key, (plan, traces, _) in group.items():
+                case = batch[key]
+                traces.mkdir(parents=True, exist_ok=True)
+                for path in case.cwd.iterdir():
+                    if path.is_file():
+                        path.replace(traces / path.name)
+                state["answers"][key] = ProductLaunch(
+                    case.cmd, traces, case.returncode, case.stdout, case.stderr, case.seconds, case.timed_out,
+                    traces=case.traces, stacks=case.stacks, ranks=case.ranks,
+                )  # fmt: skip
+        lock.notify_all()
+
+    def job(key):
+        local.key = key
+        original, converted, options, _ = jobs[key]
+        with lock:
+            try:
+                results[key] = session.verify(original, converted, options)
+            except BaseException as exc:  # noqa: BLE001 - the test of this job reports it
+                results[key] = exc
+            finally:
+                state["alive"] -= 1
+                launch_if_all_wait()
+
+    real = session.run_plan
+    session.run_plan = shared_run_plan
+    try:
+        threads = [threading.Thread(target=job, args=(key,), name=f"verify {key}") for key in jobs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        session.run_plan = real
+    return results

@@ -78,6 +78,26 @@ def update_goldens(request) -> bool:
 
 
 @pytest.fixture(scope="session")
+def probe_once():
+    """`ddpify verify` first asks a fresh `python -c "import torch"` how many GPUs it sees (one
+    torch import, 2-3 s of CPU), on every call. Within a session the answer cannot change: the
+    first call of each interpreter asks for real, later calls get its answer (a probe that fails
+    is asked again). For the modules that call verify() dozens of times."""
+    from ddpify.verify import session
+
+    real, answers = session._probe, {}
+
+    def probe(python: str) -> int:
+        if python not in answers:
+            answers[python] = real(python)
+        return answers[python]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(session, "_probe", probe)
+        yield
+
+
+@pytest.fixture(scope="session")
 def fuzz_examples(request) -> int | None:
     """--fuzz-examples N, or None for each fuzz test's own default."""
     return request.config.getoption("--fuzz-examples")

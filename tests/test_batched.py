@@ -74,18 +74,22 @@ def test_python_batch_reports_each_case_on_its_own(tmp_path):
     }
     start = time.monotonic()
     batch = run_cases(cases, tmp_path / "runs", nproc=None)
-    assert time.monotonic() - start < 100, "the hung case's child kept the launch open"
-    assert len(batch.launches) == 3, batch.log()  # one launch, then one after each dead process
+    assert time.monotonic() - start < 120, "the hung case's child kept the launch open"
+    # one launch, one after each dead process, and one of its own for each case that died
+    assert len(batch.launches) == 5, batch.log()
     check_survivors(batch, ["first", "second", "third", "fourth"], ranks=1)
     assert batch["fails"].returncode == 2 and batch["fails"].stdout == "failing\n"
     assert "fails" not in batch.lost
     assert sorted(batch.lost) == ["dies", "hangs"], batch.lost
     assert batch["dies"].traces == {} and batch["dies"].returncode != 0
     assert "[batch] case 'dies': a process of the launch died while running it" in batch["dies"].log()
+    assert "it died in the batch too" in batch["dies"].log()
     assert batch["hangs"].stacks[("a", 0)].startswith("Timeout ("), batch["hangs"].stacks
     assert batch["stray"].returncode == 0 and batch["stray"].stdout == "said\n"
     # what a process printed before it died, and what bypassed sys.stdout, no trace holds
-    assert [Counter(extra) for extra in batch.unattributed] == [Counter(), Counter("hanging\n"), Counter("stray\n")]
+    assert [Counter(extra) for extra in batch.unattributed] == [
+        Counter(), Counter("hanging\n"), Counter("stray\n"), Counter(), Counter("hanging\n")
+    ]
 
 
 @pytest.mark.torchrun
@@ -98,7 +102,7 @@ def test_torchrun_batch_survives_a_rank_that_dies(tmp_path):
         "second": [{"label": "a", "script": ok}, {"label": "b", "script": ok}],
     }
     batch = run_cases(cases, tmp_path / "runs", nproc=NPROC)
-    assert len(batch.launches) == 2, batch.log()
+    assert len(batch.launches) == 3, batch.log()  # the batch, the cases after "dies", "dies" alone
     check_survivors(batch, ["first", "second"], ranks=NPROC)
     assert list(batch.lost) == ["dies"] and batch["dies"].returncode != 0
     assert ("a", 1) not in batch["dies"].traces
