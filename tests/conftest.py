@@ -48,7 +48,7 @@ TORCHRUN_MODULES = {
 TORCHRUN_FIXTURES = {"runs"}
 # Slow: every torchrun test, plus the modules that spend minutes without torch (fuzzing, real
 # pre-commit runs, hostile inputs, libcst's full metadata on every bundled file). `-m "not slow"`
-# is the quick loop (about 35 s on 2 cores with `-n auto`).
+# is the quick loop (docs/development.md has its time).
 SLOW_MODULES = {"test_fuzz", "test_precommit", "test_hostile_input", "test_check_index"}
 
 
@@ -58,12 +58,25 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    shared = set()  # modules with a module-scoped fixture (a batched launch): one xdist worker runs them
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if module in TORCHRUN_MODULES or TORCHRUN_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.torchrun)
         if module in SLOW_MODULES or item.get_closest_marker("torchrun"):
             item.add_marker(pytest.mark.slow)
+        info = getattr(item, "_fixtureinfo", None)
+        for name in item.fixturenames if info else ():
+            if any(d.scope in ("module", "package", "class") for d in info.name2fixturedefs.get(name, ())):
+                shared.add(module)
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if module in shared:
+            # pytest-xdist (-n 2 --dist loadgroup in pyproject.toml): a module's fixture runs once
+            item.add_marker(pytest.mark.xdist_group(module))
+    # The slow tests first (in their order): with two xdist workers, the long launches start at
+    # once and the quick tests fill the gaps, instead of a long launch starting last.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
 
 
 def progress(message: str) -> None:
