@@ -58,24 +58,16 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    shared = set()  # modules with a module-scoped fixture (a batched launch): one xdist worker runs them
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if module in TORCHRUN_MODULES or TORCHRUN_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.torchrun)
         if module in SLOW_MODULES or item.get_closest_marker("torchrun"):
             item.add_marker(pytest.mark.slow)
-        info = getattr(item, "_fixtureinfo", None)
-        for name in item.fixturenames if info else ():
-            if any(d.scope in ("module", "package", "class") for d in info.name2fixturedefs.get(name, ())):
-                shared.add(module)
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2] if item.module else ""
-        if module in shared:
-            # pytest-xdist (-n 2 --dist loadgroup in pyproject.toml): a module's fixture runs once
-            item.add_marker(pytest.mark.xdist_group(module))
-    # The slow tests first (in their order): with two xdist workers, the long launches start at
-    # once and the quick tests fill the gaps, instead of a long launch starting last.
+    # The slow tests first (in their order): with two xdist workers (--dist loadscope: a module
+    # is one unit of work, so its module-scoped fixture, a batched launch, runs once), the modules
+    # with long launches start at once and the quick ones fill the gaps, instead of a long one
+    # starting last.
     items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
 
 
