@@ -29,6 +29,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,10 +116,12 @@ def run_cases(
         if group:
             _rounds(group, work, nproc, ranks, batch, retry)
     for key in retry:  # died in the batch: a launch of its own, as the script would run for real
-        del batch.lost[key]
+        why = batch.lost.pop(key)
         _rounds({key: cases[key]}, workdir / f"alone-{safe(key)}", nproc, ranks, batch, [])
         if key in batch.lost:
             _lost(batch, key, "it died in the batch too")
+        else:  # shown in pytest's warnings summary: a case that needs alone=, or an intermittent crash
+            warnings.warn(f"tests/batched.py: case {key!r} died in a batched launch ({why}) and passed in a launch of its own")
     batch.cases = {key: batch.cases[key] for key in cases}  # the caller's order
     labels = {run["label"]: key for key, runs in cases.items() for run in runs}
     if len(labels) == sum(len(runs) for runs in cases.values()):  # else: a label in several cases, read by case
