@@ -48,7 +48,7 @@ TORCHRUN_MODULES = {
 TORCHRUN_FIXTURES = {"runs"}
 # Slow: every torchrun test, plus the modules that spend minutes without torch (fuzzing, real
 # pre-commit runs, hostile inputs, libcst's full metadata on every bundled file). `-m "not slow"`
-# is the quick loop (about 35 s on 2 cores with `-n auto`).
+# is the quick loop (docs/development.md has its time).
 SLOW_MODULES = {"test_fuzz", "test_precommit", "test_hostile_input", "test_check_index"}
 
 
@@ -64,6 +64,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.torchrun)
         if module in SLOW_MODULES or item.get_closest_marker("torchrun"):
             item.add_marker(pytest.mark.slow)
+    # The slow tests first (in their order): with two xdist workers (--dist loadscope: a module
+    # is one unit of work, so its module-scoped fixture, a batched launch, runs once), the modules
+    # with long launches start at once and the quick ones fill the gaps, instead of a long one
+    # starting last.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
 
 
 def progress(message: str) -> None:
@@ -75,6 +80,26 @@ def progress(message: str) -> None:
 @pytest.fixture(scope="session")
 def update_goldens(request) -> bool:
     return request.config.getoption("--update-goldens")
+
+
+@pytest.fixture(scope="session")
+def probe_once():
+    """`ddpify verify` first asks a fresh `python -c "import torch"` how many GPUs it sees (one
+    torch import, 2-3 s of CPU), on every call. Within a session the answer cannot change: the
+    first call of each interpreter asks for real, later calls get its answer (a probe that fails
+    is asked again). For the modules that call verify() dozens of times."""
+    from ddpify.verify import session
+
+    real, answers = session._probe, {}
+
+    def probe(python: str) -> int:
+        if python not in answers:
+            answers[python] = real(python)
+        return answers[python]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(session, "_probe", probe)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -126,7 +151,10 @@ class Launch(ProductLaunch):
             raise AssertionError(self.replicas[label])
 
 
-def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None, keep_going: bool = False) -> Launch:
+def run_plan(
+    plan: list[dict], workdir: Path, nproc: int | None, ranks: int | None = None, keep_going: bool = False,
+    limit_s: float | None = None,
+) -> Launch:  # fmt: skip
     """Run ddpify/verify/tracer.py over a plan, under torchrun with nproc processes or plain python (None),
     with the product's launcher (ddpify.verify.launch, as `ddpify verify` runs it).
 
@@ -137,6 +165,8 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     each run has (default nproc, or 1 under python; NPROC for a script that calls mp.spawn).
     Traces land in workdir. Never raises on failure: the caller asserts on the Launch. keep_going:
     the runs after a failing one still run (give each a "timeout" so a rank left waiting ends).
+    limit_s: the whole launch's limit (default PYTHON_TIMEOUT_S or TORCHRUN_TIMEOUT_S). Many
+    cases in one launch: tests/batched.py.
     """
     plan = [dict(run, cwd=str(workdir / run.get("cwd", run["label"]))) for run in plan]
     ranks = ranks or nproc or 1
@@ -144,7 +174,7 @@ def run_plan(plan: list[dict], workdir: Path, nproc: int | None, ranks: int | No
     progress(f"{how}: {len(plan)} run(s) in {workdir.name}/ ({', '.join(run['label'] for run in plan[:4])}{', ...' if len(plan) > 4 else ''})")
     done = launch_plan(
         plan, workdir, nproc, python=sys.executable, ranks=ranks,
-        limit_s=PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S,
+        limit_s=limit_s or (PYTHON_TIMEOUT_S if nproc is None else TORCHRUN_TIMEOUT_S),
         env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}, keep_going=keep_going,
     )  # fmt: skip
     launch = Launch(**vars(done))

@@ -78,12 +78,25 @@ def _own_nodes(scope: ast.AST):
             todo.extend(ast.iter_child_nodes(node))
 
 
+@pytest.fixture(scope="module")
+def fixed_by_all():
+    """path -> the file with every fix applied (`check --fix --unsafe-fixes`, all rules), or None
+    when nothing is to fix: computed once per file for the two tests below that read it."""
+    done = {}
+
+    def fixed(path: Path) -> str | None:
+        if path not in done:
+            done[path] = check_source(path.read_text(encoding="utf-8"), str(path), select_rules(["ALL"]), fix=True, unsafe_fixes=True).fixed_source
+        return done[path]
+
+    return fixed
+
+
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
-def test_every_fix_keeps_the_code_correct(path):
+def test_every_fix_keeps_the_code_correct(path, fixed_by_all):
     source = path.read_text(encoding="utf-8")
     codes = select_rules(["ALL"])
-    result = check_source(source, str(path), codes, fix=True, unsafe_fixes=True)
-    fixed = result.fixed_source
+    fixed = fixed_by_all(path)
     if fixed is None:
         return  # nothing to fix here
     compile(fixed, str(path), "exec")
@@ -94,12 +107,9 @@ def test_every_fix_keeps_the_code_correct(path):
     )
 
 
-def test_the_files_include_fixes_to_apply():
+def test_the_files_include_fixes_to_apply(fixed_by_all):
     """The test above must exercise fixes: some files change under --fix --unsafe-fixes."""
-    changed = [
-        p for p in FILES
-        if check_source(p.read_text(encoding="utf-8"), str(p), select_rules(["ALL"]), fix=True, unsafe_fixes=True).fixed_source
-    ]  # fmt: skip
+    changed = [p for p in FILES if fixed_by_all(p)]
     assert len(changed) >= 4, changed
 
 

@@ -27,22 +27,18 @@ flips the test loudly. Every corpus file must have a Spec, so a new script canno
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from batched import run_cases
 from conftest import assert_replicas_identical
-
-from ddpify.verify.launch import descendants
 
 from ddpify.engine import ConvertError, convert_source
 
@@ -50,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fixtures" / "corpus"
 TRACE_RUN = ROOT / "ddpify" / "verify" / "tracer.py"
 NPROC = 2
-PARALLEL = 2  # torchrun launches at a time (each is 3 processes; the machine has few cores)
-TIMEOUT_S = 150  # per launch; a hang fails the script instead of the suite
+PARALLEL = 2  # plain-python runs of the originals at a time
+TIMEOUT_S = 150  # per run; a hang fails the script instead of the suite
 
 STAGES = ("convert", "todos", "compile", "run", "replicas", "message", "saves", "shards", "files")
 
@@ -142,44 +138,12 @@ class Outcome:
         self.problems.append((stage, detail))
 
 
-def launch(name: str, script: Path, spec: Spec, work: Path) -> tuple[subprocess.CompletedProcess | None, str, float, bool]:
-    """torchrun over tracer.py with a plan: every run of the spec, one after the other, in one cwd."""
-    plan = [
-        {"label": f"run{i}", "script": str(script), "args": list(args), "cwd": str(work / "cwd")}
+def plan(spec: Spec, script: Path) -> list[dict]:
+    """The torchrun runs of a converted script: every run of the spec, one after the other, in one cwd."""
+    return [
+        {"label": f"run{i}", "script": str(script), "args": list(args), "cwd": "cwd", "timeout": TIMEOUT_S}
         for i, args in enumerate(spec.runs)
     ]
-    (work / "plan.json").write_text(json.dumps(plan, indent=1))
-    # always through the harness: every run's traces are checked, its replicas included
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}"]
-    cmd, cwd = [*torchrun, str(TRACE_RUN), "--plan", str(work / "plan.json")], work
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDPIFY_TRACE_DIR=str(work), CUDA_VISIBLE_DEVICES="")
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    timed_out = False
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        # torchrun starts its workers in sessions of their own: kill everything below it (conftest)
-        for pid in [*descendants(proc.pid), proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        stdout, stderr = proc.communicate()
-    seconds = time.monotonic() - start
-    log = (
-        f"$ (cd {cwd} && {' '.join(cmd)})\nexit {proc.returncode}{' (TIMED OUT)' if timed_out else ''} "
-        f"after {seconds:.1f}s\n----- stdout -----\n{stdout[-6000:]}\n----- stderr -----\n{stderr[-8000:]}"
-    )
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), log, seconds, timed_out
 
 
 def convert_stage(name: str, outcome: Outcome, work: Path) -> Path | None:
@@ -215,22 +179,24 @@ def convert_stage(name: str, outcome: Outcome, work: Path) -> Path | None:
     return out
 
 
-def run_stage(name: str, script: Path, outcome: Outcome, work: Path) -> None:
+def run_stage(name: str, script: Path, outcome: Outcome, launch) -> None:
+    """Judge the converted script's runs: launch is its case of the batched torchrun launch
+    (tests/batched.py; always through the harness: every run's traces are checked, its replicas included)."""
     spec = SPECS[name]
-    proc, log, seconds, timed_out = launch(name, script, spec, work)
-    outcome.log = f"converted script: {script}\n{log}"
+    work = launch.cwd
+    outcome.log = f"converted script: {script}\n{launch.log()}"
     traces = {}
     for i in range(len(spec.runs)):
         for rank in range(NPROC):
-            path = work / f"trace-run{i}-{rank}.json"
-            if path.exists():
-                traces[(i, rank)] = json.loads(path.read_text())
-    if timed_out:
-        outcome.fail("run", f"timed out after {TIMEOUT_S}s")
+            if (f"run{i}", rank) in launch.traces:
+                traces[(i, rank)] = launch.traces[(f"run{i}", rank)]
+    hung = [f"{label} rank {r}" for (label, r), text in sorted(launch.stacks.items()) if text.startswith("Timeout (")]
+    if launch.timed_out or hung:
+        outcome.fail("run", f"timed out after {TIMEOUT_S}s: {', '.join(hung) or 'the launch'}")
         return
-    if proc.returncode != 0:
+    if launch.returncode != 0:
         errors = [f"run{i} rank {r}: {t['error'].strip().splitlines()[-1]}" for (i, r), t in traces.items() if t["error"]]
-        outcome.fail("run", f"exit {proc.returncode}: {'; '.join(errors) or proc.stderr.strip()[-500:]}")
+        outcome.fail("run", f"exit {launch.returncode}: {'; '.join(errors) or launch.stderr.strip()[-500:]}")
         return
     for i in range(len(spec.runs)):
         for rank in range(NPROC):
@@ -251,7 +217,7 @@ def run_stage(name: str, script: Path, outcome: Outcome, work: Path) -> None:
             outcome.fail("replicas", str(exc))
 
     for regex, count in spec.final.items():
-        found = len(re.findall(regex, proc.stdout))
+        found = len(re.findall(regex, launch.stdout))
         if found != count:
             outcome.fail("message", f"{regex!r} printed {found} times, expected {count}")
 
@@ -327,21 +293,33 @@ def run_original(name: str, work: Path) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def corpus_outcomes(tmp_path_factory) -> tuple[dict[str, Outcome], dict[str, str | None]]:
-    """Every conversion, then the torchrun launches and the plain-python runs of the originals, PARALLEL at a time."""
+def corpus_outcomes(tmp_path_factory) -> tuple[dict[str, Outcome], dict[str, str | None], object]:
+    """Every conversion, then ONE torchrun launch running every converted script (tests/batched.py:
+    each script is judged on its own runs), and the plain-python runs of the originals, PARALLEL at a time."""
     base = tmp_path_factory.mktemp("corpus")
     outcomes = {name: Outcome(name) for name in SCRIPTS}
     originals: dict[str, str | None] = {}
-    jobs = []
+    converted = {}
     for name in SCRIPTS:
         script = convert_stage(name, outcomes[name], base / name)
         if script is not None:
-            jobs.append(lambda name=name, script=script: run_stage(name, script, outcomes[name], base / name))
-    for name in SCRIPTS:
-        jobs.append(lambda name=name: originals.__setitem__(name, run_original(name, base / "original" / name)))
+            converted[name] = script
+    batch = run_cases({name: plan(SPECS[name], script) for name, script in converted.items()}, base / "torchrun", NPROC)
+    for name, script in converted.items():
+        run_stage(name, script, outcomes[name], batch[name])
+    jobs = [lambda name=name: originals.__setitem__(name, run_original(name, base / "original" / name)) for name in SCRIPTS]
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         list(pool.map(lambda job: job(), jobs))
-    return outcomes, originals
+    return outcomes, originals, batch
+
+
+def test_batched_launch_lost_nothing(corpus_outcomes):
+    """Every converted script ran to the end in the batched launch, and the traces hold all that
+    the launch printed (each script's stdout is read from its traces)."""
+    batch = corpus_outcomes[2]
+    assert not batch.lost, f"{batch.lost}\n{batch.log()}"
+    for launch, extra in zip(batch.launches, batch.unattributed):
+        assert not extra, f"printed by no run of the plan: {extra!r}\n{launch.log()}"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

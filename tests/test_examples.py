@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from conftest import PYTHON_TIMEOUT_S, ROOT
 
@@ -49,6 +48,8 @@ def test_example_runs_offline_with_python(name, variant, tmp_path):
     proc = python(script, args, tmp_path)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.count(once) == 1, proc.stdout
+    import torch  # here, not at the top: collecting this module (also for -m "not slow") then costs no torch import
+
     state = torch.load(tmp_path / checkpoint, map_location="cpu", weights_only=True)
     assert state and not any(k.startswith("module.") for k in state)
     assert not (tmp_path / "data").exists(), "synthetic runs must not create or download a dataset"

@@ -1,6 +1,7 @@
 """Converted scripts under real torchrun (2 CPU processes, gloo): the promises of PRODUCT.md hold.
 
-For every case in CASES, one module-scoped fixture launches
+Every case in CASES runs in one batched launch of each kind (tests/batched.py: one torchrun and
+one python start-up for the whole module, each case read on its own):
 
 * torchrun --standalone --nproc-per-node=2 over ddpify/verify/tracer.py, running the converted
   script twice in the same processes: shuffle on (run "shuffle") and shuffle off (run "ordered"),
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from conftest import NPROC, ROOT, assert_replicas_identical, run_plan
+from batched import run_cases
+from conftest import NPROC, ROOT, assert_replicas_identical
 
 B = 16  # per-process batch in the torchrun runs; the single-process reference uses NPROC * B
 ATOL = 1e-5
@@ -153,26 +155,75 @@ class Results:
         return f"=== torchrun ===\n{self.dist.log()}\n=== python ===\n{self.single.log()}"
 
 
+def harness_runs(work):
+    """The runs of the harness tests below: the hand-written DDP script and its broken variants,
+    and the unconverted original (the last two tests of this module read them)."""
+    script = ROOT / "fixtures" / "noop" / "multigpu_torchrun.py"
+    args = ["2", "1", "--batch_size", str(B)]
+    plan = [{"label": "ref", "script": str(script), "args": args}]
+    for name, (edits, _, _) in MUTANTS.items():
+        source = script.read_text()
+        for old, new in edits:  # the test asserts that each edit applies
+            source = source.replace(old, new) if source.count(old) == 1 else source
+        work.mkdir(parents=True, exist_ok=True)
+        (work / f"{name}.py").write_text(source)
+        plan.append({"label": name, "script": str(work / f"{name}.py"), "args": args})
+        if name == "no_ddp":
+            plan[-1]["diverges"] = "no DDP: each rank trains alone (the replica check must fail, below)"
+    raw = ROOT / "fixtures" / "convert" / "flat_script.in.py"
+    env = {"BATCH_SIZE": str(B), "SHUFFLE": "0", "EPOCHS": "2"}
+    return {HARNESS: plan, UNCONVERTED: [{"label": "raw", "script": str(raw), "env": env}]}
+
+
+HARNESS, UNCONVERTED = "harness: hand-written DDP and mutants", "harness: unconverted original"
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """Every case's runs in ONE torchrun launch and ONE python launch (tests/batched.py): per case,
+
+    * torchrun: the converted script twice, shuffle on (run "shuffle") and off (run "ordered"),
+      per-process batch B; also the harness tests' scripts (last two tests of this module);
+    * python: the single-process reference with batch 2B and shuffle off (run "baseline": the
+      original script, or the converted one where the original needs a GPU), and the converted
+      script as one process (run "plain", same knobs as the baseline).
+    """
+    work = tmp_path_factory.mktemp("integration")
+    dist, single = {}, {}
+    for name, case in CASES.items():
+        converted = ROOT / case.converted
+        if not converted.exists():
+            continue  # its tests say so (results)
+
+        def run(label, script, batch, shuffle, case=case):
+            argv, env = case.knobs(batch, shuffle)
+            return {"label": label, "script": str(script), "args": argv, "env": env}
+
+        dist[name] = [run("shuffle", converted, B, True), run("ordered", converted, B, False)]
+        reference = ROOT / case.original if case.original_runs_on_cpu else converted
+        single[name] = [run("baseline", reference, NPROC * B, False)]
+        if case.original_runs_on_cpu:  # otherwise the baseline already is the converted script under python
+            single[name].append(run("plain", converted, NPROC * B, False))
+    dist.update(harness_runs(work / "mutants"))
+    return run_cases(dist, work / "torchrun", nproc=NPROC), run_cases(single, work / "python", nproc=None)
+
+
 @pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
-def results(request, tmp_path_factory):
+def results(request, batch):
     case = CASES[request.param]
-    converted = ROOT / case.converted
-    assert converted.exists(), f"{case.converted} missing: run pytest tests/test_golden.py --update-goldens"
-    work = tmp_path_factory.mktemp(request.param.replace("/", "_"))
+    assert (ROOT / case.converted).exists(), f"{case.converted} missing: run pytest tests/test_golden.py --update-goldens"
+    dist, single = batch
+    return Results(CASES[request.param], dist[request.param], single[request.param])
 
-    def run(label, script, batch, shuffle):
-        argv, env = case.knobs(batch, shuffle)
-        return {"label": label, "script": str(script), "args": argv, "env": env}
 
-    dist = run_plan(
-        [run("shuffle", converted, B, True), run("ordered", converted, B, False)], work / "torchrun", nproc=NPROC
-    )
-    reference = ROOT / case.original if case.original_runs_on_cpu else converted
-    single_plan = [run("baseline", reference, NPROC * B, False)]
-    if case.original_runs_on_cpu:  # otherwise the baseline already is the converted script under python
-        single_plan.append(run("plain", converted, NPROC * B, False))
-    single = run_plan(single_plan, work / "python", nproc=None)
-    return Results(case, dist, single)
+@pytest.mark.parametrize("which", ["torchrun", "python"])
+def test_batched_launches_lost_nothing(batch, which):
+    """Every case ran to the end in the batch, and the traces hold all that the launches printed
+    (each case's stdout is read from its traces)."""
+    launches = batch[0] if which == "torchrun" else batch[1]
+    assert not launches.lost, f"{launches.lost}\n{launches.log()}"
+    for launch, extra in zip(launches.launches, launches.unattributed):
+        assert not extra, f"printed by no run of the plan: {extra!r}\n{launch.log()}"
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -409,23 +460,15 @@ MUTANTS = {
 }
 
 
-def test_harness_accepts_hand_written_ddp_script_and_rejects_broken_variants(tmp_path):
+def test_harness_accepts_hand_written_ddp_script_and_rejects_broken_variants(batch):
     """A hand-written torchrun trainer in the DDP-tutorial style (fixtures/noop) passes the checks; each mutant fails its check."""
-    script = ROOT / "fixtures" / "noop" / "multigpu_torchrun.py"
-    args = ["2", "1", "--batch_size", str(B)]
-    plan = [{"label": "ref", "script": str(script), "args": args}]
-    for name, (edits, _, _) in MUTANTS.items():
-        source = script.read_text()
-        for old, new in edits:
-            assert source.count(old) == 1, f"mutant {name}: {old!r} not found once"
-            source = source.replace(old, new)
-        (tmp_path / f"{name}.py").write_text(source)
-        plan.append({"label": name, "script": str(tmp_path / f"{name}.py"), "args": args})
-        if name == "no_ddp":
-            plan[-1]["diverges"] = "no DDP: each rank trains alone (the replica check must fail, below)"
-    launch = run_plan(plan, tmp_path, NPROC)
+    launch = batch[0][HARNESS]
     print(launch.log())
-    check_ran(launch, [run["label"] for run in plan], NPROC)
+    source = (ROOT / "fixtures" / "noop" / "multigpu_torchrun.py").read_text()
+    for name, (edits, _, _) in MUTANTS.items():
+        for old, _ in edits:
+            assert source.count(old) == 1, f"mutant {name}: {old!r} not found once"
+    check_ran(launch, ["ref", *MUTANTS], NPROC)
 
     check_disjoint_shards(launch, "ref", 512, 2)  # its extra next(iter(loader)) per epoch is an incomplete pass
     check_reshuffled(launch, "ref", 512)
@@ -434,19 +477,17 @@ def test_harness_accepts_hand_written_ddp_script_and_rejects_broken_variants(tmp
     check_portable_saves(saves, "ref")
     assert [s["path"] for s in saves] == ["snapshot.pt", "snapshot.pt"] and launch.trace("ref", 1)["saves"] == []
     assert saves[0]["keys"] == ["weight", "bias"]
-    for rank in range(NPROC):  # it prints on every rank: the combined stdout holds both processes' output
-        assert len(re.findall(rf"rank {rank}: epoch \d", launch.stdout)) == 2 * len(plan)
+    for rank in range(NPROC):  # it prints on every rank: the case's stdout holds both processes' output
+        assert len(re.findall(rf"rank {rank}: epoch \d", launch.stdout)) == 2 * (1 + len(MUTANTS))
 
     for name, (_, check, message) in MUTANTS.items():
         with pytest.raises(AssertionError, match=re.escape(message)):
             check(launch, name)
 
 
-def test_harness_rejects_unconverted_script(tmp_path):
+def test_harness_rejects_unconverted_script(batch):
     """The single-GPU original under torchrun: every rank trains on everything, prints and saves."""
-    script = ROOT / "fixtures" / "convert" / "flat_script.in.py"
-    env = {"BATCH_SIZE": str(B), "SHUFFLE": "0", "EPOCHS": "2"}
-    launch = run_plan([{"label": "raw", "script": str(script), "env": env}], tmp_path, NPROC)
+    launch = batch[0][UNCONVERTED]
     print(launch.log())
     check_ran(launch, ["raw"], NPROC)
     with pytest.raises(AssertionError, match="ranks share samples"):

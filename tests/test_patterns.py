@@ -6,7 +6,8 @@ fixtures/patterns/<case>.out.py  the converter's output (golden; `pytest --updat
 
 Golden tests: the conversion equals the golden, compiles, is a fixed point, and leaves exactly the
 TODOs listed in CASES. Integration tests: every runnable golden runs under ONE
-`torchrun --standalone --nproc-per-node=2` launch (ddpify/verify/tracer.py plan), the
+`torchrun --standalone --nproc-per-node=2` launch (ddpify/verify/tracer.py plan, through
+tests/batched.py: a case that fails or kills its process does not hide the others), the
 single-process references run under ONE plain-python launch, and the --launcher spawn case runs
 once on its own (it starts its own processes); the tests then assert, per case, the invariants
 of PRODUCT.md that apply. Exclusions carry their reason in CASES (`runs`, `equivalence`).
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from batched import ByLabel, run_cases
 from conftest import NPROC, ROOT, run_plan
 
 from ddpify.engine import ConvertError, ConvertOptions, convert_source
@@ -414,39 +416,48 @@ BUG_CHECKS = {
 
 @dataclass
 class Runs:
-    dist: object  # Launch: torchrun, every runnable golden (+ the resumed run)
-    single: object  # Launch: plain python, the references
+    dist: object  # ByLabel over the torchrun batch: every runnable golden (+ the resumed run)
+    single: object  # ByLabel over the python batch: the references
     work: Path
+    batches: dict = field(default_factory=dict)  # "torchrun" / "python" -> tests/batched.Batch
 
     def log(self):
         return f"=== torchrun ===\n{self.dist.log()}\n=== python ===\n{self.single.log()}"
 
 
 def eval_checkpoint(work: Path) -> Path:
-    return work / "torchrun" / "eval_early_stopping" / "best_model.pt"
+    return work / "torchrun-cwd" / "eval_early_stopping" / "best_model.pt"
 
 
 def resume_checkpoint(work: Path) -> Path:
-    return work / "torchrun" / "resume" / "checkpoint.pt"
+    return work / "torchrun-cwd" / "resume" / "checkpoint.pt"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """Every runnable golden in ONE torchrun launch, the references and originals in ONE python
+    launch (tests/batched.py: a case that fails or dies cannot hide the others' runs)."""
     work = tmp_path_factory.mktemp("patterns")
-    plan = []
+    dist_cwd, single_cwd = work / "torchrun-cwd", work / "python-cwd"
+    dist = {}
     for name in RUNNABLE:
         case = CASES[name]
         args = case.equivalence[0] if isinstance(case.equivalence, tuple) else case.args
-        entry = {"label": name, "script": str(golden(name)), "args": args}
+        entry = {"label": name, "script": str(golden(name)), "args": args, "cwd": str(dist_cwd / name)}
         if name == "resume_checkpoint":
-            entry["cwd"] = "resume"
-        plan.append(entry)
+            entry["cwd"] = str(dist_cwd / "resume")
+        dist[name] = [entry]
         if name in ("step_based", "sampler_branches"):  # equivalence runs without shuffling; this one shuffles
-            plan.append({"label": f"{name}_shuffled", "script": str(golden(name)), "args": case.args})
+            dist[name].append({"label": f"{name}_shuffled", "script": str(golden(name)), "args": case.args,
+                               "cwd": str(dist_cwd / f"{name}_shuffled")})  # fmt: skip
         if name == "resume_checkpoint":  # a second converted run resumes from the first one's checkpoint
             resumed = ["--batch-size", str(B), "--epochs", "4", "--resume", "checkpoint.pt", "--checkpoint", "resumed.pt"]
-            plan.append({"label": "resume_again", "script": str(golden(name)), "args": resumed, "cwd": "resume"})
-    dist = run_plan(plan, work / "torchrun", nproc=NPROC)
+            dist[name].append({"label": "resume_again", "script": str(golden(name)), "args": resumed, "cwd": str(dist_cwd / "resume")})
+    # per_process_effects forks DataLoader workers: after accelerator_ifelse, whose tqdm monitor
+    # thread lives on in the processes, a forked worker can deadlock or crash on a lock it
+    # inherited (seen: "DataLoader worker ... killed by signal: Segmentation fault", and a worker
+    # that never answered). A script starts in a fresh process in real life: so does this one.
+    dist_batch = run_cases(dist, work / "torchrun", nproc=NPROC, alone=("per_process_effects",))
 
     single_plan = [
         {"label": f"{name}_reference", "script": str(source(name)), "args": CASES[name].equivalence[1]}
@@ -465,8 +476,17 @@ def runs(tmp_path_factory):
         {"label": f"{name}_original", "script": str(source(name)), "args": CASES[name].args}
         for name in ORIGINALS_ON_CPU
     ]
-    single = run_plan(single_plan, work / "python", nproc=None)
-    return Runs(dist, single, work)
+    single = {run["label"]: [dict(run, cwd=str(single_cwd / run["label"]))] for run in single_plan}
+    single_batch = run_cases(single, work / "python", nproc=None)
+    return Runs(ByLabel(dist_batch, dist_cwd), ByLabel(single_batch, single_cwd), work,
+                {"torchrun": dist_batch, "python": single_batch})  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["torchrun", "python"])
+def test_batched_launches_lost_nothing(runs, which):
+    """Every case ran to the end in its batched launch (its tests read its own runs)."""
+    batch = runs.batches[which]
+    assert not batch.lost, f"{batch.lost}\n{batch.log()}"
 
 
 def ran(launch, label, world_size=NPROC) -> list[dict]:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from cli_in_process import ddpify
-from conftest import NPROC, ROOT, run_plan
+from batched import run_cases
+from conftest import NPROC, ROOT
 
 from ddpify.projects import convert_project
 
@@ -131,32 +132,54 @@ def test_project_output_modes(tmp_path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Each converted project under torchrun, shuffled and (one launch each: a library may leave
-    its process group up) without shuffling; each original as one process at twice the batch."""
+    """Each converted project under torchrun, shuffled and without shuffling, each original as one
+    process at twice the batch: every project's shuffled run in one torchrun launch, every ordered
+    run in another (a project never runs twice in the same processes: a library may keep state),
+    the originals in one python launch (tests/batched.py; each case is read on its own). The
+    shuffled launch also trains test_optimizer_built_by_name_from_config's project."""
     work = tmp_path_factory.mktemp("projects")
     launches = {}
+    shuffled, ordered, reference = {}, {}, {}
     for name, case in CASES.items():
         out = work / name
         result = ddpify("convert", str(PROJECTS / name / case.entry), "-o", f"{out}/", cwd=work)
         assert result.returncode == 0, result.stderr
         script, env = str(out / case.entry), {"PYTHONPATH": str(out)}
         args = [case.batch, str(B), *case.options(out)]
-        launches[name, "shuffled"] = run_plan(
-            [{"label": "shuffled", "script": script, "args": args, "env": env}], work / f"{name}-shuffled", nproc=NPROC
-        )
-        launches[name, "ordered"] = run_plan(
-            [{"label": "ordered", "script": script, "args": [*args, "--no-shuffle"], "env": env}],
-            work / f"{name}-ordered",
-            nproc=NPROC,
-        )
-        launches[name, "reference"] = run_plan(
-            [{"label": "reference", "script": str(PROJECTS / name / case.entry), "env": {"PYTHONPATH": str(PROJECTS / name)},
-              "args": [case.batch, str(B * NPROC), "--no-shuffle", *case.options(PROJECTS / name)]}],
-            work / f"{name}-reference",
-            nproc=None,
-        )  # fmt: skip
+        shuffled[name] = [{"label": "shuffled", "script": script, "args": args, "env": env}]
+        ordered[name] = [{"label": "ordered", "script": script, "args": [*args, "--no-shuffle"], "env": env}]
+        reference[name] = [
+            {"label": "reference", "script": str(PROJECTS / name / case.entry), "env": {"PYTHONPATH": str(PROJECTS / name)},
+             "args": [case.batch, str(B * NPROC), "--no-shuffle", *case.options(PROJECTS / name)]}
+        ]  # fmt: skip
         launches[name, "out"] = out
+    byname = optimizer_by_name_project(work / "byname")
+    launches["byname", "convert"] = byname
+    if byname[0].returncode == 0:
+        out = byname[1]
+        shuffled["byname"] = [
+            {"label": "byname", "script": str(out / "train.py"), "args": ["-c", str(out / "config.json")], "env": {"PYTHONPATH": str(out)}}
+        ]  # fmt: skip
+    batches = {
+        "shuffled": run_cases(shuffled, work / "shuffled", nproc=NPROC),
+        "ordered": run_cases(ordered, work / "ordered", nproc=NPROC),
+        "reference": run_cases(reference, work / "reference", nproc=None),
+    }
+    for kind, batch in batches.items():
+        for name in batch.cases:
+            launches[name, kind] = batch[name]
+    launches["batches"] = batches
     return launches
+
+
+@pytest.mark.parametrize("kind", ["shuffled", "ordered", "reference"])
+def test_batched_launches_lost_nothing(runs, kind):
+    """Every project ran to the end in its batched launch, and the traces hold all that the launch
+    printed (each project's stdout is read from its traces)."""
+    batch = runs["batches"][kind]
+    assert not batch.lost, f"{batch.lost}\n{batch.log()}"
+    for launch, extra in zip(batch.launches, batch.unattributed):
+        assert not extra, f"printed by no run of the plan: {extra!r}\n{launch.log()}"
 
 
 def _ran(launch, label: str, ranks: int = NPROC) -> list[dict]:
@@ -340,12 +363,9 @@ def test_check_follows_the_project(tmp_path):
     assert alone.returncode == 0, alone.stdout
 
 
-@pytest.mark.torchrun
-def test_optimizer_built_by_name_from_config(tmp_path):
-    """pytorch-template builds its optimizer by name, `config.init_obj('optimizer', torch.optim,
-    params)`: a call handed the torch.optim module and the model's parameters builds the
-    optimizer, so the model is found and wrapped before the Trainer keeps it; trained under
-    torchrun, every rank ends with the same parameters and a shard of its own."""
+def optimizer_by_name_project(tmp_path):
+    """template_trainer with its optimizer built by name from the config, converted with the CLI:
+    (the conversion's result, its output folder). The runs fixture trains it under torchrun."""
     project = tmp_path / "proj"
     shutil.copytree(PROJECTS / "template_trainer", project)
     train = project / "train.py"
@@ -362,14 +382,17 @@ def test_optimizer_built_by_name_from_config(tmp_path):
     config = project / "config.json"
     config.write_text(config.read_text().replace('"optimizer": {"lr": 0.05}', '"optimizer": {"type": "SGD", "args": {"lr": 0.05}}'))
     out = tmp_path / "out"
-    result = ddpify("convert", "train.py", "-o", f"{out}/", cwd=project)
+    return ddpify("convert", "train.py", "-o", f"{out}/", cwd=project), out
+
+
+def test_optimizer_built_by_name_from_config(runs):
+    """pytorch-template builds its optimizer by name, `config.init_obj('optimizer', torch.optim,
+    params)`: a call handed the torch.optim module and the model's parameters builds the
+    optimizer, so the model is found and wrapped before the Trainer keeps it; trained under
+    torchrun, every rank ends with the same parameters and a shard of its own."""
+    result, out = runs["byname", "convert"]
     assert result.returncode == 0, result.stderr
     assert "model = DDP(model" in (out / "train.py").read_text()
-    launch = run_plan(
-        [{"label": "byname", "script": str(out / "train.py"), "args": ["-c", str(out / "config.json")], "env": {"PYTHONPATH": str(out)}}],
-        tmp_path / "run",
-        nproc=NPROC,
-    )  # fmt: skip
-    traces = _ran(launch, "byname")  # checks every rank's parameters agree
+    traces = _ran(runs["byname", "shuffled"], "byname")  # checks every rank's parameters agree
     passes = [[set(p["indices"]) for p in t["passes"] if p["loader"] == 0 and p["complete"]] for t in traces]
     assert passes[0] and all(not a & b for a, b in zip(passes[0], passes[1])), "ranks share training samples"

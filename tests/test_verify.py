@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from batched import verify_all
 
 from ddpify.verify.invariants import FAIL, NA, PASS
 from ddpify.verify.session import VerifyError, VerifyOptions, verify
@@ -32,27 +33,17 @@ def failed(result) -> list[int]:
     return [r.number for r in result.results if r.status == FAIL]
 
 
+@pytest.fixture(autouse=True)
+def _probe_once(probe_once):
+    """verify()'s GPU probe runs once per session (conftest.probe_once)."""
+
+
 @pytest.fixture
 def in_data(monkeypatch):
     monkeypatch.chdir(DATA)
     before = sorted(p.name for p in DATA.iterdir())
     yield
     assert sorted(p.name for p in DATA.iterdir()) == before, "verify wrote into the user's folder"
-
-
-def test_the_conversion_of_train_py_passes_every_invariant(in_data):
-    result = verify(TRAIN, None, VerifyOptions(timeout=60))
-    assert result.converted == "converted in memory"
-    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
-    three = result.results[2]
-    assert "epoch 2: ranks read 128/128 samples, disjoint, together all of them" in three.evidence
-    assert result.exit_code == 0
-
-
-def test_a_hand_written_ddp_script_passes_every_invariant(in_data):
-    result = verify(TRAIN, DDP_TRAIN, VerifyOptions(timeout=60))
-    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
-    assert "equal one process at 2x the batch" in result.results[4].summary
 
 
 # (BREAK, the invariant that fails, words of its message the user acts on)
@@ -70,10 +61,49 @@ BROKEN = [
 ]
 
 
+@pytest.fixture(scope="module")
+def verifications(tmp_path_factory, probe_once):
+    """verify() of train.py converted in memory, of the hand-written ddp_train.py, and of each
+    BREAK=<name> version of it, as `cd tests/data/verify && ddpify verify ...` runs them, their
+    launches shared (tests/batched.verify_all: each verify() judges its own runs; BREAK reaches
+    the runs through their environment). The user's folder is left as it was."""
+    jobs = {"converted": (TRAIN, None, VerifyOptions(timeout=60), {}), "hand_written": (TRAIN, DDP_TRAIN, VerifyOptions(timeout=60), {})}
+    for name, _, _ in BROKEN:
+        jobs[name] = (TRAIN, DDP_TRAIN, VerifyOptions(timeout=60), {"BREAK": name})
+    work = tmp_path_factory.mktemp("verify")
+    before = sorted(p.name for p in DATA.iterdir())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(DATA)
+        results = verify_all(jobs, work / "launches")
+    assert sorted(p.name for p in DATA.iterdir()) == before, "verify wrote into the user's folder"
+    return results
+
+
+def verified(verifications, name):
+    result = verifications[name]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def test_the_conversion_of_train_py_passes_every_invariant(verifications):
+    result = verified(verifications, "converted")
+    assert result.converted == "converted in memory"
+    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
+    three = result.results[2]
+    assert "epoch 2: ranks read 128/128 samples, disjoint, together all of them" in three.evidence
+    assert result.exit_code == 0
+
+
+def test_a_hand_written_ddp_script_passes_every_invariant(verifications):
+    result = verified(verifications, "hand_written")
+    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
+    assert "equal one process at 2x the batch" in result.results[4].summary
+
+
 @pytest.mark.parametrize("name,number,message", BROKEN, ids=[b[0] for b in BROKEN])
-def test_each_broken_ddp_script_fails_exactly_its_invariant(in_data, monkeypatch, name, number, message):
-    monkeypatch.setenv("BREAK", name)
-    result = verify(TRAIN, DDP_TRAIN, VerifyOptions(timeout=60))
+def test_each_broken_ddp_script_fails_exactly_its_invariant(verifications, name, number, message):
+    result = verified(verifications, name)
     assert failed(result) == [number], [(r.number, r.status, r.summary) for r in result.results]
     summary = next(r.summary for r in result.results if r.number == number)
     assert message in summary, summary
