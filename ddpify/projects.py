@@ -102,21 +102,23 @@ def _convert_together(project: Project, sources, modules: dict[str, cst.Module],
 
 
 def _verify_project(result: ProjectResult, parsed: dict[str, cst.Module], options: ConvertOptions, facts, packages: frozenset[str]) -> None:
-    """Every changed module compiles, and converting the converted project changes nothing."""
+    """Every changed module compiles, and (with `options.self_check`) converting the converted
+    project changes nothing."""
     from ddpify.convert import replan_modules
 
     project = result.project
     codes = {path: (result.changed[path][0].code if path in result.changed else None) for path in project.files}
-    modules = {}
     for path, code in codes.items():
-        if code is None:
-            modules[project.modules[path]] = parsed[project.modules[path]]  # unchanged: as parsed
-            continue
         try:
-            compile(code, str(path), "exec")
+            if code is not None:
+                compile(code, str(path), "exec")
         except SyntaxError as exc:  # pragma: no cover - a bug
             raise ConvertError(str(path), exc.lineno or 1, f"internal error: the converted module does not compile ({exc.msg})") from None
-        modules[project.modules[path]] = cst.parse_module(code)
+    if not options.self_check:
+        return
+    modules = {  # an unchanged module as parsed
+        project.modules[path]: parsed[project.modules[path]] if code is None else cst.parse_module(code) for path, code in codes.items()
+    }
     entry = modules.pop("__main__")
     planned = replan_modules(entry, modules, packages, options, facts)
     if planned:  # pragma: no cover - a bug

@@ -5,6 +5,7 @@ the replica check every multi-rank run gets (assert_replicas_identical).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,10 @@ from ddpify.verify.launch import Launch as ProductLaunch
 from ddpify.verify.launch import run_plan as launch_plan
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Every conversion the tests make, in this process and in the ddpify commands they start, also
+# converts its output again and fails if that would change it (ConvertOptions.self_check).
+os.environ["DDPIFY_SELF_CHECK"] = "1"
 
 # Every launched command gets a wall-clock limit; a hang fails the test instead of the suite.
 PYTHON_TIMEOUT_S = 180

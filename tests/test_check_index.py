@@ -14,7 +14,7 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from ddpify.analysis.index import FileIndex, index_of, iter_nodes
+from ddpify.analysis.index import FileIndex, index_of, iter_nodes, visit_order
 from ddpify.analysis.positions import Positions, start_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +139,20 @@ def test_start_lines_of_tricky_layouts():
     imports and expressions."""
     module = cst.parse_module(TRICKY)
     assert _same_start_lines(module, MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)) > 40
+
+
+def test_visit_order_is_the_order_of_the_visit_calls_in_libcst_source():
+    """visit_order reads the field names from the code object; the source of every node class
+    of the installed libcst names the same fields in the same order."""
+    import inspect
+    import re
+
+    classes = [c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, cst.CSTNode) and not inspect.isabstract(c)]
+    assert len(classes) > 100
+    for cls in classes:
+        source = inspect.getsource(cls._visit_and_replace_children)
+        expected = tuple(dict.fromkeys(re.findall(r"visit_\w+\(\s*self,\s*\"(\w+)\"", source)))
+        assert visit_order(cls) == expected, cls.__name__
 
 
 def test_index_is_shared_per_module():

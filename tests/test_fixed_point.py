@@ -186,3 +186,31 @@ def test_verification_names_a_pass_that_redoes_its_work(monkeypatch):
         convert_source(src.read_text(), str(src))
     assert "internal error" in info.value.message and "teardown" in info.value.message
     assert info.value.line > 1
+
+
+SELF_CHECKED = """\
+import torch
+from torch.utils.data import DataLoader
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(torch.randn(8, 4), batch_size=2, shuffle=True)
+for x in loader:
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+"""
+
+
+def test_self_check_converts_the_output_again_and_names_the_pass_that_would_change_it(monkeypatch):
+    """ConvertOptions.self_check (on in this suite, in `ddpify verify`, and under
+    DDPIFY_SELF_CHECK=1): a pass that would edit the converted script again is an internal error
+    naming the pass and the line; without it the output is not converted a second time."""
+    import ddpify.convert
+    from ddpify.engine import ConvertError, convert_source
+
+    assert ConvertOptions().self_check, "the suite sets DDPIFY_SELF_CHECK=1 (conftest.py)"
+    monkeypatch.setattr(ddpify.convert, "replan", lambda *args, **kwargs: [("wrap_model", 5, "wrap `model` again")])
+    with pytest.raises(ConvertError, match=r"converting the output again would change it \(pass wrap_model: wrap `model` again, line 5"):
+        convert_source(SELF_CHECKED, "train.py", ConvertOptions(self_check=True))
+    assert "DistributedSampler" in convert_source(SELF_CHECKED, "train.py", ConvertOptions(self_check=False)).code

@@ -15,7 +15,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 from libcst._position import CodePosition, CodeRange
 
-from ddpify.analysis.index import _NODE_CLASSES, is_node_class
+from ddpify.analysis.index import _NODE_CLASSES, is_node_class, visit_order
 
 
 class _Syntactic:
@@ -112,12 +112,7 @@ def _all_fields(cls: type) -> tuple[str, ...]:
     visiting order (which is the order code generation writes them)."""
     found = _ALL_FIELDS.get(cls)
     if found is None:
-        import inspect
-        import re
-
-        found = _ALL_FIELDS[cls] = tuple(
-            dict.fromkeys(re.findall(r"visit_\w+\(\s*self,\s*\"(\w+)\"", inspect.getsource(cls._visit_and_replace_children)))
-        )  # a field visited in two branches (`ImportFrom.names`) is listed once
+        found = _ALL_FIELDS[cls] = visit_order(cls)
     return found
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.options import dead_options
@@ -273,6 +271,9 @@ def _imports(
     # libcst's RemoveImportsVisitor resolves scopes over the whole module: only where one is there
     unused = [item for item in edits.unused_imports if imports_module(converted, item[0])]
     if unused:
+        from libcst.codemod import CodemodContext  # libcst.codemod costs as much to import as libcst
+        from libcst.codemod.visitors import RemoveImportsVisitor
+
         imports = CodemodContext()
         for module_name, obj, asname in unused:
             RemoveImportsVisitor.remove_unused_import(imports, module_name, obj, asname)

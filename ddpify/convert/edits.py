@@ -13,8 +13,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 
 from ddpify.analysis.index import dotted_name, iter_nodes
 from ddpify.results import Note
@@ -388,6 +386,9 @@ def add_imports(module: cst.Module, needed) -> cst.Module:
     while count < len(body) and _is_header(body[count]):
         count += 1
     if any(obj is not None and _imports_from(module, name) for name, obj, _ in needed):
+        from libcst.codemod import CodemodContext  # libcst.codemod costs as much to import as libcst
+        from libcst.codemod.visitors import AddImportsVisitor
+
         context = CodemodContext()
         for module_name, obj, asname in needed:
             AddImportsVisitor.add_needed_import(context, module_name, obj, asname)

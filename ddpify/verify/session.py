@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddpify.verify.invariants import FAIL, Result, Runs, check_all
@@ -124,17 +124,18 @@ def _converted_files(source: Path, converted: Path | None, root: Path, options: 
     """{path under root: converted bytes}, how the converted script came about, and notes."""
     if converted is not None:
         return {_placed(converted.resolve(), source, root): converted.read_bytes()}, str(converted), []
-    from ddpify.engine import ConvertError, convert_file
+    from ddpify.engine import ConvertError, ConvertOptions, convert_file
     from ddpify.projects import convert_project, is_project
 
+    convert_options = replace(options.convert_options or ConvertOptions(), self_check=True)  # proves a fixed point too
     try:
         if is_project(source):
-            changed = convert_project(source, options.convert_options).changed
+            changed = convert_project(source, convert_options).changed
             outside = [p for p in changed if root not in p.parents]
             if outside:
                 raise VerifyError(f"{outside[0]}: a module the conversion changes lies outside {root}; run verify from the project root")
             return {p: r.code.encode(enc) for p, (r, _, enc) in changed.items()}, "converted in memory (project)", []
-        result, encoding = convert_file(source, options.convert_options)
+        result, encoding = convert_file(source, convert_options)
     except ConvertError as exc:
         raise VerifyError(f"{exc.path}:{exc.line}: {exc.message}" if exc.line else f"{exc.path}: {exc.message}") from None
     if result.already_distributed:
