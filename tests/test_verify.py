@@ -220,3 +220,39 @@ def test_a_loss_over_masked_targets_is_noted_as_differing_by_construction(monkey
     masked = torch.tensor([0, -1, 2, -1])
     assert torch.equal(loss(logits, masked, ignore_index=-1), F.cross_entropy(logits, masked, ignore_index=-1))
     assert tracer._trace["randomness"] and "ignore_index" in tracer._trace["randomness"][0]
+
+
+LEAVES_A_PROCESS = """\
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # inherits stdout and stderr
+open("child.pid", "w").write(str(child.pid))
+print("done")
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Is pid a process that has not ended (a zombie has ended)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_process_left_behind_holding_the_output_does_not_hold_the_launch(tmp_path):
+    """A script ends and leaves a process that still holds its stdout (a DataLoader worker whose
+    rank died does): the launch ends with the script, not at its limit, and takes the process with it."""
+    from ddpify.verify.launch import run_plan
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "leave.py").write_text(LEAVES_A_PROCESS)
+    plan = [{"label": "leave", "script": str(tmp_path / "run" / "leave.py"), "cwd": str(tmp_path / "run")}]
+    start = time.monotonic()
+    launch = run_plan(plan, tmp_path / "work", None, python=sys.executable, limit_s=90, env={"OMP_NUM_THREADS": "1"})
+    assert not launch.timed_out and time.monotonic() - start < 60, launch.log()
+    assert launch.returncode == 0 and "done" in launch.stdout, launch.log()
+    pid = int((tmp_path / "run" / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pid), "the process the script left behind outlived the launch"

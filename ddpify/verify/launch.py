@@ -58,17 +58,20 @@ def run_plan(
     run_env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
     run_env.update(PYTHONUNBUFFERED="1", DDPIFY_TRACE_DIR=str(workdir), **(env or {}))
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=workdir, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
     timed_out = False
-    try:
-        stdout, stderr = proc.communicate(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        stop(proc, workdir)
-        stdout, stderr = proc.communicate()
+    out_file, err_file = workdir / "launch-stdout.txt", workdir / "launch-stderr.txt"
+    # files, not pipes: a process the launch leaves behind (a DataLoader worker of a rank that
+    # died) would hold a pipe open, and reading it to its end would wait for that process
+    with open(out_file, "w") as out, open(err_file, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=run_env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stop(proc, workdir)
+            proc.wait()
+    _signal_group(proc.pid, signal.SIGKILL)  # what is left of the launch once torchrun is gone
+    stdout, stderr = out_file.read_text(errors="replace"), err_file.read_text(errors="replace")
     ranks = ranks or nproc or 1
     launch = Launch(cmd, workdir, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out, ranks=ranks)
     for run in plan:
@@ -91,8 +94,17 @@ def stop(proc: subprocess.Popen, workdir: Path) -> None:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
+        _signal_group(proc.pid, sig)  # processes whose parent died first are no one's descendants
         if sig == signal.SIGTERM:
             time.sleep(2)
+
+
+def _signal_group(leader: int, sig: int) -> None:
+    """Send sig to every process of the launch's process group (`start_new_session`), if any is left."""
+    try:
+        os.killpg(leader, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _traced_pids(workdir: Path) -> list[int]:
