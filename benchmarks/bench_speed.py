@@ -1,25 +1,21 @@
-"""Time `check` and `convert` as multiples of libcst's bare parse, and the CLI's start-up.
+"""Time `check` and `convert` as multiples of libcst's bare parse.
 
-    python benchmarks/bench_speed.py [--repeat 5] [--startup-runs 7]
+    python benchmarks/bench_speed.py [--repeat 5]
 
 File sets: the bundled training scripts (fixtures/corpus/*.py, fixtures/patterns/*.in.py,
 examples/*.py) and, when present, the shared corpus of public scripts
 (/work/shared/corpus/files/*.py, read only). For each set: libcst's `parse_module`, `check`
 (every default rule, one process, `ddpify.check.runner.check_source`) and `convert`
-(`ddpify.engine.convert_source` with the case's options, verification included), best of
-`--repeat` runs over the whole set. Start-up: `ddpify --help` against `python -c "import
-libcst"`, best of `--startup-runs` fresh interpreters.
+(`ddpify.engine.convert_source` with the case's options; the second, fixed-point conversion
+only under DDPIFY_SELF_CHECK=1), best of `--repeat` runs over the whole set. Start-up:
+bench_startup.py.
 
-Targets (issue 9): check <= 3x the parse, start-up <= 2x `import libcst`, convert <= 8x.
+Targets (issue 9): check <= 3x the parse, convert <= 8x.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -106,32 +102,10 @@ def measure(name: str, files: list[Path], repeat: int) -> dict[str, float]:
     return {"parse": t_parse, "check": t_check, "convert": t_convert}
 
 
-def startup(runs: int) -> None:
-    exe = shutil.which("ddpify")
-    cli = [exe, "--help"] if exe else [sys.executable, "-m", "ddpify", "--help"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-
-    def run(cmd: list[str]) -> float:
-        best = float("inf")
-        for _ in range(runs):
-            start = time.perf_counter()
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
-            best = min(best, time.perf_counter() - start)
-        return best
-
-    t_libcst = run([sys.executable, "-c", "import libcst"])
-    t_cli = run(cli)
-    print(f"start-up (best of {runs})")
-    print(f"  python -c 'import libcst' : {t_libcst * 1000:7.0f} ms  1.0x")
-    print(f"  ddpify --help             : {t_cli * 1000:7.0f} ms  {t_cli / t_libcst:.1f}x (target 2x)")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--startup-runs", type=int, default=7)
     args = parser.parse_args()
-    startup(args.startup_runs)
     measure("bundled scripts", bundled(), args.repeat)
     if shared():
         measure(f"shared corpus ({SHARED})", shared(), args.repeat)
