@@ -53,3 +53,17 @@ def test_torch_names_live_in_the_vocabulary():
     folders = [ROOT / "ddpify" / "convert", ROOT / "ddpify" / "check" / "rules"]
     offenders = [hit for folder in folders for path in sorted(folder.rglob("*.py")) for hit in _name_literals(path)]
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_module_imports_libcst_matchers():
+    """`libcst.matchers` costs as much to import as libcst itself (start-up of `ddpify convert`):
+    the code tests node shapes with the helpers of analysis/names.py and walks with `iter_nodes`."""
+    offenders = []
+    for path in sorted((ROOT / "ddpify").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(name == "libcst.matchers" or name.startswith("libcst.matchers.") for name in imported):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders

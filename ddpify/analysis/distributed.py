@@ -7,7 +7,6 @@ nothing and a partly converted one gets only what it lacks.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
@@ -69,7 +68,8 @@ def reduction_of(script, stmt: cst.CSTNode, name: str) -> cst.Call | None:
     for call in script.calls_in(stmt):
         if script.is_call_to(call, ALL_REDUCE) and call.args and _refers(call.args[0].value, name):
             return call
-    if not m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(name))])])):
+    assign = N.sole_assign(stmt)
+    if assign is None or not N.is_name(assign.targets[0].target, name):
         return None
     for call in script.calls_in(stmt):
         if not (call.args and _refers(call.args[0].value, name) and isinstance(call.func, cst.Name)):

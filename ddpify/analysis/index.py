@@ -95,6 +95,11 @@ def iter_nodes(node: cst.CSTNode, prune=None) -> Iterator[cst.CSTNode]:
         stack.extend(reversed(children))
 
 
+def names_in(node: cst.CSTNode) -> set[str]:
+    """The value of every Name in `node` (itself included): `{"x", "i", "shape"}` for `x[i].shape`."""
+    return {n.value for n in iter_nodes(node) if isinstance(n, cst.Name)}
+
+
 def dotted_name(node: cst.CSTNode) -> Optional[str]:
     """``self.model`` for an Attribute chain of Names, else None."""
     if isinstance(node, cst.Name):

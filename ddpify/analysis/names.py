@@ -267,6 +267,75 @@ def positional(call: cst.Call) -> list[cst.Arg]:
     """The positional (not starred, not keyword) arguments of a call."""
     return [a for a in call.args if a.keyword is None and a.star == ""]
 
+
+# Shapes of nodes, tested by the analyses and the passes (plain checks: libcst.matchers alone
+# costs as much to import as libcst).
+def is_name(node: cst.CSTNode | None, value: str) -> bool:
+    """Is `node` the Name `value`?"""
+    return isinstance(node, cst.Name) and node.value == value
+
+
+def is_string(node: cst.CSTNode | None, text: str) -> bool:
+    """Is `node` the literal `"text"` or `'text'` (written exactly so, in either quote style)?"""
+    return isinstance(node, cst.SimpleString) and node.value in (f'"{text}"', f"'{text}'")
+
+
+def is_call_of(node: cst.CSTNode | None, name: str) -> bool:
+    """Is `node` a call of the plain name `name` (`range(...)`, not `x.range(...)`)?"""
+    return isinstance(node, cst.Call) and is_name(node.func, name)
+
+
+def is_method_call(node: cst.CSTNode | None, *names: str) -> bool:
+    """Is `node` a call of a method of one of these names (`x.name(...)`, not `name(...)`)?"""
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in names
+
+
+def sole_index(node: cst.CSTNode | None) -> cst.BaseExpression | None:
+    """`k` in `x[k]`: a Subscript's one element, when it is an index (not a slice); else None."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        return node.slice[0].slice.value
+    return None
+
+
+def sole_statement(stmt: cst.CSTNode | None) -> cst.BaseSmallStatement | None:
+    """The statement of a line that holds just one (`x = 1`, not `x = 1; y = 2`); else None."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        return stmt.body[0]
+    return None
+
+
+def sole_assign(stmt: cst.CSTNode | None) -> cst.Assign | None:
+    """The assignment of a line `target = value` (one statement, one target); else None."""
+    small = sole_statement(stmt)
+    return small if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+
+
+def tests_module_name(test: cst.BaseExpression) -> bool:
+    """Does an `if` test compare `__name__` (`if __name__ == "__main__":`)?"""
+    return isinstance(test, cst.Comparison) and is_name(test.left, "__name__")
+
+
+def len_arg(node: cst.CSTNode | None) -> cst.BaseExpression | None:
+    """`x` in `len(x)` (a call of `len` with one argument); else None."""
+    return node.args[0].value if is_call_of(node, "len") and len(node.args) == 1 else None
+
+
+def length_of(node: cst.CSTNode) -> str | None:
+    """The name `x` whose length `x.size(0)`, `len(x)` or `x.shape[0]` reads; else None."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+        x = len_arg(node)
+    elif isinstance(node, cst.Call):
+        x = receiver(node) if is_method_call(node, "size") and len(node.args) == 1 and _is_zero(node.args[0].value) else None
+    elif isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+        x = node.value.value if _is_zero(sole_index(node)) else None
+    else:
+        return None
+    return x.value if isinstance(x, cst.Name) else None
+
+
+def _is_zero(node: cst.CSTNode | None) -> bool:
+    return isinstance(node, cst.Integer) and node.value == "0"
+
 # nn.Module API that DistributedDataParallel answers for the wrapped module.
 DDP_ATTRIBUTES = frozenset(
     {

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
@@ -344,7 +343,7 @@ def _clock_names_in_place(script: Script) -> list[ClockInPlace]:
                 line for c in calls
                 if script.scope_of(c) is scope and script.after(c, stmt)
                 and (script.is_call_to(c, N.MAKEDIRS | N.MKDIR) or N.call_name(c) == "mkdir")
-                and not m.matches(N.keyword(c, "exist_ok"), m.Arg(m.Name("True")))
+                and not N.is_name(getattr(N.keyword(c, "exist_ok"), "value", None), "True")
                 and (line := script.statement_line(c)) is not None and len(line.body) == 1
                 and isinstance(line.body[0], cst.Expr) and line.body[0].value is c
             ]  # fmt: skip

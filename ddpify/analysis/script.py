@@ -14,12 +14,11 @@ from functools import cached_property
 from typing import TypeVar
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.index import FileIndex, iter_nodes, last_name, remember
+from ddpify.analysis.index import FileIndex, iter_nodes, last_name, names_in, remember
 from ddpify.analysis.optimizers import OptimizerSummaries, builds_optimizer, parameter_owners
 from ddpify.analysis.project import ProjectFacts, names_cuda
 from ddpify.analysis.summaries import FunctionSummaries
@@ -151,7 +150,7 @@ class Script:
 
     def nodes_in(self, outer: cst.CSTNode, kind: type[T]) -> list[T]:
         """The nodes of type `kind` under `outer` (itself included), in source order: a walk of
-        the fields that hold nodes (a libcst visitor, which `m.findall` runs, rebuilds the tree)."""
+        the fields that hold nodes (a libcst visitor, which `libcst.matchers.findall` runs, rebuilds the tree)."""
         return [n for n in iter_nodes(outer) if isinstance(n, kind)]
 
     def before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
@@ -312,7 +311,7 @@ class Script:
 
     def _method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
         func = call.func
-        if not isinstance(func, cst.Attribute) or m.matches(func.value, m.Name("self")):
+        if not isinstance(func, cst.Attribute) or N.is_name(func.value, "self"):
             return None
         if isinstance(func.value, cst.Call):
             made = [func.value]  # `Trainer(model, optimizer).fit(loader)`: made and used at once
@@ -431,7 +430,7 @@ class Script:
                     found.add(name)
         for fn in self.all_functions:
             for p in fn.params.params:
-                if p.annotation is not None and m.matches(p.annotation.annotation, m.Name("int")) and _DEVICE_NAME.search(p.name.value):
+                if p.annotation is not None and N.is_name(p.annotation.annotation, "int") and _DEVICE_NAME.search(p.name.value):
                     found.add(p.name.value)
         return found
 
@@ -740,9 +739,7 @@ def _updates_by_hand(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
 def _main_block(script: Script, node: cst.CSTNode) -> cst.IndentedBlock | None:
     """The top-level `if __name__ == "__main__":` block around `node`, if any."""
     for stmt in script.module.body:
-        if isinstance(stmt, cst.If) and m.matches(
-            stmt.test, m.Comparison(left=m.Name("__name__"))
-        ) and script.inside(node, stmt.body):
+        if isinstance(stmt, cst.If) and N.tests_module_name(stmt.test) and script.inside(node, stmt.body):
             return stmt.body
     return None
 
@@ -1059,7 +1056,7 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
                 continue
             fn = script.local_function(call) or script.method_of_object(call)
             param = param_receiving(fn, call, ref) if fn is not None else None
-            if m.matches(call.func, m.Name("iter")) and call.args and mentions(call.args[0].value, ref):
+            if N.is_name(call.func, "iter") and call.args and mentions(call.args[0].value, ref):
                 if _drawn_in_training(script, call, where):  # `it = iter(loader)`
                     stmt = script.statement_line(call) or call
                     found.append(PassStart(stmt, where, ref, _restarts(script, call, where)))
@@ -1079,10 +1076,10 @@ def _restarts(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
     name = ref_of(script.parent(call).targets[0].target)
     for where in script.scopes_for(name, scope) if name and name.startswith("self.") else [scope]:
         for draw in script.calls_in(where):
-            if not (m.matches(draw.func, m.Name("next")) and draw.args and ref_of(draw.args[0].value) == name):
+            if not (N.is_name(draw.func, "next") and draw.args and ref_of(draw.args[0].value) == name):
                 continue
             caught = any(
-                isinstance(a, cst.Try) and any(m.findall(h.type, m.Name("StopIteration")) for h in a.handlers if h.type)
+                isinstance(a, cst.Try) and any("StopIteration" in names_in(h.type) for h in a.handlers if h.type)
                 for a in _ancestors_in(script, draw, where)
             )
             if len(draw.args) == 1 and not caught:
@@ -1108,7 +1105,7 @@ def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool
         return False
     for where in script.scopes_for(name, scope) if name.startswith("self.") else [scope]:
         for draw in script.calls_in(where):
-            if not (m.matches(draw.func, m.Name("next")) and draw.args and ref_of(draw.args[0].value) == name):
+            if not (N.is_name(draw.func, "next") and draw.args and ref_of(draw.args[0].value) == name):
                 continue
             if script.in_training_loop(draw, where):
                 return True
@@ -1152,7 +1149,7 @@ def _picks_split(loop: cst.For, outer: cst.For) -> bool:
     """`for phase in splits: for batch in loaders[phase]`: the outer loop is not the epoch."""
     if not isinstance(outer.target, cst.Name):
         return False
-    return bool(m.findall(loop.iter, m.Subscript(slice=[m.SubscriptElement(m.Index(m.Name(outer.target.value)))])))
+    return any(N.is_name(N.sole_index(n), outer.target.value) for n in iter_nodes(loop.iter))
 
 
 def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
@@ -1176,7 +1173,7 @@ def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None
 def _passes(value: cst.BaseExpression, ref: str) -> bool:
     """Does an argument hand over `ref`, or one item of it by a constant key (`loaders["train"]`:
     a dict of loaders per split, each used by name)?"""
-    if m.matches(value, m.Subscript(slice=[m.SubscriptElement(m.Index(m.SimpleString()))])):
+    if isinstance(N.sole_index(value), cst.SimpleString):
         value = value.value
     return ref_of(value) == ref
 
@@ -1198,26 +1195,37 @@ def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int 
     """The `self.` attributes a constructor stores its parameter `param` in, its base classes'
     constructors included (`super().__init__(model, ...)`, pytorch-template's BaseTrainer)."""
     found = []
-    given = m.Name(param)
     star = init.params.star_kwarg
-    if isinstance(star, cst.Param) and param not in {p.name.value for p in init.params.params}:
-        key = m.SimpleString(f'"{param}"') | m.SimpleString(f"'{param}'")
-        given = m.Subscript(value=m.Name(star.name.value), slice=[m.SubscriptElement(m.Index(key))]) | m.Call(
-            func=m.Attribute(value=m.Name(star.name.value), attr=m.Name("get")), args=[m.Arg(key), m.ZeroOrMore()]
-        )  # `self.model = kwargs["model"]`: the keyword `model=` of the call
-    kept = given | m.Call(func=m.Attribute(value=given, attr=m.Name("to") | m.Name("cuda")))
+    kwargs = star.name.value if isinstance(star, cst.Param) and param not in {p.name.value for p in init.params.params} else None
+
+    def given(node: cst.CSTNode) -> bool:
+        """`param`; or, passed in `**kwargs` (the keyword `model=` of the call), `kwargs["model"]`
+        or `kwargs.get("model", ...)`."""
+        if kwargs is None:
+            return N.is_name(node, param)
+        if isinstance(node, cst.Subscript):
+            return N.is_name(node.value, kwargs) and N.is_string(N.sole_index(node), param)
+        return (
+            N.is_method_call(node, "get") and N.is_name(N.receiver(node), kwargs)
+            and bool(node.args) and N.is_string(node.args[0].value, param)
+        )  # fmt: skip
+
+    def kept(node: cst.CSTNode) -> bool:
+        """`given`, or `given.to(...)` / `given.cuda(...)`."""
+        return given(node) or (N.is_method_call(node, "to", "cuda") and given(N.receiver(node)))
+
     for assign in script.assigns.get(init, []):
         for target, value in _pairs(assign.targets[0].target, assign.value):
             target = ref_of(target)
             if isinstance(value, cst.Call) and value.args and script.is_call_to(value, D.DDP):
                 value = value.args[0].value  # `self.model = DDP(model.to(gpu), ...)`: kept, wrapped
-            if m.matches(value, kept) and target and target.startswith("self."):
+            if kept(value) and target and target.startswith("self."):
                 found.append((target, init))  # `self.model = model` or `self.model = model.to(gpu_id)`
     cls = script.class_of(init)
     if cls is None or depth > 3:
         return found
     for call in script.calls_in(init):
-        if not m.matches(call.func, m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__"))):
+        if not (N.is_method_call(call, "__init__") and N.is_call_of(N.receiver(call), "super")):
             continue
         for base in cls.bases:
             parent = script.classes.get(base.value.value) if isinstance(base.value, cst.Name) else None

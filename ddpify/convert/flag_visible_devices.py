@@ -11,8 +11,8 @@ time, so the line stays (it still chooses the node's GPUs) and says what it must
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
+from ddpify.analysis import names as N
 from ddpify.convert.context import Context
 
 VARIABLE = "CUDA_VISIBLE_DEVICES"
@@ -26,14 +26,13 @@ MESSAGE = (
 
 def run(ctx: Context) -> None:
     script = ctx.script
-    key = m.SimpleString(f'"{VARIABLE}"') | m.SimpleString(f"'{VARIABLE}'")
     for assign in script.nodes_of(cst.Assign):
         for target in assign.targets:
             subscript = target.target
-            if m.matches(subscript, m.Subscript(slice=[m.SubscriptElement(m.Index(key))])) and script.names(subscript.value) & ENVIRON:
+            if N.is_string(N.sole_index(subscript), VARIABLE) and script.names(subscript.value) & ENVIRON:
                 _flag(ctx, assign)
     for call in script.calls:
-        if script.is_call_to(call, SETTERS) and call.args and m.matches(call.args[0].value, key):
+        if script.is_call_to(call, SETTERS) and call.args and N.is_string(call.args[0].value, VARIABLE):
             _flag(ctx, call)
 
 

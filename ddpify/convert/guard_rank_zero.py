@@ -11,7 +11,6 @@ run on rank 0 through the unwrapped `model.module`.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
@@ -333,7 +332,7 @@ def _opened_path(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
     if ctx.script.is_call_to(call, N.OPEN | OPENERS):
         args = N.positional(call)
         return args[0].value if args else getattr(N.keyword(call, "file"), "value", None)
-    if not m.matches(call.func, m.Attribute(attr=m.Name("open"))) or _a_module(ctx, call.func.value):
+    if not N.is_method_call(call, "open") or _a_module(ctx, call.func.value):
         return None  # `Image.open(...)`, `tarfile.open(...)`: a library's function
     return call.func.value
 

@@ -12,10 +12,10 @@ on the current device, which setup's `set_device` makes this process's GPU: they
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import names_in
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
@@ -144,6 +144,6 @@ def _per_process_string(ctx: Context, node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.FormattedString) and any(
         isinstance(p, cst.FormattedStringExpression)
         and (ref_of(p.expression) == ctx.local_rank or D.reads_rank(ctx.script, p.expression)
-             or any(n.value == ctx.local_rank for n in m.findall(p.expression, m.Name())))
+             or ctx.local_rank in names_in(p.expression))
         for p in node.parts
     )  # fmt: skip

@@ -9,7 +9,6 @@ one-process group when the script runs under plain `python`.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import names as N
 from ddpify.analysis import distributed as D
@@ -225,7 +224,7 @@ def _device_option(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     options = [
         c for c in script.calls
-        if N.call_name(c) == "add_argument" and c.args and m.matches(c.args[0].value, m.SimpleString())
+        if N.call_name(c) == "add_argument" and c.args and isinstance(c.args[0].value, cst.SimpleString)
         and c.args[0].value.evaluated_value == "--device" and N.keyword(c, "dest") is None
         and _names_gpu(N.keyword(c, "default"))
     ]  # fmt: skip
@@ -284,8 +283,8 @@ def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStateme
 
 def _assignments(stmt: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
     """`name = value` pairs of a simple assignment, or of every branch of an if/elif/else."""
-    if m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])):
-        assign = stmt.body[0]
+    assign = N.sole_assign(stmt)
+    if assign is not None:
         ref = ref_of(assign.targets[0].target)
         return [(ref, assign.value)] if ref else []
     if isinstance(stmt, cst.If) and stmt.orelse is not None:
@@ -424,7 +423,7 @@ def _needed_earlier(script: Script) -> tuple[cst.IndentedBlock, cst.BaseStatemen
     if not makers or len(callers) != 1:
         return None
     for stmt in script.module.body:
-        if isinstance(stmt, cst.If) and m.matches(stmt.test, m.Comparison(left=m.Name("__name__"))):
+        if isinstance(stmt, cst.If) and N.tests_module_name(stmt.test):
             body = list(stmt.body.body)
             top = next((s for s in body if script.inside(callers[0], s)), None)
             if top is not None:
@@ -435,8 +434,9 @@ def _needed_earlier(script: Script) -> tuple[cst.IndentedBlock, cst.BaseStatemen
 def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:
     """The first top-level statement that does GPU, model, data or output work."""
     for stmt in body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or m.matches(
-            stmt, m.SimpleStatementLine(body=[m.OneOf(m.Import(), m.ImportFrom(), m.Expr(m.SimpleString()))])
+        small = N.sole_statement(stmt)
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or isinstance(small, (cst.Import, cst.ImportFrom)) or (
+            isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString)
         ):
             continue
         if isinstance(stmt, (cst.For, cst.While, cst.With)) or _does_work(script, stmt):
@@ -447,7 +447,8 @@ def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:
 def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
     if script.optimizer_stmt is stmt:
         return True
-    if m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(attr=m.Name("add_argument"))))])):
+    small = N.sole_statement(stmt)
+    if isinstance(small, cst.Expr) and N.is_method_call(small.value, "add_argument"):
         return False  # `parser.add_argument("--device", default="cuda" if torch.cuda.is_available() ...)`
     for call in script.calls_in(stmt):
         qualified = script.names(call.func)
@@ -459,10 +460,8 @@ def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
             or N.keyword(call, "download") is not None
         ):
             return True
-    return m.matches(
-        stmt,
-        m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(script.model_name))])]),
-    )
+    assign = N.sole_assign(stmt)
+    return assign is not None and N.is_name(assign.targets[0].target, script.model_name)
 
 
 def _opening(code: str, first: bool) -> str:

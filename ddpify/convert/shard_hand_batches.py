@@ -19,10 +19,10 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes, names_in
 from ddpify.analysis.script import ScopeNode, ref_of
 from ddpify.convert.context import Context
 
@@ -90,9 +90,7 @@ def _full_batch(ctx: Context, loop: cst.For | None, scope: ScopeNode) -> bool:
         return _picks_nothing(ctx, loop, loop.body)
     if not isinstance(scope, cst.FunctionDef):
         return True
-    params = {p.name.value for p in scope.params.params}
-    param = m.Name(value=m.MatchIfTrue(lambda name: name in params))
-    if m.findall(scope.body, m.SubscriptElement(slice=m.MatchIfTrue(lambda index: bool(m.findall(index, param))))):
+    if _indexes_with(scope.body, {p.name.value for p in scope.params.params}):
         return False  # `def train(i): x = data[i]`
     for call in script.calls:
         if script.local_function(call) is scope:
@@ -104,35 +102,32 @@ def _full_batch(ctx: Context, loop: cst.For | None, scope: ScopeNode) -> bool:
 
 def _picks_nothing(ctx: Context, loop: cst.For, body: cst.CSTNode, skip: cst.FunctionDef | None = None) -> bool:
     script = ctx.script
-    targets = {n.value for n in m.findall(loop.target, m.Name())}
-    var = m.Name(value=m.MatchIfTrue(lambda name: name in targets))
-    picks = m.SubscriptElement(slice=m.MatchIfTrue(lambda index: bool(m.findall(index, var))))
-    if m.findall(body, picks) or m.findall(body, m.Call(func=m.Name("next"))):
+    targets = names_in(loop.target)
+    if _indexes_with(body, targets) or any(N.is_call_of(n, "next") for n in iter_nodes(body)):
         return False
     calls = script.calls_in(body)
     if any(script.is_call_to(c, N.RANDOM_DRAWS) for c in calls):
         return False
-    if not m.matches(loop.iter, m.Call(func=m.Name("range"))):
+    if not N.is_call_of(loop.iter, "range"):
         return False  # `for x, y in batches`: the loop itself hands out data
     helpers = [c for c in calls if script.local_function(c) not in (None, skip)]
-    return not any(m.findall(arg, var) for call in helpers for arg in call.args)
+    return not any(names_in(arg) & targets for call in helpers for arg in call.args)
+
+
+def _indexes_with(node: cst.CSTNode, names: set[str]) -> bool:
+    """Does `node` index anything with one of these names (`x[i]`, `x[i : i + n]`)?"""
+    return any(isinstance(n, cst.SubscriptElement) and names_in(n.slice) & names for n in iter_nodes(node))
 
 
 def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
     """`for i in range(0, data.size(0) - 1, step)`: give each rank a block of `data`'s rows."""
     script, edits = ctx.script, ctx.edits
     steps = loop.iter
-    if m.matches(steps, m.Call(func=m.Name("enumerate"))) and steps.args:
+    if N.is_call_of(steps, "enumerate") and steps.args:
         steps = steps.args[0].value
-    if not m.matches(steps, m.Call(func=m.Name("range"))):
+    if not N.is_call_of(steps, "range"):
         return False
-    lengths = m.findall(
-        steps,
-        m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("size")), args=[m.Arg(m.Integer("0"))])
-        | m.Call(func=m.Name("len"), args=[m.Arg(m.Name())])
-        | m.Subscript(value=m.Attribute(value=m.Name(), attr=m.Name("shape")), slice=[m.SubscriptElement(m.Index(m.Integer("0")))]),
-    )
-    names = {_measured(node) for node in lengths}
+    names = {N.length_of(node) for node in iter_nodes(steps)} - {None}  # `x.size(0)`, `len(x)`, `x.shape[0]`
     if len(names) != 1:
         return False
     data = names.pop()
@@ -150,15 +145,6 @@ def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
         f"`{data}` is cut into one block per rank, all the same length (the remainder is dropped)",
     )
     return True
-
-
-def _measured(node: cst.CSTNode) -> str:
-    """The tensor whose length `x.size(0)`, `len(x)` or `x.shape[0]` measures."""
-    if isinstance(node, cst.Subscript):
-        return node.value.value.value
-    if m.matches(node, m.Call(func=m.Name("len"))):
-        return node.args[0].value.value
-    return node.func.value.value
 
 
 def _last_binding(ctx: Context, name: str, scope: ScopeNode, loop: cst.For) -> cst.SimpleStatementLine | None:

@@ -17,9 +17,9 @@ backward, gradients reduced in fp32); fp16 with a GradScaler is left with a TODO
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.script import mentions, ref_of, returns
 from ddpify.convert.context import Context
 from ddpify.convert.wrap_point import wrap_point
@@ -184,10 +184,11 @@ def _units(ctx: Context, model: str, scope, body: list) -> list[tuple[str, str]]
     if init is None:
         return []
     found = []
-    for assign in m.findall(init, m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("self")))])):
-        attr = assign.targets[0].target.attr.value
-        for path, block in _stacks(assign.value):
-            found.append((".".join([attr, *path]), block))
+    for assign in ctx.script.nodes_in(init, cst.Assign):
+        target = assign.targets[0].target
+        if len(assign.targets) == 1 and isinstance(target, cst.Attribute) and N.is_name(target.value, "self"):
+            for path, block in _stacks(assign.value):
+                found.append((".".join([target.attr.value, *path]), block))
     tied = _tied(init)
     stacks = [(path, block) for path, block in found if path.split(".")[0] not in tied]
     return stacks + [(child, None) for child in _run_outside_forward(ctx, model, cls) if child not in tied]
@@ -252,7 +253,9 @@ def _tied(init: cst.FunctionDef) -> set[str]:
     """Attributes whose weights are tied to another's (`self.head.weight = self.wte.weight`):
     a tie stays inside one unit, so their stacks are not split off."""
     tied = set()
-    for assign in m.findall(init, m.Assign(value=m.Attribute(attr=m.Name("weight")))):
+    for assign in iter_nodes(init):
+        if not (isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Attribute) and assign.value.attr.value == "weight"):
+            continue
         for node in (assign.targets[0].target, assign.value):
             parts = []
             while isinstance(node, cst.Attribute):

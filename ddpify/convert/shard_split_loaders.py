@@ -13,10 +13,10 @@ are added up over ranks after it, so every rank prints and decides on the same m
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import names_in
 from ddpify.analysis.script import Loader, SplitLoaders, ref_of
 from ddpify.convert.context import RANK0, Context
 from ddpify.convert.edits import append_arg, keyword_arg
@@ -98,7 +98,7 @@ def _walked(split: SplitLoaders) -> bool:
     """Is the dict walked split by split in one shared loop (`for x in loaders[phase]`), whose
     sums can be added up over ranks after it, rather than used item by item (`loaders["train"]`)?"""
     return split.key_var is not None or any(
-        e.inner is not None and m.matches(e.inner.iter, m.Subscript(value=m.Name(e.loader_expr), slice=[m.SubscriptElement(m.Index(m.Name()))]))
+        e.inner is not None and isinstance(N.sole_index(e.inner.iter), cst.Name) and N.is_name(e.inner.iter.value, e.loader_expr)
         for e in split.epoch_loops
     )
 
@@ -112,8 +112,9 @@ def _sharded(ctx: Context, split: SplitLoaders, call: cst.Call) -> bool:
         return False
     if D.calls_to(script, arg.value, D.DISTRIBUTED_SAMPLER):
         return True
-    used = {n.value for n in m.findall(arg.value, m.Name())}
-    if used and all(not script.names(n) and not any(n.value in b for b in script.bound.values()) for n in m.findall(arg.value, m.Name()) if n.value != split.key_var):
+    names = script.nodes_in(arg.value, cst.Name)
+    used = {n.value for n in names}
+    if used and all(not script.names(n) and not any(n.value in b for b in script.bound.values()) for n in names if n.value != split.key_var):
         # `sampler=samplers[x]` with no `samplers` left (a partly converted script): say so
         ctx.edits.todo(split.stmt, split.stmt, f"`{script.module.code_for_node(arg.value)}` is not defined: give the training split a DistributedSampler and the others a slice per rank")
         return True
@@ -152,11 +153,12 @@ def _dataset(ctx: Context, call: cst.Call, key_var: str | None, key: str) -> str
     if arg is None:
         return None
     value = arg.value
-    if key_var is not None and m.matches(value, m.Subscript(slice=[m.SubscriptElement(m.Index(m.Name(key_var)))])):
+    if key_var is not None and N.is_name(N.sole_index(value), key_var):
         value = value.with_changes(slice=[cst.SubscriptElement(cst.Index(cst.parse_expression(key)))])
-    if not m.matches(value, m.Name() | m.Attribute() | m.Subscript(value=m.Name() | m.Attribute())):
+    named = (cst.Name, cst.Attribute)
+    if not (isinstance(value, named) or (isinstance(value, cst.Subscript) and isinstance(value.value, named))):
         return None
-    if key_var is not None and m.findall(value, m.Name(key_var)):
+    if key_var is not None and key_var in names_in(value):
         return None
     return ctx.script.module.code_for_node(value)
 
@@ -165,8 +167,19 @@ def _for_split(ctx: Context, value: cst.BaseExpression, key_var: str | None, key
     """A comprehension's per-split value for one split: `shuffle=(x == "train")` reads the split's
     key where the comprehension variable stood (the sampler is made outside the comprehension)."""
     if key_var is not None:
-        value = m.replace(value, m.Name(key_var), cst.parse_expression(key))
+        value = value.visit(_Substitute(key_var, cst.parse_expression(key)))
     return ctx.script.module.code_for_node(value)
+
+
+class _Substitute(cst.CSTTransformer):
+    """Every Name `name` replaced by a copy of the expression `new`."""
+
+    def __init__(self, name: str, new: cst.BaseExpression) -> None:
+        super().__init__()
+        self.name, self.new = name, new
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.new.deep_clone() if updated_node.value == self.name else updated_node
 
 
 def _named_loader(ctx: Context, call: cst.Call) -> Loader | None:
@@ -213,6 +226,6 @@ def _divides_by_batches(ctx: Context, loop: cst.For, loaders: str) -> bool:
     count this rank's batches only, so sums over ranks would be divided wrongly."""
     script = ctx.script
     scope = script.scope_of(loop)
-    per_batch = m.Call(func=m.Name("len"), args=[m.Arg(m.Subscript(value=m.Name(loaders)))])
-    later = [c for c in script.calls_in(script.body_of(scope)) if script.after(c, loop)]
-    return any(m.matches(c, per_batch) for c in later) or per_rank_denominator(ctx, loop)
+    lengths = [N.len_arg(c) for c in script.calls_in(script.body_of(scope)) if script.after(c, loop)]
+    per_batch = any(isinstance(x, cst.Subscript) and N.is_name(x.value, loaders) for x in lengths)  # `len(loaders[phase])`
+    return per_batch or per_rank_denominator(ctx, loop)

@@ -9,9 +9,9 @@ GPUs. `width(script)` is how many GPUs one copy of the model uses.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.script import Script
 from ddpify.convert.context import Context
 
@@ -31,14 +31,15 @@ def width(script: Script) -> int:
 def _per_process_width(node: cst.FormattedString) -> int | None:
     """W in `f"cuda:{W * int(os.environ.get('LOCAL_RANK', 0)) + i}"` (what this pass writes)."""
     parts = node.parts
-    if len(parts) != 2 or not m.matches(parts[0], m.FormattedStringText("cuda:")):
+    if len(parts) != 2 or not (isinstance(parts[0], cst.FormattedStringText) and parts[0].value == "cuda:"):
         return None
     expr = getattr(parts[1], "expression", None)
-    if m.matches(expr, m.BinaryOperation(operator=m.Add(), right=m.Integer())):
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add) and isinstance(expr.right, cst.Integer):
         expr = expr.left
-    if m.matches(expr, m.BinaryOperation(operator=m.Multiply(), left=m.Integer())) and m.findall(
-        expr.right, m.SimpleString(value=m.MatchIfTrue(lambda v: "LOCAL_RANK" in v))
-    ):
+    if (
+        isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply) and isinstance(expr.left, cst.Integer)
+        and any(isinstance(n, cst.SimpleString) and "LOCAL_RANK" in n.value for n in iter_nodes(expr.right))
+    ):  # fmt: skip
         return int(expr.left.value)
     return None
 

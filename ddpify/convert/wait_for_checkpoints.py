@@ -12,7 +12,6 @@ The barrier sits right before the read, which every rank executes.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
@@ -83,7 +82,7 @@ def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode) -> None:
             edits.insert_before(body[0], SHARE.format(d=name))
             edits.change(stmt, f"`{name}` is rank 0's temporary folder on every rank (rank 0 writes, every rank reads)")
         last = body[-1]
-        if m.matches(last, m.SimpleStatementLine(body=[m.Return()])):
+        if isinstance(N.sole_statement(last), cst.Return):
             previous = D.sibling(script, last, -1)
             if not (isinstance(previous, cst.SimpleStatementLine) and D.barrier_in(script, previous)):
                 edits.insert_before(last, READ_BARRIER)
@@ -119,7 +118,7 @@ def _code(ctx: Context, node: cst.CSTNode) -> str:
     """The path as code; `self.path` set from an `__init__` parameter with a default (an
     EarlyStopping's `path="checkpoint.pt"`) reads as that default."""
     script = ctx.script
-    if m.matches(node, m.Attribute(value=m.Name("self"), attr=m.Name())):
+    if isinstance(node, cst.Attribute) and N.is_name(node.value, "self"):
         cls = script.class_of(node)
         init = script.methods(cls).get("__init__") if cls is not None else None
         params = {p.name.value: p for p in init.params.params} if init is not None else {}

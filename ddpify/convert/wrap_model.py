@@ -10,7 +10,6 @@ module whose forward the training step calls, after its last rebinding.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
@@ -92,7 +91,7 @@ def _returned_model(ctx: Context, model: str, scope, body: list[cst.CSTNode]) ->
         return
     trains = scope in ctx.script.training_functions or any(runs_model(ctx.script, stmt, model) for stmt in body)
     for stmt in body:
-        if not (m.matches(stmt, m.SimpleStatementLine(body=[m.Return()])) and stmt.body[0].value is not None):
+        if not (isinstance(N.sole_statement(stmt), cst.Return) and stmt.body[0].value is not None):
             continue
         value = stmt.body[0].value
         if not mentions(value, model):
