@@ -77,6 +77,7 @@ def _metavar(param: Any) -> str:
     if param.metavar:
         return param.metavar
     choices = getattr(getattr(param, "type_descriptor", None), "choices", None)  # typer's own types
+    choices = choices or getattr(param.type, "choices", None)  # click's Choice (typer before 0.29)
     if choices:
         return "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
     return (param.name or "value").upper()
