@@ -336,6 +336,30 @@ def length_of(node: cst.CSTNode) -> str | None:
 def _is_zero(node: cst.CSTNode | None) -> bool:
     return isinstance(node, cst.Integer) and node.value == "0"
 
+# nn.Module's own methods and attributes (what any model answers, whatever its class).
+NN_MODULE_API = frozenset(
+    {"add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "compile", "cpu", "cuda", "double",
+     "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter",
+     "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers", "named_children",
+     "named_modules", "named_parameters", "parameters", "register_backward_hook", "register_buffer",
+     "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+     "register_full_backward_pre_hook", "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook",
+     "register_module", "register_parameter", "register_state_dict_pre_hook", "requires_grad_", "set_extra_state",
+     "set_submodule", "share_memory", "state_dict", "T_destination", "to", "to_empty", "train", "training", "type",
+     "xpu", "zero_grad"}
+)  # fmt: skip
+# What DistributedDataParallel adds to nn.Module's API.
+DDP_OWN_API = frozenset(
+    {"module", "no_sync", "join", "join_hook", "join_device", "join_process_group", "register_comm_hook",
+     "device_ids", "output_device", "process_group", "broadcast_buffers", "find_unused_parameters", "static_graph",
+     "gradient_as_bucket_view", "reducer", "dim", "device", "device_type", "bucket_bytes_cap"}
+)  # fmt: skip
+# What fully_shard adds to a module (FSDPModule's methods).
+FSDP_MODULE_API = frozenset(
+    {"reshard", "unshard", "set_requires_gradient_sync", "set_reshard_after_backward", "set_is_last_backward",
+     "set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch", "set_requires_all_reduce"}
+)  # fmt: skip
+
 # nn.Module API that DistributedDataParallel answers for the wrapped module.
 DDP_ATTRIBUTES = frozenset(
     {

@@ -27,16 +27,7 @@ from ddpify.convert.context import Context
 
 PARAMETER_ATTRIBUTES = frozenset({"weight", "bias"})
 OUTPUT = N.PRINT | N.LOGGING_CALLS
-NN_MODULE_METHODS = frozenset(dir(object)) | {
-    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "eval",
-    "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half",
-    "load_state_dict", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",
-    "parameters", "requires_grad_", "set_extra_state", "set_submodule", "share_memory", "state_dict", "to",
-    "to_empty", "train", "type", "zero_grad",
-    # FSDP2's own (FSDPModule)
-    "reshard", "unshard", "set_requires_gradient_sync", "set_reshard_after_backward", "set_is_last_backward",
-    "set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch", "set_requires_all_reduce",
-}  # fmt: skip
+NN_MODULE_METHODS = frozenset(dir(object)) | N.NN_MODULE_API | N.FSDP_MODULE_API
 
 
 def run(ctx: Context) -> None:

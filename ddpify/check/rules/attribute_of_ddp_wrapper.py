@@ -1,23 +1,12 @@
 import libcst as cst
 
+from ddpify.analysis.names import DDP_OWN_API, NN_MODULE_API
 from ddpify.check.fix import insert_module_attr
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
 
 # What DistributedDataParallel answers itself: nn.Module's API and DDP's own. Anything else the
 # script reads from the wrapper belongs to the network inside it (`model.module.<name>`).
-WRAPPER_ATTRIBUTES = frozenset(
-    {"module", "forward", "no_sync", "join", "join_hook", "join_device", "join_process_group", "register_comm_hook",
-     "device_ids", "output_device", "process_group", "broadcast_buffers", "find_unused_parameters", "static_graph",
-     "gradient_as_bucket_view", "reducer", "dim", "device", "device_type", "bucket_bytes_cap", "parameters",
-     "named_parameters", "buffers", "named_buffers", "children", "named_children", "modules", "named_modules",
-     "state_dict", "load_state_dict", "train", "eval", "training", "to", "cuda", "cpu", "xpu", "ipu", "mtia", "half",
-     "float", "double", "bfloat16", "type", "to_empty", "zero_grad", "requires_grad_", "apply", "add_module",
-     "register_module", "register_buffer", "register_parameter", "get_submodule", "get_parameter", "get_buffer",
-     "set_submodule", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-     "register_full_backward_pre_hook", "register_backward_hook", "register_state_dict_pre_hook",
-     "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook", "extra_repr", "share_memory",
-     "compile", "call_super_init", "dump_patches", "T_destination"}
-)  # fmt: skip
+WRAPPER_ATTRIBUTES = NN_MODULE_API | DDP_OWN_API
 
 
 class AttributeOfDDPWrapper(Rule):
