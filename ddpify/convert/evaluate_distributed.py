@@ -21,7 +21,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader
 from ddpify.convert.context import Context
-from ddpify.convert.edits import append_arg, keyword_arg
+from ddpify.convert.edits import append_arg, keyword_arg, remove_arg
 from ddpify.convert.metrics import accumulators, define_helper, meters, per_rank_denominator, reduce_after
 from ddpify.convert.samplers import SLICE, loader_dataset, sampler_name
 
@@ -56,14 +56,12 @@ def run(ctx: Context) -> None:
         define_helper(ctx, reduced)
 
 
-
-
-
-
 def _slice(ctx: Context, loader: Loader) -> None:
     script, edits = ctx.script, ctx.edits
     call = loader.call
     sampler = N.keyword(call, "sampler")
+    slot = sampler if sampler is not None and N.is_name(sampler.value, "None") else None  # `sampler=None`: no sampler
+    sampler = None if slot is not None else sampler
     if sampler is not None and (
         D.reads_rank(script, sampler.value) or D.calls_to(script, sampler.value, D.DISTRIBUTED_SAMPLER)
     ):
@@ -88,18 +86,12 @@ def _slice(ctx: Context, loader: Loader) -> None:
         kwargs = script.module.code_for_node(star.value)
         edits.replace(star.value, edits.expression(f'{{**{kwargs}, "shuffle": False}}'))
     shuffle = N.keyword(call, "shuffle")
-    if shuffle is not None:  # order does not matter for sums; a sampler excludes shuffle
+    if slot is not None:  # the slice takes the place of `sampler=None`
+        edits.replace(slot.value, edits.expression(code))
+        if shuffle is not None:  # order does not matter for sums; a sampler excludes shuffle
+            edits.rewrite(call, lambda updated: remove_arg(updated, "shuffle"))
+    elif shuffle is not None:  # order does not matter for sums; a sampler excludes shuffle
         edits.rewrite(shuffle, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(code)))
     else:
         edits.rewrite(call, lambda updated: append_arg(updated, keyword_arg("sampler", edits.expression(code))))
     edits.change(call, f"`{loader.name}` gives each rank its own slice (no padding)")
-
-
-
-
-
-
-
-
-
-

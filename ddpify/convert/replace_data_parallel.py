@@ -1,7 +1,7 @@
 """Drop `nn.DataParallel`: DDP takes its place.
 
-`model = nn.DataParallel(model)` (also under `if torch.cuda.device_count() > 1:`) goes
-away; `nn.DataParallel(net).to(device)` keeps `net.to(device)`; `isinstance(m,
+`model = nn.DataParallel(model)` and `model.encoder = nn.DataParallel(model.encoder)` (also
+under `if torch.cuda.device_count() > 1:`) go away; `nn.DataParallel(net).to(device)` keeps `net.to(device)`; `isinstance(m,
 nn.DataParallel)` asks about DDP, so `.module` code keeps working. A state dict the script
 loaded into its DataParallel model has `module.` keys (the checkpoints of its earlier runs):
 it is loaded with that prefix stripped, since the model now loads unwrapped (`model` before the
@@ -13,7 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import data_parallel_loads, ref_of
+from ddpify.analysis.index import dotted_name
+from ddpify.analysis.script import data_parallel_loads
 from ddpify.convert.context import Context
 
 
@@ -63,10 +64,12 @@ def _unwrap(ctx: Context, call: cst.Call) -> None:
     if (
         isinstance(assign, cst.Assign)
         and assign.value is call
-        and ref_of(inner) is not None
-        and ref_of(assign.targets[0].target) == ref_of(inner)
+        and len(assign.targets) == 1
+        and dotted_name(inner) is not None
+        and dotted_name(assign.targets[0].target) == dotted_name(inner)
     ):
-        # `model = DataParallel(model)`: nothing is left to do; drop a bare `if` around it too.
+        # `model = DataParallel(model)`, `model.encoder = DataParallel(model.encoder)`: nothing is
+        # left to do (DDP wraps the whole model); drop a bare `if` around it too.
         block = script.parent(line)
         owner = script.parent(block)
         if isinstance(owner, cst.If) and owner.orelse is None and len(block.body) == 1:

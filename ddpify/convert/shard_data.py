@@ -13,7 +13,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, ref_of
 from ddpify.convert.context import RANK0, Context
-from ddpify.convert.edits import append_arg, keyword_arg
+from ddpify.convert.edits import append_arg, keyword_arg, remove_arg
 from ddpify.convert.samplers import BEFORE_INIT, loader_dataset, next_epoch, sampler_name, set_epoch, split_batch
 
 SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle}{extra})\n"
@@ -111,9 +111,11 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
         inner = args[0].value
     else:
         arg = N.keyword(call, "sampler")
-        if arg is None:
-            return None
+        if arg is None or N.is_name(arg.value, "None"):
+            return None  # `sampler=None` is no sampler: _take_shuffle puts the new one there
         inner = arg.value
+    if batch is None and _fill_placeholder(ctx, loader, inner):
+        return ref_of(inner)
     # Every sampler the loader may get: one per branch (`if args.shuffle: sampler = RandomSampler(ds)
     # else: sampler = SequentialSampler(ds)`, or `A if cond else B`); each branch is sharded.
     sampler_calls = _bound_calls(ctx, inner, loader)
@@ -136,6 +138,50 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
     if ref_of(inner) is not None:
         return ref_of(inner)
     return f"{loader.name}.batch_sampler.sampler" if batch is not None else f"{loader.name}.sampler"
+
+
+def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -> bool:
+    """`train_sampler = None` ... `DataLoader(ds, shuffle=(train_sampler is None), sampler=train_sampler)`:
+    a slot for a sampler the script never fills (the loader shuffles itself). The `None` becomes
+    `DistributedSampler(ds, shuffle=...)` with the loader's shuffle, whose test then reads False.
+    True when done; False (nothing edited) for any other sampler, a shuffle it cannot carry over,
+    or a dataset bound after the placeholder."""
+    script, ref = ctx.script, ref_of(inner)
+    if ref is None:
+        return False
+    scopes = script.scopes_for(ref, loader.scope)
+    bindings = [a for scope in scopes for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == ref]
+    if not bindings or not all(N.is_name(a.value, "None") for a in bindings):
+        return False
+    shuffle_arg = N.keyword(loader.call, "shuffle")
+    if shuffle_arg is None or N.is_name(shuffle_arg.value, "False"):
+        shuffle = "False"
+    elif _is_none_test(shuffle_arg.value, ref):
+        shuffle = "True"
+    else:
+        return False
+    args = N.positional(loader.call)
+    dataset = args[0] if args else N.keyword(loader.call, "dataset")
+    data = ref_of(dataset.value) if dataset is not None else None
+    if data is None:
+        return False
+    first = min(script.line(a) for a in bindings)
+    if any(ref_of(a.targets[0].target) == data and script.line(a) > first for scope in scopes for a in script.assigns.get(scope, [])):
+        return False
+    for assign in bindings:
+        ctx.edits.replace(assign.value, ctx.edits.expression(f"DistributedSampler({data}, shuffle={shuffle})"))
+    return True
+
+
+def _is_none_test(node: cst.BaseExpression, ref: str) -> bool:
+    """`ref is None` (in parentheses or not)."""
+    return (
+        isinstance(node, cst.Comparison)
+        and ref_of(node.left) == ref
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, cst.Is)
+        and N.is_name(node.comparisons[0].comparator, "None")
+    )
 
 
 def _bound_calls(ctx: Context, value: cst.BaseExpression, loader: Loader) -> list[cst.Call | None]:
@@ -181,15 +227,22 @@ def _bound_call(ctx: Context, value: cst.BaseExpression, loader: Loader) -> cst.
 
 
 def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
-    """Move the loader's shuffle into the sampler: return it as code and rewrite the call."""
+    """Move the loader's shuffle into the sampler: return it as code and rewrite the call (the
+    sampler takes the place of a `sampler=None`, else of `shuffle=`, else comes last)."""
     script, edits = ctx.script, ctx.edits
     call = loader.call
     sampler_arg = keyword_arg("sampler", edits.expression(sampler))
     shuffle_arg = N.keyword(call, "shuffle")
+    slot = N.keyword(call, "sampler")
+    if slot is not None:
+        edits.replace(slot.value, edits.expression(sampler))
     if shuffle_arg is not None:
-        edits.rewrite(
-            shuffle_arg, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(sampler))
-        )
+        if slot is not None:
+            edits.rewrite(call, lambda updated: remove_arg(updated, "shuffle"))
+        else:
+            edits.rewrite(
+                shuffle_arg, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(sampler))
+            )
         return script.module.code_for_node(shuffle_arg.value)
     star = next((a for a in call.args if a.star == "**"), None)
     if star is not None:
@@ -197,9 +250,11 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
         # sampler takes it and the loader gets the dict without it.
         kwargs = script.module.code_for_node(star.value)
         edits.replace(star.value, edits.expression(f'{{**{kwargs}, "shuffle": False}}'))
-        edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
+        if slot is None:
+            edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
         return f'{kwargs}.get("shuffle", False)'
-    edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
+    if slot is None:
+        edits.rewrite(call, lambda updated: append_arg(updated, sampler_arg))
     return "False"
 
 
