@@ -396,8 +396,8 @@ def _point_at_local_rank(ctx: Context, stmt: cst.CSTNode) -> None:
 
 
 def _bound_before(script: Script, gate: str, body: list[cst.CSTNode], anchor: cst.CSTNode) -> bool:
-    """Is the gate's first name (`args` of `args.cuda`) bound by a statement above `anchor`, or a
-    parameter of the function `body` belongs to?"""
+    """Is the gate's first name (`args` of `args.cuda`) bound by a statement above `anchor`, a
+    parameter of the function `body` belongs to, or a global of the module that function reads?"""
     name = gate.split(".")[0]
     scope = script.scope_of(anchor)
     above = body[: body.index(anchor)]
@@ -408,6 +408,10 @@ def _bound_before(script: Script, gate: str, body: list[cst.CSTNode], anchor: cs
         return all(any(script.inside(a, stmt) for stmt in above) for a in setting)
     if isinstance(scope, cst.FunctionDef) and name in {p.name.value for p in scope.params.params}:
         return True
+    if isinstance(scope, cst.FunctionDef) and name not in script.bound.get(scope, ()):
+        # a global the function reads (`args` parsed at the top of the script): bound by the
+        # time the function runs, since its own GPU moves read the gate too
+        return any(ref_of(a.targets[0].target) == name for a in script.assigns.get(script.module, []))
     return any(ref_of(a.targets[0].target) == name and any(script.inside(a, stmt) for stmt in above) for a in assigns)
 
 
