@@ -52,12 +52,14 @@ def per_file(files: list[Path], repeat: int) -> None:
 
     try:
         from ddpify.engine import convert_source
+        from ddpify.engine import parse as engine_parse
     except ImportError:  # pragma: no cover
         convert_source = None
     convert_failures: list[str] = []
 
     def convert():
         convert_failures.clear()
+        engine_parse.cache_clear()  # a cold conversion: the engine keeps its last few trees
         for p, s in sources:
             try:
                 convert_source(s, p)

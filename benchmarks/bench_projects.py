@@ -70,6 +70,7 @@ def measure(name: str, entries: list[Path], repeat: int) -> None:
     from ddpify.check.rule import select_rules
     from ddpify.check.runner import check_source
     from ddpify.engine import ConvertError
+    from ddpify.engine import parse as engine_parse
     from ddpify.projects import convert_project
 
     files, failures = [], []
@@ -90,6 +91,7 @@ def measure(name: str, entries: list[Path], repeat: int) -> None:
             check_source(text, str(path), codes)
 
     def convert():
+        engine_parse.cache_clear()  # a cold conversion: the engine keeps its last few trees
         for entry in entries:
             try:
                 convert_project(entry)

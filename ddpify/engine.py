@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 from pathlib import Path
 
@@ -16,8 +17,11 @@ from ddpify.results import ConvertError, ConvertOptions, ConvertResult, Note
 __all__ = ["ConvertError", "ConvertOptions", "ConvertResult", "Note", "convert_source", "read_source", "convert_file"]
 
 
+@functools.lru_cache(maxsize=4)
 def parse(source: str, path: str) -> cst.Module:
-    """CPython decides what is Python (its precise message), then libcst parses; ConvertError otherwise."""
+    """CPython decides what is Python (its precise message), then libcst parses; ConvertError
+    otherwise. The last few trees are kept (they are immutable): `ddpify convert` reads the
+    entry's imports to tell a project from a script (`find_project`), then converts the same text."""
     return parse_module(source, path)
 
 

@@ -38,12 +38,9 @@ class SyntaxProblem(ConvertError):
         self.column = column
 
 
-@functools.lru_cache(maxsize=4)
 def parse_module(source: str, path: str) -> cst.Module:
     """The libcst module of `source`; ConvertError (one line, with the line number) when CPython
-    rejects it (SyntaxProblem), when it is nested past MAX_DEPTH, or when libcst cannot read it.
-    The last few are kept (trees are immutable): `ddpify convert` reads the entry's imports to
-    tell a project from a script, then converts the same text."""
+    rejects it (SyntaxProblem), when it is nested past MAX_DEPTH, or when libcst cannot read it."""
     hint = "" if path.endswith((".py", ".pyw", ".pyi", "<string>")) else " (is this a Python file?)"
     tree = _compile(source, path, hint)
     depth, line = nesting(tree)
