@@ -190,12 +190,51 @@ def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved
         if _gets_plain_model(ctx, inner, fn):
             continue  # `print(generate(model, ...))`: it gets the plain `model.module` (unwrap_model), no DDP forward
         name = _free_name(script, f"{fn.name.value}_result")
-        edits.insert_before(line, f"{name} = {script.module.code_for_node(inner)}\n")
+        edits.insert_before(line, _in_its_context(ctx, line, inner, f"{name} = {script.module.code_for_node(inner)}\n"))
         edits.replace(inner, cst.Name(name))
         edits.change(inner, f"`{fn.name.value}(...)` runs the model: every rank calls it, then rank 0 uses the result")
         moved.add(inner)
         hoisted = True
     return hoisted
+
+
+def _in_its_context(ctx: Context, line: cst.CSTNode, call: cst.Call, code: str) -> str:
+    """`code` (the hoisted `result = evaluate(...)`) wrapped as `call` runs within the guarded
+    `line`: inside its `with torch.no_grad():` / autocast blocks, and after the `model.eval()` and
+    before the `model.train()` beside it; else every rank would validate in training mode, with
+    grads, and the `train()` left behind the guard would run on rank 0 only."""
+    script = ctx.script
+    models = set(script.models) | set().union(*script.ddp_names.values())
+    child: cst.CSTNode = call
+    for node in script.ancestors(call):
+        if isinstance(node, cst.With) and node.items and all(
+            isinstance(i.item, cst.Call) and script.is_call_to(i.item, N.NO_GRAD | N.AUTOCAST) for i in node.items
+        ):
+            header = ", ".join(
+                script.module.code_for_node(i.item) + (f" as {script.module.code_for_node(i.asname.name)}" if i.asname else "")
+                for i in node.items
+            )
+            code = f"with {header}:\n" + "".join(f"    {text}\n" if text else "\n" for text in code.rstrip("\n").split("\n"))
+        if node is line:
+            break
+        if isinstance(node, cst.IndentedBlock) and child in node.body:
+            at = node.body.index(child)
+            before = [s for s in node.body[:at] if _switches_mode(s, "eval", models)][-1:]
+            after = [s for s in node.body[at + 1 :] if _switches_mode(s, "train", models)][:1]
+            code = "".join(f"{script.module.code_for_node(s).strip()}\n" for s in before) + code
+            code += "".join(f"{script.module.code_for_node(s).strip()}\n" for s in after)
+        child = node
+    return code
+
+
+def _switches_mode(stmt: cst.CSTNode, mode: str, models: set[str]) -> bool:
+    """Is `stmt` just `model.eval()` (or `.train()`) of one of `models`?"""
+    small = N.sole_statement(stmt)
+    return (
+        isinstance(small, cst.Expr)
+        and N.is_method_call(small.value, mode)
+        and ref_of(small.value.func.value) in models
+    )
 
 
 def _gets_plain_model(ctx: Context, call: cst.Call, fn: cst.FunctionDef) -> bool:
