@@ -169,7 +169,10 @@ def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -
     if any(ref_of(a.targets[0].target) == data and script.line(a) > first for scope in scopes for a in script.assigns.get(scope, [])):
         return False
     for assign in bindings:
-        ctx.edits.replace(assign.value, ctx.edits.expression(f"DistributedSampler({data}, shuffle={shuffle})"))
+        extra = "" if ctx.rank0_condition(assign) == RANK0 else BEFORE_INIT  # made before the group exists
+        ctx.edits.replace(assign.value, ctx.edits.expression(f"DistributedSampler({data}, shuffle={shuffle}{extra})"))
+        if extra:
+            ctx.edits.need_import("os")
     return True
 
 
