@@ -404,9 +404,10 @@ class Script:
     def gpu_gate(self) -> str | None:
         """The flag every GPU move of the script waits for (`if args.cuda: model.cuda()`,
         `x.cuda() if use_cuda else x`), as written; None when some move is unconditional or
-        the moves wait for different tests. In a project the entry's moves decide when it has any
-        (a loss module's `if self.use_gpu:` follows the `args.cuda` the entry hands it). Without the flag the script trains on the CPU, so
-        this process's device must be the CPU then too (NCCL cannot reduce CPU tensors)."""
+        the moves wait for different tests. In a project the entry's moves decide when it has
+        any (a loss module's `if self.use_gpu:` follows the `args.cuda` the entry hands it).
+        Without the flag the script trains on the CPU, so this process's device must be the CPU
+        then too (NCCL cannot reduce CPU tensors)."""
         moves = [c for c in self.calls if N.call_name(c) == "cuda" or any(N.is_cuda_string(a.value) for a in c.args)]
         own = [c for c in moves if self.root_of(c) is self.module]
         gates = set()
