@@ -17,6 +17,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import distributed as D
+from ddpify.analysis import names as N
 from ddpify.analysis.script import param_receiving, ref_of
 from ddpify.convert.context import RANK0, Context
 from ddpify.convert.metrics import define_helper
@@ -37,6 +38,8 @@ def run(ctx: Context) -> None:
         names = _assigned(line, call)
         if not names or D.guarded_by_rank(script, call) or ctx.rank0_condition(line) != RANK0:
             continue
+        if script.nodes_in(fn, cst.Yield) or any(_drawn_from(script, scope, name) for name in names):
+            continue  # batches, not a metric: `batches = forever(train_loader)`, then `next(batches)`
         following = D.sibling(script, line, 1)
         if following is not None and D.reduction_of(script, following, names[0]):
             continue  # averaged already (a converted script)
@@ -44,6 +47,13 @@ def run(ctx: Context) -> None:
         ctx.edits.insert_after(line, "".join(f"{name} = all_reduce_sum({name}) / {world}\n" for name in names))
         ctx.edits.change(line, f"{', '.join(names)} from this rank's shard of the training set: averaged over ranks")
         define_helper(ctx, line)
+
+
+def _drawn_from(script, scope, name: str) -> bool:
+    """Is `name` iterated in `scope` (`next(name)`, `iter(name)`, `for ... in name`)?"""
+    return any(
+        N.call_name(c) in ("next", "iter") and c.args and ref_of(c.args[0].value) == name for c in script.calls_in(scope)
+    ) or any(ref_of(loop.iter) == name for loop in script.nodes_in(scope, cst.For))
 
 
 def _iterates(script, fn: cst.FunctionDef, call: cst.Call, arg: cst.Arg, depth: int = 0) -> bool:

@@ -57,28 +57,29 @@ def _strip_prefix(ctx: Context, call: cst.Call) -> None:
 
 def _unwrap(ctx: Context, call: cst.Call) -> None:
     script, edits = ctx.script, ctx.edits
-    args = N.positional(call) or [N.keyword(call, "module")]
-    inner = args[0].value
     line = script.statement_line(call)
-    assign = line.body[0] if line is not None and len(line.body) == 1 else None
-    if (
-        isinstance(assign, cst.Assign)
-        and assign.value is call
-        and len(assign.targets) == 1
-        and dotted_name(inner) is not None
-        and dotted_name(assign.targets[0].target) == dotted_name(inner)
-    ):
+    if line is not None and _wraps_itself(script, line):
         # `model = DataParallel(model)`, `model.encoder = DataParallel(model.encoder)`: nothing is
-        # left to do (DDP wraps the whole model); drop a bare `if` around it too.
+        # left to do (DDP wraps the whole model); drop a bare `if` that holds only such lines too.
         block = script.parent(line)
         owner = script.parent(block)
-        if isinstance(owner, cst.If) and owner.orelse is None and len(block.body) == 1:
+        if isinstance(owner, cst.If) and owner.orelse is None and all(_wraps_itself(script, s) for s in block.body):
             edits.remove(owner)
         else:
             edits.remove(line)
     else:
         edits.rewrite(call, lambda updated: N.positional(updated)[0].value if N.positional(updated) else N.keyword(updated, "module").value)
     edits.change(call, "`nn.DataParallel` removed: DistributedDataParallel replaces it")
+
+
+def _wraps_itself(script, stmt: cst.CSTNode) -> bool:
+    """Is `stmt` a line `x = nn.DataParallel(x, ...)` (x a name or `a.b` attribute chain)?"""
+    assign = N.sole_assign(stmt)
+    if assign is None or not isinstance(assign.value, cst.Call) or assign.value.func not in script.data_parallel:
+        return False
+    args = N.positional(assign.value) or [N.keyword(assign.value, "module")]
+    inner = args[0].value if args[0] is not None else None
+    return inner is not None and dotted_name(inner) is not None and dotted_name(assign.targets[0].target) == dotted_name(inner)
 
 
 def _chooses_wrapped(script, node: cst.CSTNode) -> bool:
