@@ -311,6 +311,20 @@ def test_summary_names_the_options_the_conversion_left_without_effect(tmp_path: 
     assert ": note: " not in ddpify("convert", str(script), "-o", str(tmp_path / "out.py")).stdout
 
 
+def test_summary_says_a_device_parameter_no_longer_counts(tmp_path: Path) -> None:
+    """`def train(epochs=2, device="cuda:1")`: the per-process device takes the parameter's name at
+    the top of the function, so a caller's `device=` is ignored; the summary says so, once."""
+    script = tmp_path / "train.py"
+    script.write_text((ROOT / "fixtures" / "unseen" / "device_default_param" / "train.py").read_text())
+    result = ddpify("convert", str(script), "-o", str(tmp_path / "out.py"))
+    assert result.returncode == 0, result.stderr
+    notes = [line.strip() for line in result.stdout.splitlines() if "parameter of" in line]
+    assert notes == [
+        f"{script}:7: note: the `device` parameter of `train()` no longer has any effect: each process uses its own"
+        " device (`cuda:<local_rank>` or the CPU)"
+    ]
+
+
 @pytest.mark.slow  # nine fresh interpreters, one per hash seed and fixture
 @pytest.mark.parametrize("name", ["hand_updates", "transfer_tempdir", "gan_two_models"])
 def test_summary_order_does_not_depend_on_hash_seeds(tmp_path: Path, name: str) -> None:

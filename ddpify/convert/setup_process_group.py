@@ -117,6 +117,7 @@ def run(ctx: Context) -> None:
         ctx.init_index = body.index(anchor)
         if not on_gpu:
             edits.change(anchor, "the script never uses a GPU: every process trains on the CPU (gloo)")
+        _shadowed_parameter(ctx, anchor)
     if late is not None and ctx.local_rank_visible(script.scope_of(late)):
         if not any(isinstance(v, cst.Call) for _, v in _assignments(late)):  # place_on_device does torch.device(...)
             _point_at_local_rank(ctx, late)  # inference after training: this process's GPU too
@@ -177,6 +178,16 @@ def _existing_setup(ctx: Context, found) -> bool:
             edits.insert_after(ctx.device_stmt, FIXUP.format(device=ctx.device, device_type=ctx.device_type, local_rank=ctx.local_rank))
     _device_option(ctx)
     return True
+
+
+def _shadowed_parameter(ctx: Context, anchor: cst.CSTNode) -> None:
+    """`def train(n_epoch=100, device="cuda:1")`: the new per-process device takes the parameter's
+    name at the top of the function, so what a caller passes there no longer counts; say so."""
+    scope = ctx.setup_scope
+    if isinstance(scope, cst.FunctionDef) and ctx.device in {p.name.value for p in scope.params.params + scope.params.kwonly_params}:
+        ctx.edits.note(
+            anchor, f"the `{ctx.device}` parameter of `{scope.name.value}()` no longer has any effect: each process uses its own device (`cuda:<local_rank>` or the CPU)"
+        )
 
 
 def _rebound_device(ctx: Context) -> None:
