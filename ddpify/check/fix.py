@@ -23,11 +23,12 @@ def apply_replacements(module: cst.Module, fixes: list[tuple[cst.CSTNode, cst.CS
 
 
 def remove_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
-    """``call`` without ``arg``, keeping the comma style of what remains."""
+    """``call`` without ``arg``, keeping the comma style and layout of what remains."""
     args = [a for a in call.args if a is not arg]
     if args and call.args and call.args[-1] is arg:
-        # the new last argument takes the removed one's trailing comma (or lack of one)
-        args[-1] = args[-1].with_changes(comma=arg.comma)
+        # the new last argument takes the removed one's ending: its trailing comma (or lack of
+        # one) and the space before `)` (a newline in a call laid out over lines)
+        args[-1] = args[-1].with_changes(comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg)
     return call.with_changes(args=args)
 
 

@@ -241,18 +241,6 @@ def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def remove_arg(call: cst.Call, keyword: str) -> cst.Call:
-    """The call without its `keyword=` argument, keeping the others' layout."""
-    args = list(call.args)
-    index = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == keyword), None)
-    if index is None:
-        return call
-    removed = args.pop(index)
-    if args and index == len(args):  # it was the last: the new last one takes its ending
-        args[-1] = args[-1].with_changes(comma=removed.comma, whitespace_after_arg=removed.whitespace_after_arg)
-    return call.with_changes(args=args)
-
-
 def _without_blank_indent(stmt: cst.BaseStatement) -> cst.BaseStatement:
     """Blank lines of inserted code carry no indentation (no trailing whitespace)."""
     lines = [line.with_changes(indent=False) if line.comment is None else line for line in stmt.leading_lines]

@@ -20,8 +20,9 @@ import libcst as cst
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader
+from ddpify.check.fix import remove_arg
 from ddpify.convert.context import Context
-from ddpify.convert.edits import append_arg, keyword_arg, remove_arg
+from ddpify.convert.edits import append_arg, keyword_arg
 from ddpify.convert.metrics import accumulators, define_helper, meters, per_rank_denominator, reduce_after
 from ddpify.convert.samplers import SLICE, loader_dataset, sampler_name
 
@@ -89,7 +90,7 @@ def _slice(ctx: Context, loader: Loader) -> None:
     if slot is not None:  # the slice takes the place of `sampler=None`
         edits.replace(slot.value, edits.expression(code))
         if shuffle is not None:  # order does not matter for sums; a sampler excludes shuffle
-            edits.rewrite(call, lambda updated: remove_arg(updated, "shuffle"))
+            edits.rewrite(call, lambda updated: remove_arg(updated, N.keyword(updated, "shuffle")))
     elif shuffle is not None:  # order does not matter for sums; a sampler excludes shuffle
         edits.rewrite(shuffle, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(code)))
     else:

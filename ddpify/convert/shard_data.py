@@ -12,8 +12,9 @@ import libcst as cst
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import Loader, ref_of
+from ddpify.check.fix import remove_arg
 from ddpify.convert.context import RANK0, Context
-from ddpify.convert.edits import append_arg, keyword_arg, remove_arg
+from ddpify.convert.edits import append_arg, keyword_arg
 from ddpify.convert.samplers import BEFORE_INIT, loader_dataset, next_epoch, sampler_name, set_epoch, split_batch
 
 SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle}{extra})\n"
@@ -149,8 +150,7 @@ def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -
     script, ref = ctx.script, ref_of(inner)
     if ref is None:
         return False
-    scopes = script.scopes_for(ref, loader.scope)
-    bindings = [a for scope in scopes for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == ref]
+    bindings = _assignments(ctx, ref, loader)
     if not bindings or not all(N.is_name(a.value, "None") for a in bindings):
         return False
     shuffle_arg = N.keyword(loader.call, "shuffle")
@@ -166,7 +166,7 @@ def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -
     if data is None:
         return False
     first = min(script.line(a) for a in bindings)
-    if any(ref_of(a.targets[0].target) == data and script.line(a) > first for scope in scopes for a in script.assigns.get(scope, [])):
+    if any(script.line(a) > first for a in _assignments(ctx, data, loader)):
         return False
     for assign in bindings:
         extra = "" if ctx.rank0_condition(assign) == RANK0 else BEFORE_INIT  # made before the group exists
@@ -174,6 +174,15 @@ def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -
         if extra:
             ctx.edits.need_import("os")
     return True
+
+
+def _assignments(ctx: Context, ref: str, loader: Loader) -> list[cst.Assign]:
+    """Every `ref = ...` where the loader's code sees `ref` (its scope; every method for `self.x`)."""
+    script = ctx.script
+    return [
+        a for scope in script.scopes_for(ref, loader.scope) for a in script.assigns.get(scope, [])
+        if ref_of(a.targets[0].target) == ref
+    ]  # fmt: skip
 
 
 def _is_none_test(node: cst.BaseExpression, ref: str) -> bool:
@@ -197,12 +206,9 @@ def _bound_calls(ctx: Context, value: cst.BaseExpression, loader: Loader) -> lis
     ref = ref_of(value)
     if ref is None:
         return [None]
-    script = ctx.script
     found: list[cst.Call | None] = []
-    for scope in script.scopes_for(ref, loader.scope):
-        for assign in script.assigns.get(scope, []):
-            if ref_of(assign.targets[0].target) == ref:
-                found += _bound_calls(ctx, assign.value, loader) if isinstance(assign.value, (cst.Call, cst.IfExp)) else [None]
+    for assign in _assignments(ctx, ref, loader):
+        found += _bound_calls(ctx, assign.value, loader) if isinstance(assign.value, (cst.Call, cst.IfExp)) else [None]
     return found
 
 
@@ -241,7 +247,7 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
         edits.replace(slot.value, edits.expression(sampler))
     if shuffle_arg is not None:
         if slot is not None:
-            edits.rewrite(call, lambda updated: remove_arg(updated, "shuffle"))
+            edits.rewrite(call, lambda updated: remove_arg(updated, N.keyword(updated, "shuffle")))
         else:
             edits.rewrite(
                 shuffle_arg, lambda updated: updated.with_changes(keyword=cst.Name("sampler"), value=edits.expression(sampler))
