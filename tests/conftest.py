@@ -82,6 +82,25 @@ def progress(message: str) -> None:
     sys.__stderr__.flush()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def scratch_under_basetemp(tmp_path_factory):
+    """Every temporary folder of the session, the tests' own and those of what they launch
+    (torchrun's torchelastic_* log folders, a script's mkdtemp), lands under pytest's basetemp,
+    which pytest prunes to its last three runs, instead of piling up in /tmp run after run.
+    torch.compile's cache stays where it was, shared between runs."""
+    import getpass
+    import tempfile
+
+    before = tempfile.gettempdir()
+    scratch = tmp_path_factory.mktemp("scratch")
+    with pytest.MonkeyPatch.context() as patch:
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+            patch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.join(before, f"torchinductor_{getpass.getuser()}"))
+        patch.setenv("TMPDIR", str(scratch))
+        patch.setattr(tempfile, "tempdir", str(scratch))
+        yield scratch
+
+
 @pytest.fixture(scope="session")
 def update_goldens(request) -> bool:
     return request.config.getoption("--update-goldens")
