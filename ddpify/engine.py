@@ -11,7 +11,7 @@ import libcst as cst
 
 from ddpify.analysis.script import AnalysisError
 from ddpify.files import read_source
-from ddpify.parsing import parse_module, runs_deep
+from ddpify.parsing import parse_module, quiet_compile, runs_deep
 from ddpify.results import ConvertError, ConvertOptions, ConvertResult, Note
 
 __all__ = ["ConvertError", "ConvertOptions", "ConvertResult", "Note", "convert_source", "read_source", "convert_file"]
@@ -69,7 +69,7 @@ def _verify(code: str, path: str, options: ConvertOptions, facts=None, driver: b
     from ddpify.convert import replan
 
     try:
-        compile(code, path, "exec")
+        quiet_compile(code, path)
         if not options.self_check:
             return
         planned = replan(cst.parse_module(code), options, facts=facts, driver=driver)

@@ -14,6 +14,7 @@ import functools
 import re
 import sys
 import threading
+import warnings
 from typing import Callable, TypeVar
 
 import libcst as cst
@@ -59,8 +60,8 @@ def _compile(source: str, path: str, hint: str) -> ast.Module:
     raised = sys.getrecursionlimit()
     sys.setrecursionlimit(max(_DEFAULT_LIMIT, _depth_now() + 100))
     try:
-        tree = compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-        compile(tree, path, "exec", dont_inherit=True)
+        tree = quiet_compile(source, path, ast.PyCF_ONLY_AST)
+        quiet_compile(tree, path)
         return tree
     except SyntaxError as exc:
         raise SyntaxProblem(path, exc.lineno or 1, f"syntax error: {exc.msg}{hint}", exc.offset or 1) from None
@@ -70,6 +71,14 @@ def _compile(source: str, path: str, hint: str) -> ast.Module:
         raise SyntaxProblem(path, 1, f"too deeply nested for Python to compile ({type(exc).__name__})") from None
     finally:
         sys.setrecursionlimit(raised)
+
+
+def quiet_compile(source, path: str, flags: int = 0):
+    """compile() without the SyntaxWarnings of the user's own code (`x is 0`): CPython prints
+    them to stderr each time the code compiles, as if ddpify had something to say."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile(source, path, "exec", flags, dont_inherit=True)
 
 
 def _depth_now() -> int:

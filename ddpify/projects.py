@@ -20,7 +20,7 @@ import libcst as cst
 
 from ddpify.analysis.project import Project, ProjectFacts, find_project, project_facts
 from ddpify.engine import ConvertError, ConvertOptions, ConvertResult, convert_source, parse, read_source
-from ddpify.parsing import runs_deep
+from ddpify.parsing import quiet_compile, runs_deep
 from ddpify.files import write_atomic
 
 # Not copied into a project's converted copy: data, caches, environments, version control.
@@ -111,7 +111,7 @@ def _verify_project(result: ProjectResult, parsed: dict[str, cst.Module], option
     for path, code in codes.items():
         try:
             if code is not None:
-                compile(code, str(path), "exec")
+                quiet_compile(code, str(path))
         except SyntaxError as exc:  # pragma: no cover - a bug
             raise ConvertError(str(path), exc.lineno or 1, f"internal error: the converted module does not compile ({exc.msg})") from None
     if not options.self_check:

@@ -28,10 +28,13 @@ Keys of <case>.toml:
   unchanged    files of the project the conversion leaves as they are
   not_in_summary  substrings no summary line may hold ("never uses a GPU")
   loads_into   {file = "checkpoint", module = "m", cls = "Net", key = "state_dict"}: the checkpoint loads into the original model
+  saved_modules  [{file, key, module, cls}, ...]: the checkpoint's `key` unpickles as the network
+               itself, an instance of the original class (not the DDP wrapper)
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -150,6 +153,8 @@ def test_unseen_under_torchrun(runs, name):
             assert mine, f"rank {rank} wrote no file named like {part!r}"
     if "loads_into" in case:
         _loads_into(name, cwd, case["loads_into"])
+    for spec in case.get("saved_modules", []):
+        _unpickles_as(name, cwd, spec)
 
 
 def _written(trace: dict) -> set[str]:
@@ -162,14 +167,30 @@ def _written(trace: dict) -> set[str]:
 def _loads_into(name: str, cwd: Path, spec: dict) -> None:
     import torch
 
-    sys.path.insert(0, str(UNSEEN / name))
-    try:
-        model = getattr(importlib.import_module(spec["module"]), spec["cls"])(*spec.get("args", []))
+    with _importable(name, spec["module"]) as module:
+        model = getattr(module, spec["cls"])(*spec.get("args", []))
         [path] = sorted(cwd.glob(spec["file"]))  # one file (its name may be a glob pattern)
         saved = torch.load(path, map_location="cpu")
         model.load_state_dict(saved[spec["key"]] if spec.get("key") else saved)
+
+
+def _unpickles_as(name: str, cwd: Path, spec: dict) -> None:
+    import torch
+
+    with _importable(name, spec["module"]) as module:
+        saved = torch.load(cwd / spec["file"], map_location="cpu", weights_only=False)[spec["key"]]
+        cls = getattr(module, spec["cls"])
+        assert type(saved) is cls, f"{spec['file']}[{spec['key']!r}] is a {type(saved).__module__}.{type(saved).__name__}, not {spec['cls']}"
+
+
+@contextlib.contextmanager
+def _importable(name: str, dotted: str):
+    """The case's module `dotted`, imported from its folder, forgotten afterwards."""
+    sys.path.insert(0, str(UNSEEN / name))
+    try:
+        yield importlib.import_module(dotted)
     finally:
         sys.path.remove(str(UNSEEN / name))
-        top = spec["module"].split(".")[0]
+        top = dotted.split(".")[0]
         for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
             sys.modules.pop(loaded, None)

@@ -99,6 +99,21 @@ class FunctionSummaries:
             and FileIndex.param_for(callee, i, arg) in wanted
         }
 
+    def saves(self, call: cst.Call, arg: cst.Arg) -> Func | None:
+        """The function `call` invokes when it hands what `arg` passes to `torch.save` as the
+        object saved (`def save_checkpoint(state, path): torch.save(state, path)`) and does not
+        train."""
+        target = self.callee(call)
+        if target is None or target[0].trains(target[1]):
+            return None
+        summaries, callee = target
+        param = FileIndex.param_for(callee, call.args.index(arg), arg)
+        for node in iter_nodes(callee.body):
+            if isinstance(node, cst.Call) and node.args and node.args[0].keyword is None and param is not None:
+                if N.is_name(node.args[0].value, param) and summaries.index.qnames(node.func) & N.TORCH_SAVE:
+                    return callee
+        return None
+
     def needs_plain(self, call: cst.Call, arg: cst.Arg) -> Func | None:
         """The function `call` invokes when it reads the own attributes of what `arg` passes and
         does not train it (a sampler, a summary printer): it wants the plain module."""

@@ -17,7 +17,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
 from ddpify.analysis.multinode import written_and_read_back
 from ddpify.analysis.rank0_objects import RANK0_WRITERS, rank0_objects, rank0_uses
-from ddpify.analysis.script import ref_of
+from ddpify.analysis.script import param_receiving, ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.edits import append_arg, keyword_arg
 from ddpify.convert.per_process import PerProcess, shared_temp_dirs
@@ -393,6 +393,9 @@ def _and(ctx: Context, test: cst.BaseExpression, condition: str) -> cst.BaseExpr
 
 
 def _pass_unwrapped(ctx: Context, call: cst.Call) -> None:
+    """A helper that gets the model and does not train it gets the network itself; the summary
+    says it evaluates only where the helper runs the model (`save_checkpoint(epoch, model)` keeps
+    or saves it)."""
     model = ctx.script.model_name
     plain = ctx.plain(call, model)
     if plain is None:
@@ -401,4 +404,10 @@ def _pass_unwrapped(ctx: Context, call: cst.Call) -> None:
         if ref_of(arg.value) == model:
             ctx.edits.replace(arg.value, ctx.edits.expression(plain))
     where = "on rank 0" if ctx.options.eval_on_rank0 else "on every rank"
-    ctx.edits.change(call, f"evaluates `{plain}` {where}")
+    fn = ctx.script.local_function(call)
+    param = param_receiving(fn, call, model) if fn is not None else None
+    if param is not None and any(N.is_name(c.func, param) for c in ctx.script.calls_in(fn)):
+        ctx.edits.change(call, f"evaluates `{plain}` {where}")
+    else:
+        name = fn.name.value if fn is not None else ctx.script.module.code_for_node(call.func)
+        ctx.edits.change(call, f"`{name}()` gets `{plain}` {where}: it does not train the model")

@@ -99,11 +99,28 @@ def _gates(ctx: Context):
                 break
             if not isinstance(node, cst.If) or node in seen:
                 continue
-            gate = _gate(node.test, path)
-            if gate is not None and _restores_training(ctx, node):
+            branch = node.body if script.inside(load, node.body) else node.orelse
+            gate = _gate(_when(node.test, branch is node.body), path)
+            if gate is not None and _restores_training(ctx, branch):
                 seen.add(node)
                 found.append((_chain_head(script, node), *gate, path))
     return found
+
+
+def _when(test: cst.BaseExpression, in_body: bool) -> cst.BaseExpression | None:
+    """The test under which the branch holding the load runs, as a plain option where it is one:
+    `if args.resume:` (body), `if resume_from is None: ... else:` and `if not args.resume: ... else:`
+    (the else), `if resume_from is not None:` (body) all run it when the option is set."""
+    subject, truthy = test, True
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        subject, truthy = test.expression, False
+    elif isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and N.is_name(test.comparisons[0].comparator, "None"):
+        operator = test.comparisons[0].operator
+        if isinstance(operator, (cst.Is, cst.IsNot)):
+            subject, truthy = test.left, isinstance(operator, cst.IsNot)
+    if subject is test:
+        return test if in_body else None
+    return subject if truthy == in_body and isinstance(subject, (cst.Name, cst.Attribute)) else None
 
 
 def _resumes_when_saved(ctx: Context) -> bool:
@@ -113,14 +130,14 @@ def _resumes_when_saved(ctx: Context) -> bool:
     for gate in script.nodes_of(cst.If):
         exists = any(N.call_name(c) in EXISTS for c in script.calls_in(gate.test))
         loads = any(script.is_call_to(c, N.TORCH_LOAD) for c in script.calls_in(gate.body))
-        if exists and loads and _restores_training(ctx, gate):
+        if exists and loads and _restores_training(ctx, gate.body):
             return True
     return False
 
 
-def _restores_training(ctx: Context, gate: cst.If) -> bool:
-    """Does the gate resume training, not only load weights (`--eval-only PATH`)? It loads an
-    optimizer's state, or sets a value a later `for` loop counts from (`start_epoch`)."""
+def _restores_training(ctx: Context, body: cst.CSTNode) -> bool:
+    """Does the gate's branch `body` resume training, not only load weights (`--eval-only PATH`)?
+    It loads an optimizer's state, or sets a value a later `for` loop counts from (`start_epoch`)."""
     script = ctx.script
     optimizers = set()
     for call in script.calls:
@@ -129,19 +146,20 @@ def _restores_training(ctx: Context, gate: cst.If) -> bool:
             assign = stmt.body[0] if stmt is not None and stmt.body else None
             if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
                 optimizers.add(_code(ctx, assign.targets[0].target))
-    body = gate.body
     for call in script.calls_in(body):
         if N.call_name(call) == "load_state_dict" and N.receiver(call) is not None and _code(ctx, N.receiver(call)) in optimizers:
             return True
     counted = {_code(ctx, t.target) for t in iter_nodes(body) if isinstance(t, cst.AssignTarget)}
     for loop in script.nodes_of(cst.For):
-        if script.after(loop, gate) and any(_code(ctx, n) in counted for n in iter_nodes(loop.iter) if isinstance(n, (cst.Name, cst.Attribute))):
+        if script.after(loop, body) and any(_code(ctx, n) in counted for n in iter_nodes(loop.iter) if isinstance(n, (cst.Name, cst.Attribute))):
             return True
     return False
 
 
-def _gate(test: cst.BaseExpression, path: cst.BaseExpression):
+def _gate(test: cst.BaseExpression | None, path: cst.BaseExpression):
     """(the option, how to set it from the checkpoint path's code) for a gate test, else None."""
+    if test is None:
+        return None
     if isinstance(test, (cst.Name, cst.Attribute)):
         # `if args.resume: torch.load(args.resume)` takes the path; `if resume: torch.load(CKPT)` a flag
         return test, lambda saved, loaded: saved if test.deep_equals(path) else ("True" if saved == loaded else None)
@@ -184,9 +202,12 @@ def _computable(ctx: Context, path: cst.BaseExpression, head: cst.CSTNode, targe
 def _assignable(ctx: Context, target: cst.BaseExpression, head: cst.CSTNode) -> bool:
     """Can the gate's option be set right before `head`? An attribute (`args.resume`) can; a
     name must be the function's own (assigning a module-level name inside a function would
-    make it local there, unbound when torchrun did not restart)."""
+    make it local there, unbound when torchrun did not restart), or one it declares `global`."""
     scope = ctx.script.scope_of(head)
-    return not isinstance(target, cst.Name) or not isinstance(scope, cst.FunctionDef) or target.value in _bound_before(ctx, head)
+    if not isinstance(target, cst.Name) or not isinstance(scope, cst.FunctionDef):
+        return True
+    declared = {n.name.value for g in iter_nodes(scope.body) if isinstance(g, cst.Global) for n in g.names}
+    return target.value in _bound_before(ctx, head) | declared
 
 
 def _bound_before(ctx: Context, head: cst.CSTNode) -> set[str]:

@@ -46,6 +46,45 @@ def run(ctx: Context) -> None:
             if owner in script.ddp_names.get(script.scope_of(call), ()) and (plain := ctx.plain(call, owner)):
                 edits.replace(args[0].value, edits.expression(plain))
                 edits.change(call, f"saves `{plain}`, not the DDP wrapper")
+    _unwrapped_in_saved_containers(ctx)
+
+
+def _unwrapped_in_saved_containers(ctx: Context) -> None:
+    """`torch.save({"epoch": epoch, "model": model}, path)`, or that dict bound to a name first
+    (`state = {...}`) and saved by `torch.save(state, ...)` or by a project function that saves
+    it (`save_checkpoint(state)`): the whole model pickled in a checkpoint is the network itself,
+    which the single-GPU script loads back, not the DDP wrapper around it."""
+    script, edits = ctx.script, ctx.edits
+    done: set[cst.CSTNode] = set()
+    for call in script.calls:
+        args = N.positional(call)
+        if script.is_call_to(call, N.TORCH_SAVE):
+            saved = [args[0].value] if args else []
+        else:
+            saved = [arg.value for arg in call.args if not arg.star and script.summaries.saves(call, arg)]
+        scope = script.scope_of(call)
+        for value in saved:
+            for item in _items(script, value, scope, call):
+                owner = ref_of(item)
+                if item in done or owner not in script.ddp_names.get(scope, ()) or not (plain := ctx.plain(call, owner)):
+                    continue
+                done.add(item)
+                edits.replace(item, edits.expression(plain))
+                edits.change(item, f"the checkpoint holds `{plain}`, not the DDP wrapper")
+
+
+def _items(script, value: cst.BaseExpression, scope, call: cst.Call) -> list[cst.BaseExpression]:
+    """The values a saved container literal holds: `value`'s own, or those of the literal its
+    name was last bound to before `call` in the same scope."""
+    if isinstance(value, cst.Name):
+        bound = [a for a in script.assigns.get(scope, [])
+                 if len(a.targets) == 1 and N.is_name(a.targets[0].target, value.value) and script.ends_before(a, call)]  # fmt: skip
+        value = bound[-1].value if bound else value
+    if isinstance(value, cst.Dict):
+        return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+    if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+        return [e.value for e in value.elements if isinstance(e, cst.Element)]
+    return []
 
 
 def _plain_before_wrap(ctx: Context) -> None:
