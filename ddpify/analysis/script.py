@@ -104,7 +104,7 @@ class Script:
     assigns: dict[ScopeNode, list[cst.Assign]] = field(default_factory=dict)
     bound: dict[ScopeNode, set[str]] = field(default_factory=dict)  # names a function binds itself
     distributed_marker: cst.CSTNode | None = None
-    distributed_apis: dict[str, cst.CSTNode] = field(default_factory=dict)  # qualified name -> first use
+    distributed_apis: dict[str, list[cst.CSTNode]] = field(default_factory=dict)  # qualified name -> its uses
     has_dataloader: bool = False
     model_name: str = ""  # the first trained model (setup goes where it is built)
     model_scope: ScopeNode | None = None
@@ -545,18 +545,79 @@ class _CallCollector(cst.CSTVisitor):
         if self.script.distributed_marker is None and names & N.DISTRIBUTED_MARKERS:
             self.script.distributed_marker = node
         for name in names & N.DISTRIBUTED_MARKERS:
-            self.script.distributed_apis.setdefault(name, node)
+            self.script.distributed_apis.setdefault(name, []).append(node)
         if names & N.DATALOADER:
             self.script.has_dataloader = True
         if names & N.DATA_PARALLEL and not isinstance(self.script.parent(node), (cst.Attribute, cst.ImportAlias)):
             self.script.data_parallel.append(node)
 
 
+def reaches(script: Script, stmt: cst.CSTNode, scopes: set[cst.FunctionDef], depth: int = 0) -> bool:
+    """Does running `stmt` run one of `scopes`: a call of it, of its class (its `__init__`), of
+    another method of that class (`Config.from_args(...)`, which builds one), or of a function of
+    the program that does, three calls deep at most?"""
+    classes = {script.class_of(fn) for fn in scopes} - {None}
+    for call in script.calls_in(stmt):
+        callee = script.local_function(call) or script.method_of_object(call) or script.project_definition(call.func)
+        if callee in scopes or (isinstance(callee, cst.ClassDef) and callee in classes):
+            return True
+        if isinstance(callee, cst.FunctionDef) and script.class_of(callee) in classes:
+            return True
+        if isinstance(callee, cst.FunctionDef) and depth < 3 and reaches(script, callee, scopes, depth + 1):
+            return True
+    return False
+
+
+
+def run_by_entry(script: Script, node: cst.CSTNode) -> bool:
+    """Does the program run `node`? All of the entry's module does, and so does the code other
+    modules run on import; a function of another module runs when the program names it (calls
+    it, or hands it on as a collate_fn), and a class's methods when it names the class. A module
+    imported for one function may hold others that nothing calls (`init_distributed_mode()`)."""
+    if len(script.index.roots) == 1 or script.root_of(node) is script.module:
+        return True
+    functions = [a for a in (node, *script.ancestors(node)) if isinstance(a, cst.FunctionDef)]
+    return not functions or any(fn in _run_functions(script) for fn in functions)
+
+
+def _run_functions(script: Script) -> set[cst.FunctionDef]:
+    """The functions of the project's other modules that the program names, transitively."""
+    return script.index.cached("run_functions", lambda index: _named_from(script))
+
+
+def _named_from(script: Script) -> set[cst.FunctionDef]:
+    definitions = script.index.definitions()
+    spelled = {q.rpartition(".")[2] for q in definitions}
+    run: set[cst.FunctionDef] = set()
+    classes: set[cst.ClassDef] = set()
+    todo: list[cst.CSTNode] = [script.module]
+    for other in list(script.index.roots)[1:]:  # what another module runs on import
+        todo += [s for s in other.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
+    while todo:
+        for node in iter_nodes(todo.pop()):
+            if not (isinstance(node, cst.Name) and node.value in spelled or isinstance(node, cst.Attribute) and node.attr.value in spelled):
+                continue
+            found = script.project_definition(node)
+            if isinstance(found, cst.FunctionDef) and found not in run:
+                run.add(found)
+                todo.append(found)
+                cls = script.class_of(found)
+                found = cls if cls is not None and cls not in classes else None
+            if isinstance(found, cst.ClassDef) and found not in classes:
+                classes.add(found)
+                todo.append(found)  # its methods, its bases, its decorators
+                for method in found.body.body:
+                    if isinstance(method, cst.FunctionDef):
+                        run.add(method)
+    return run
+
+
 def fully_distributed(script: Script) -> bool:
     """Does the script already do what a conversion would: set up a process group, wrap a model
     in DDP (or shard it with FSDP2's fully_shard), and read its data through a DistributedSampler
-    (or through no DataLoader at all)?"""
-    apis = set(script.distributed_apis)
+    (or through no DataLoader at all)? Only what the program runs counts: a helper module's
+    setup that nothing calls does not make the entry distributed."""
+    apis = {name for name, uses in script.distributed_apis.items() if any(run_by_entry(script, n) for n in uses)}
     wrapped = apis & (D.DDP | D.FULLY_SHARD)
     return bool(
         apis & D.INIT_PROCESS_GROUP and wrapped and (apis & D.DISTRIBUTED_SAMPLER or not script.has_dataloader)

@@ -9,7 +9,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis.options import dead_options
 from ddpify.analysis.project import ProjectFacts
-from ddpify.analysis.script import AnalysisError, Script, analyze, fully_distributed
+from ddpify.analysis.script import AnalysisError, Script, analyze, fully_distributed, run_by_entry
 from ddpify.convert import (
     average_gradients,
     average_training_set_metrics,
@@ -164,6 +164,7 @@ def convert_modules(
     if fully_distributed(script):
         return None  # set up, wrapped and sharded already, somewhere in the program: left alone
     script, edits = _plan(wrapper, options, script)
+    edits.forget(lambda node: not run_by_entry(script, node))
     results = {}
     edited = {script.root_of(node) for node in edited_nodes(edits)}
     for module, name in script.index.roots.items():
@@ -194,6 +195,7 @@ def replan_modules(
     wrapper = MetadataWrapper(entry, unsafe_skip_copy=True)
     script = analyze(wrapper, full=True, facts=facts, others=others, packages=packages)
     script, edits = _plan(wrapper, options, script)
+    edits.forget(lambda node: not run_by_entry(script, node))
     planned = edits.planned
     for module, name in script.index.roots.items():
         if not planned and _imports(module, edits, prune=True) is not module:

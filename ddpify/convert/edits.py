@@ -170,6 +170,20 @@ class Edits:
         comment = cst.EmptyLine(comment=cst.Comment(text))
         self.rewrite(stmt, lambda updated: updated.with_changes(leading_lines=[*updated.leading_lines, comment]))
 
+    def forget(self, unrun: Callable[[cst.CSTNode], bool]) -> None:
+        """Drop every edit and note about code the program never runs (`unrun(node)`): a
+        project's module imported for one function is not converted in the others."""
+        for table in (self.rewrites, self.before, self.after, self.guards):
+            for node in [n for n in table if unrun(n)]:
+                del table[node]
+        for first in [n for n in self.enclosures if unrun(n)]:
+            del self.enclosures[first]
+        self.removed = {n for n in self.removed if not unrun(n)}
+        self.dissolved = {n for n in self.dissolved if not unrun(n)}
+        for notes in (self._changes, self._todos, self._notes):
+            notes[:] = [(where, message) for where, message in notes if isinstance(where, int) or not unrun(where)]
+        self._planned = [entry for entry in self._planned if not unrun(entry[1])]
+
     # -- building blocks -------------------------------------------------
     def statements(self, code: str | Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """`code` parsed as statements in the script's indentation and newlines (the same

@@ -47,6 +47,8 @@ def run(ctx: Context) -> None:
             _cuda_call(ctx, call, device)
         elif name == "to" and N.positional(call) and _means_gpu(ctx, N.positional(call)[0].value):
             target = N.positional(call)[0]
+            if device is None and _plain_cuda(target.value):
+                continue  # "cuda" already: the current device, which setup makes this process's
             edits.replace(target.value, edits.expression(device or '"cuda"'))
             edits.change(call, f"`.to(...)` now targets `{ctx.device if visible else 'cuda'}`")
         elif script.is_call_to(call, N.TORCH_LOAD) and N.keyword(call, "map_location") is None:
@@ -57,8 +59,15 @@ def run(ctx: Context) -> None:
         else:
             arg = N.keyword(call, "device")
             if arg is not None and N.is_cuda_string(arg.value) and not _per_process_string(ctx, arg.value):
+                if device is None and _plain_cuda(arg.value):
+                    continue
                 edits.replace(arg.value, edits.expression(device or '"cuda"'))
                 edits.change(call, f"`device=` now names `{ctx.device if visible else 'cuda'}`")
+
+
+def _plain_cuda(node: cst.BaseExpression) -> bool:
+    """`"cuda"` or `'cuda'`: no index, so the current device (this process's once set up)."""
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == "cuda"
 
 
 def _compare_device_types(ctx: Context) -> None:

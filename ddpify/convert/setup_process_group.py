@@ -12,8 +12,8 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis import distributed as D
-from ddpify.analysis.schedule import clock_names_in_place, reaches
-from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, ref_of
+from ddpify.analysis.schedule import clock_names_in_place
+from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, reaches, ref_of, run_by_entry
 from ddpify.convert.context import Context
 
 LOCAL_RANK = """
@@ -136,7 +136,7 @@ def _existing_setup(ctx: Context, found) -> bool:
     need (the setup's scope, the device, LOCAL_RANK's variable) and add nothing but what a
     GPU device line still lacks."""
     script, edits = ctx.script, ctx.edits
-    inits = [c for c in script.calls if script.is_call_to(c, D.INIT_PROCESS_GROUP)]
+    inits = [c for c in script.calls if script.is_call_to(c, D.INIT_PROCESS_GROUP) and run_by_entry(script, c)]
     if not inits:
         return False
     init = inits[-1]
