@@ -97,6 +97,9 @@ def is_optimizer(qnames) -> bool:
         for q in qnames
     )
 CUDA_PREFIX = "torch.cuda."  # `torch.cuda.X`: the script names CUDA
+# What asks about the GPUs without using one (`args.cuda = not args.no_cuda and
+# torch.cuda.is_available()`): the setup may follow it, and then read the flag it sets.
+CUDA_QUESTIONS = spelled({"torch.cuda.is_available", "torch.cuda.device_count"})
 NN_PREFIX = "torch.nn."  # modules and functions of torch.nn (losses among them)
 FUNCTIONAL_PREFIX = "torch.nn.functional."
 BATCHNORMS = spelled(f"torch.nn.BatchNorm{d}d" for d in (1, 2, 3))

@@ -42,6 +42,10 @@ from ddpify.analysis.rank import rank_analysis
 from ddpify.convert.context import RANK0, Context
 
 TODO = "every rank downloads here, before the process group exists: download once beforehand"
+TODO_ELSEWHERE = (
+    "every rank downloads here, in a module whose other callers may have no process group to wait "
+    "in: download once beforehand"
+)
 BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
 AFTER = "if {rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
@@ -60,7 +64,9 @@ def run(ctx: Context) -> None:
         if stmt is None or stmt in statements or any(script.inside(stmt, s) for s in statements):
             continue
         if ctx.rank0_condition(stmt) != RANK0:
-            edits.todo(_left_on(script, stmt, TODO), stmt, TODO)
+            other = ctx.setup_scope is not None and script.root_of(stmt) is not script.root_of(ctx.setup_scope)
+            message = TODO_ELSEWHERE if other and not ctx.driver else TODO
+            edits.todo(_left_on(script, stmt, message), stmt, message)
             continue
         statements.append(stmt)
     shared = ctx.options.shared_fs

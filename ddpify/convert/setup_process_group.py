@@ -470,7 +470,7 @@ def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
         if (
             N.call_name(call) in {"cuda", "to"}
             or qualified & (N.DATALOADER | N.TORCH_DEVICE | N.PRINT | N.TORCH_SAVE)
-            or any(q.startswith(N.CUDA_PREFIX) for q in qualified)
+            or any(q.startswith(N.CUDA_PREFIX) for q in qualified) and not qualified & N.CUDA_QUESTIONS
             or script.local_function(call) is not None
             or N.keyword(call, "download") is not None
         ):
