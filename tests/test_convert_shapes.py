@@ -1459,22 +1459,25 @@ def test_accumulation_condition_reading_a_model_attribute_goes_through_module():
     assert 'if i % model.module.hyperparams["subdivisions"] == 0:\n' in result.code
 
 
-def test_downloads_inside_loaders_of_a_helper_module_convert_to_a_fixed_point(tmp_path):
-    """`DataLoader(MNIST(root, train=True, download=True), ...)` twice in a helper module (whose
-    callers may have no process group: a TODO, not barriers): the training set is hoisted out of
-    its loader for its sampler, and converting again changes nothing (the TODO stays where it
-    is, on the loader's line below the hoisted fetch)."""
+HELPER_LOADERS = """
+    import torch
+    from torchvision import datasets
+    def loaders(batch):
+        train = torch.utils.data.DataLoader(datasets.MNIST("d", train=True, download=True), batch_size=batch, shuffle=True)
+        test = torch.utils.data.DataLoader(datasets.MNIST("d", train=False, download=True), batch_size=batch)
+        return train, test
+    """
+
+
+def test_downloads_inside_loaders_of_a_helper_module_wait_where_a_group_exists(tmp_path):
+    """`DataLoader(MNIST(root, train=True, download=True), ...)` twice in a helper module that the
+    program calls once its group exists: one pair of barriers around both fetches, each under
+    `dist.is_initialized()` (another script may call the helper as one process); the training set
+    is hoisted out of its loader for its sampler, and converting again changes nothing."""
     from ddpify.projects import convert_project
 
     entry = _project(tmp_path, {
-        "data.py": """
-            import torch
-            from torchvision import datasets
-            def loaders(batch):
-                train = torch.utils.data.DataLoader(datasets.MNIST("d", train=True, download=True), batch_size=batch, shuffle=True)
-                test = torch.utils.data.DataLoader(datasets.MNIST("d", train=False, download=True), batch_size=batch)
-                return train, test
-            """,
+        "data.py": HELPER_LOADERS,
         "train.py": """
             import torch
             from data import loaders
@@ -1490,8 +1493,37 @@ def test_downloads_inside_loaders_of_a_helper_module_convert_to_a_fixed_point(tm
     })  # fmt: skip
     result = convert_project(entry)
     data = next(r.code for path, (r, _, _) in result.changed.items() if path.name == "data.py")
-    assert data.count("# TODO(ddpify): every rank downloads here") == 2, data
+    assert "TODO" not in data, data
+    assert data.count('if dist.is_initialized() and int(os.environ.get("LOCAL_RANK", 0)) != 0:\n        dist.barrier()') == 1, data
+    assert data.count('if dist.is_initialized() and int(os.environ.get("LOCAL_RANK", 0)) == 0:\n        dist.barrier()') == 1, data
+    assert data.index("!= 0:") < data.index('MNIST("d", train=True') < data.index('MNIST("d", train=False') < data.index("== 0:")
     assert "train_sampler = DistributedSampler(train_dataset, shuffle=True" in data
+
+
+def test_downloads_in_a_helper_called_before_the_group_exists_get_a_todo(tmp_path):
+    """The same helper called before the setup (`loaders(8)` above the device line): no group to
+    wait in yet, so every rank downloads there, said by a TODO on each fetch."""
+    from ddpify.projects import convert_project
+
+    entry = _project(tmp_path, {
+        "data.py": HELPER_LOADERS,
+        "train.py": """
+            import torch
+            from data import loaders
+            train_loader, test_loader = loaders(8)
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            model = torch.nn.Linear(784, 10).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                for x, y in train_loader:
+                    torch.nn.functional.cross_entropy(model(x.view(-1, 784).to(device)), y.to(device)).backward()
+                    optimizer.step()
+            """,
+    })  # fmt: skip
+    result = convert_project(entry)
+    data = next(r.code for path, (r, _, _) in result.changed.items() if path.name == "data.py")
+    assert data.count("# TODO(ddpify): every rank downloads here") == 2, data
+    assert "dist.barrier()" not in data, data
 
 
 def test_a_keyword_added_to_a_call_laid_out_over_lines_keeps_its_layout():

@@ -42,12 +42,12 @@ from ddpify.analysis.rank import rank_analysis
 from ddpify.convert.context import RANK0, Context
 
 TODO = "every rank downloads here, before the process group exists: download once beforehand"
-TODO_ELSEWHERE = (
-    "every rank downloads here, in a module whose other callers may have no process group to wait "
-    "in: download once beforehand"
-)
-BEFORE = "if {rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
-AFTER = "if {rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
+BEFORE = "if {group}{rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
+AFTER = "if {group}{rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
+# A dataset fetched in a function of another module, which the program calls once the group
+# exists (`get_training_dataloader()` in utils.py): its barriers wait only where a group exists,
+# since another script of the project may call the function as one process (its test.py).
+IN_A_GROUP = "dist.is_initialized() and "
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
 CACHE_TEST = re.compile(r"\b(exists|isfile|isdir|is_file|is_dir)\(")
 
@@ -63,10 +63,8 @@ def run(ctx: Context) -> None:
         stmt = stmt or script.top_statement(call, scope) or script.statement_line(call)
         if stmt is None or stmt in statements or any(script.inside(stmt, s) for s in statements):
             continue
-        if ctx.rank0_condition(stmt) != RANK0:
-            other = ctx.setup_scope is not None and script.root_of(stmt) is not script.root_of(ctx.setup_scope)
-            message = TODO_ELSEWHERE if other and not ctx.driver else TODO
-            edits.todo(_left_on(script, stmt, message), stmt, message)
+        if ctx.rank0_condition(stmt) != RANK0 and not _after_setup_elsewhere(ctx, stmt):
+            edits.todo(_left_on(script, stmt, TODO), stmt, TODO)
             continue
         statements.append(stmt)
     shared = ctx.options.shared_fs
@@ -82,12 +80,26 @@ def run(ctx: Context) -> None:
         block = list(script.parent(stmt).body)
         index = block.index(stmt)
         rank = "dist.get_rank()" if shared else ctx.local_rank_at(stmt)
+        group = IN_A_GROUP if ctx.rank0_condition(stmt) != RANK0 else ""
         if (index == 0 or block[index - 1] not in statements) and not _opened_before(script, block, index):
-            edits.insert_before(stmt, BEFORE.format(rank=rank, who="rank 0" if shared else "this node's local rank 0"))
+            edits.insert_before(stmt, BEFORE.format(group=group, rank=rank, who="rank 0" if shared else "this node's local rank 0"))
         if (index == len(block) - 1 or block[index + 1] not in statements) and not _closed_after(script, block, index):
             where, others = ("", "the other ranks") if shared else (" on this node", "its other ranks")
-            edits.insert_after(stmt, AFTER.format(rank=rank, where=where, others=others))
+            edits.insert_after(stmt, AFTER.format(group=group, rank=rank, where=where, others=others))
         edits.change(stmt, _said(shared, "dataset is downloaded"))
+
+
+def _after_setup_elsewhere(ctx: Context, stmt: cst.CSTNode) -> bool:
+    """Is `stmt` a dataset fetch (`download=True`) in a function of another module that this
+    program calls only once the process group exists?"""
+    script = ctx.script
+    scope = script.scope_of(stmt)
+    if ctx.driver or ctx.setup_scope is None or not isinstance(scope, cst.FunctionDef) or not _by_keyword(script, stmt):
+        return False
+    if script.root_of(stmt) is script.root_of(ctx.setup_scope) or scope in ctx.called_before_init():
+        return False
+    callers = [c for c in script.calls if script.local_function(c) is scope or script.project_definition(c.func) is scope]
+    return bool(callers) and all(ctx.rank0_condition(script.statement_line(c) or c) == RANK0 for c in callers)
 
 
 def _left_on(script, stmt: cst.CSTNode, message: str) -> cst.CSTNode:
