@@ -231,9 +231,17 @@ def _entry(run: dict, prefix: str) -> dict:
     return entry
 
 
+# A DataLoader worker forked from a process that ran earlier cases can crash on what they left
+# in it (a thread of torch.compile's): the rank then raises this, which its own script never did.
+INHERITED_CRASH = re.compile(r"DataLoader worker \(pid\(?s?\)? [\d, ]+\) (is killed by signal|exited unexpectedly)")
+
+
 def _complete(case: Launch, runs: list[dict], ranks: int) -> bool:
     """Every run of the case that was to run left its traces (only_if_ok / only_if_failed: a run
-    that waits on an earlier one is to run when that one's trace says so)."""
+    that waits on an earlier one is to run when that one's trace says so), and none of them
+    failed by a crash of a forked DataLoader worker (INHERITED_CRASH)."""
+    if any(INHERITED_CRASH.search(t.get("error") or "") for t in case.traces.values()):
+        return False
     for run in runs:
         for rank in range(ranks):
             after = case.traces.get((run.get("only_if_ok") or run.get("only_if_failed"), rank))

@@ -351,3 +351,19 @@ def _clock_names_in_place(script: Script) -> list[ClockInPlace]:
                 shared = any(script.is_call_to(c, N.BROADCAST_OBJECTS) and script.after(c, stmt) for c in calls)
                 found.append(ClockInPlace(scope, _target(stmt), stmt, makes, shared))
     return found
+
+
+def reaches(script: Script, stmt: cst.CSTNode, scopes: set[cst.FunctionDef], depth: int = 0) -> bool:
+    """Does running `stmt` run one of `scopes`: a call of it, of its class (its `__init__`), of
+    another method of that class (`Config.from_args(...)`, which builds one), or of a function of
+    the program that does, three calls deep at most?"""
+    classes = {script.class_of(fn) for fn in scopes} - {None}
+    for call in script.calls_in(stmt):
+        callee = script.local_function(call) or script.method_of_object(call) or script.project_definition(call.func)
+        if callee in scopes or (isinstance(callee, cst.ClassDef) and callee in classes):
+            return True
+        if isinstance(callee, cst.FunctionDef) and script.class_of(callee) in classes:
+            return True
+        if isinstance(callee, cst.FunctionDef) and depth < 3 and reaches(script, callee, scopes, depth + 1):
+            return True
+    return False

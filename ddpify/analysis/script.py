@@ -552,23 +552,6 @@ class _CallCollector(cst.CSTVisitor):
             self.script.data_parallel.append(node)
 
 
-def reaches(script: Script, stmt: cst.CSTNode, scopes: set[cst.FunctionDef], depth: int = 0) -> bool:
-    """Does running `stmt` run one of `scopes`: a call of it, of its class (its `__init__`), of
-    another method of that class (`Config.from_args(...)`, which builds one), or of a function of
-    the program that does, three calls deep at most?"""
-    classes = {script.class_of(fn) for fn in scopes} - {None}
-    for call in script.calls_in(stmt):
-        callee = script.local_function(call) or script.method_of_object(call) or script.project_definition(call.func)
-        if callee in scopes or (isinstance(callee, cst.ClassDef) and callee in classes):
-            return True
-        if isinstance(callee, cst.FunctionDef) and script.class_of(callee) in classes:
-            return True
-        if isinstance(callee, cst.FunctionDef) and depth < 3 and reaches(script, callee, scopes, depth + 1):
-            return True
-    return False
-
-
-
 def run_by_entry(script: Script, node: cst.CSTNode) -> bool:
     """Does the program run `node`? All of the entry's module does, and so does the code other
     modules run on import; a function of another module runs when the program names it (calls

@@ -99,7 +99,9 @@ def _gates(ctx: Context):
                 break
             if not isinstance(node, cst.If) or node in seen:
                 continue
-            branch = node.body if script.inside(load, node.body) else node.orelse
+            branch = next((b for b in (node.body, node.orelse) if b is not None and script.inside(load, b)), None)
+            if branch is None:
+                continue  # the load is in the test
             gate = _gate(_when(node.test, branch is node.body), path)
             if gate is not None and _restores_training(ctx, branch):
                 seen.add(node)

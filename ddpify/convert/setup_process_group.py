@@ -12,8 +12,8 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis import distributed as D
-from ddpify.analysis.schedule import clock_names_in_place
-from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, reaches, ref_of, run_by_entry
+from ddpify.analysis.schedule import clock_names_in_place, reaches
+from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, ref_of, run_by_entry
 from ddpify.convert.context import Context
 
 LOCAL_RANK = """
