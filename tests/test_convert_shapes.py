@@ -839,6 +839,40 @@ def test_a_resume_mode_compared_with_a_literal_is_set():
     assert RESTART_LINE + '"last.pt"):\n    init_from = "resume"\nif init_from == "scratch":' in code
 
 
+def test_a_save_path_bound_again_in_the_loop_is_not_the_resume_path():
+    """`path` names the checkpoint to preload at the gate, then each epoch's new file in the loop:
+    the gate cannot be pointed at what the loop saves (`path = path` would be nonsense, and
+    os.path.exists(None) a crash after a restart), so a note says so."""
+    source = textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def train(preload):
+            model = nn.Linear(4, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+            start = 0
+            path = f"weights_{preload}.pt" if preload else None
+            if path:
+                state = torch.load(path)
+                optimizer.load_state_dict(state["opt"])
+                start = state["epoch"] + 1
+            for epoch in range(start, 3):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    optimizer.step()
+                path = f"weights_{epoch}.pt"
+                torch.save({"opt": optimizer.state_dict(), "epoch": epoch}, path)
+
+        train(None)
+    """)
+    result = convert_source(source, "train.py")
+    assert RESTART_LINE not in result.code, result.code
+    assert any("the path of the checkpoint saved in training is not known here" in n.message for n in result.notes)
+
+
 def test_checkpoints_without_a_usable_resume_path_get_a_note():
     _, per_epoch = _resumable("""
         if args.resume:

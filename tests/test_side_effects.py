@@ -41,6 +41,7 @@ WRITES = {
     "visdom": ("import visdom", "    visdom.Visdom().line([1.0])"),
     "comet": ("import comet_ml", "    comet_ml.log_metric('loss', 1.0)"),
     "tqdm.write": ("from tqdm import tqdm", "    tqdm.write(f'epoch {epoch}')"),
+    "a bar's write": ("from tqdm import tqdm", "    bar = tqdm(range(3))\n    bar.write(f'epoch {epoch}')"),
     "sys.stdout.write": ("import sys", "    sys.stdout.write(f'[{epoch}] done')"),
     "logging.config.dictConfig": ("import logging.config", "    logging.config.dictConfig({'version': 1})"),
 }

@@ -9,7 +9,7 @@ Output meant once per job is recognised by what a call is, not by a short list o
 | logging set up | `logging.basicConfig`, `logging.config.dictConfig`/`fileConfig`: on rank 0 only, so the other ranks' loggers print warnings and errors alone (Python's last-resort handler) |
 | tracking and logging libraries | every function of TensorBoard (`torch.utils.tensorboard`, tensorboardX, `tensorboard_logger`), W&B, MLflow, Neptune, Comet, ClearML, Aim and visdom |
 | writer methods on any object | `savefig`, pandas `to_csv`/`to_json`/`to_parquet`/..., csv `writerow(s)`, `save_pretrained`, pathlib `write_text`/`write_bytes` |
-| methods of a library's objects | `.save(...)`/`.write(...)` on what PIL, imageio, h5py, soundfile or matplotlib made (`Image.fromarray(a).save(path)`) |
+| methods of a library's objects | `.save(...)`/`.write(...)` on what PIL, imageio, h5py, soundfile, matplotlib or tqdm made (`Image.fromarray(a).save(path)`, `bar = tqdm(loader)` then `bar.write(msg)`) |
 
 Prints, logging calls, `open(..., "w")` and objects made by the libraries above (a
 `SummaryWriter`, a W&B run) are handled where they are used (`guard_rank_zero`, `multinode`).
@@ -40,7 +40,7 @@ WRITE_METHODS = frozenset(
     {"savefig", "to_csv", "to_json", "to_parquet", "to_pickle", "to_excel", "to_hdf", "to_feather", "writerow",
      "writerows", "save_pretrained", "addHandler", "write_text", "write_bytes"}
 )  # fmt: skip
-LIBRARY_OBJECTS = ("PIL.", "imageio.", "h5py.", "soundfile.", "matplotlib.", "cv2.")
+LIBRARY_OBJECTS = ("PIL.", "imageio.", "h5py.", "soundfile.", "matplotlib.", "cv2.", "tqdm.")  # tqdm: `bar.write(msg)`
 LIBRARY_WRITE_METHODS = frozenset({"save", "write", "imwrite", "savefig", "create_dataset", "close_and_save"})
 
 

@@ -400,10 +400,14 @@ def _pass_unwrapped(ctx: Context, call: cst.Call) -> None:
     plain = ctx.plain(call, model)
     if plain is None:
         return
+    said = False  # unwrap_model's summary line says it already (the helper reads the model's own methods)
     for arg in call.args:
         if ref_of(arg.value) == model:
             ctx.edits.replace(arg.value, ctx.edits.expression(plain))
+            said = said or ctx.script.summaries.needs_plain(call, arg) is not None
     where = "on rank 0" if ctx.options.eval_on_rank0 else "on every rank"
+    if said and not ctx.options.eval_on_rank0:
+        return
     fn = ctx.script.local_function(call)
     param = param_receiving(fn, call, model) if fn is not None else None
     if param is not None and any(N.is_name(c.func, param) for c in ctx.script.calls_in(fn)):

@@ -196,9 +196,16 @@ def _done(script, head: cst.CSTNode) -> bool:
 
 def _computable(ctx: Context, path: cst.BaseExpression, head: cst.CSTNode, target: cst.BaseExpression) -> bool:
     """Can `path` be computed right before `head`? Every name in it is the gate's options
-    object, a module-level binding, or bound earlier in the gate's own function."""
+    object, a module-level binding, or bound earlier in the gate's own function, and none is
+    bound again after the gate (`model_filename = get_weights_file_path(config, epoch)` in the
+    loop: the saved path is not the value the name holds at the gate), nor is it the gate's own."""
+    if _code(ctx, path) == _code(ctx, target):
+        return False
     allowed = {_root(target)} | _module_names(ctx.script.root_of(head)) | _bound_before(ctx, head)
-    return all(name in allowed for name in names_read(path))
+    script = ctx.script
+    scope = script.scope_of(head)
+    later = {t.value for t in _assigned_names(scope) if script.before(head, t) and script.scope_of(t) is scope}
+    return all(name in allowed and name not in later for name in names_read(path))
 
 
 def _assignable(ctx: Context, target: cst.BaseExpression, head: cst.CSTNode) -> bool:
@@ -247,9 +254,9 @@ def _module_names(module: cst.Module) -> set[str]:
     return names
 
 
-def _assigned_names(scope: cst.FunctionDef) -> list[cst.Name]:
+def _assigned_names(scope: cst.FunctionDef | cst.Module) -> list[cst.Name]:
     found = []
-    for node in iter_nodes(scope.body):
+    for node in iter_nodes(scope if isinstance(scope, cst.Module) else scope.body):
         if isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name):
             found.append(node.target)
         elif isinstance(node, cst.AnnAssign) and isinstance(node.target, cst.Name) and node.value is not None:
