@@ -219,6 +219,19 @@ def test_script_without_model_or_loader(tmp_path: Path) -> None:
     _one_line_error(ddpify("convert", str(util)), f"{util}:1: no model to convert")
 
 
+def test_a_trainer_picked_by_name_at_run_time_is_named_in_the_error(tmp_path: Path) -> None:
+    """`globals()[config.agent](config).run()`: what trains is known only at run time, and the
+    error says where, instead of only that no optimizer was found."""
+    src = tmp_path / "main.py"
+    src.write_text(
+        "import argparse\nfrom agents import *\n\n"
+        "def main():\n    args = argparse.ArgumentParser().parse_args()\n"
+        "    agent = globals()[args.agent](args)\n    agent.run()\n\nmain()\n"
+    )
+    result = ddpify("convert", str(src))
+    _one_line_error(result, f"{src}:6: no model to convert: what trains is picked at run time (`globals()[args.agent]`)")
+
+
 def test_hand_made_batches_convert_with_a_todo_at_the_loop(tmp_path: Path) -> None:
     src = tmp_path / "nodata.py"
     src.write_text(

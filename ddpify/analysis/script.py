@@ -18,7 +18,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.index import FileIndex, iter_nodes, last_name, names_in, remember
+from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes, last_name, names_in, remember
 from ddpify.analysis.optimizers import OptimizerSummaries, builds_optimizer, parameter_owners
 from ddpify.analysis.project import ProjectFacts, names_cuda
 from ddpify.analysis.summaries import FunctionSummaries
@@ -712,7 +712,27 @@ def _find_model(script: Script) -> None:
             script.model_scope = _binding_scope(script, script.model_name, scope)
             script.models[script.model_name] = script.model_scope
             return
+    picked = _picked_at_run_time(script)
+    if picked is not None:
+        raise AnalysisError(
+            script.line(picked),
+            f"no model to convert: what trains is picked at run time (`{script.module.code_for_node(picked)}`), "
+            "which ddpify cannot follow; convert the module whose code builds the model and its optimizer",
+        )
     raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
+
+
+def _picked_at_run_time(script: Script) -> cst.CSTNode | None:
+    """A class or function looked up by a name known only at run time in the entry's own code
+    (`globals()[config.agent]`, `getattr(agents, args.agent)`, `vars(models)[name]`)."""
+    for node in iter_nodes(script.module):
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call):
+            if any(N.is_name(node.value.func, f) for f in ("globals", "locals", "vars")):
+                return node
+        if isinstance(node, cst.Call) and N.is_name(node.func, "getattr") and len(node.args) >= 2:
+            if not isinstance(node.args[1].value, cst.SimpleString):
+                return node
+    return None
 
 
 def _may_be_model(script: Script, owner: str, scope: ScopeNode) -> bool:
@@ -830,7 +850,7 @@ def _find_loaders(script: Script) -> None:
     for loader in script.loaders:
         loops = _epoch_loops(script, loader.name, loader.scope, depth=0)
         starts = _pass_starts(script, loader.name, loader.scope)
-        for name, scope in _returned_to(script, loader):
+        for name, scope in _returned_to(script, loader) + _held_by_objects(script, loader):
             more = _epoch_loops(script, name, scope, depth=0)
             if more is not None:
                 loops = (loops or []) + more
@@ -927,6 +947,22 @@ def _named_splits(script: Script) -> None:
                 script.split_loaders.append(split)
             split.calls[list(keys)[values.index(loader.name)]] = loader.call
             script.loaders.remove(loader)
+
+
+def _held_by_objects(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
+    """Where a loader a class keeps (`self.train_loader = DataLoader(...)` in a data holder's
+    method) is read through an object of that class: `self.data = Batches(cfg)` makes it
+    `self.data.train_loader` in the methods of the class that holds `self.data`."""
+    cls = script.class_of(loader.scope) if isinstance(loader.scope, cst.FunctionDef) else None
+    if cls is None or not loader.name.startswith("self.") or loader.name.count(".") != 1:
+        return []
+    found = []
+    for scope, assigns in script.assigns.items():
+        for assign in assigns:
+            holder = ref_of(assign.targets[0].target) if len(assign.targets) == 1 else None
+            if holder and isinstance(assign.value, cst.Call) and script.class_called(assign.value) is cls:
+                found.append((f"{holder}.{loader.name[5:]}", scope))
+    return found
 
 
 def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
@@ -1030,13 +1066,15 @@ def _chained(script: Script, call: cst.Call) -> cst.Call:
 
 
 def mentions(node: cst.CSTNode, ref: str) -> bool:
-    """Does `node` use the variable or `self.` attribute `ref`? (`self.loader` and `x.loader`
-    do not use the variable `loader`.)"""
+    """Does `node` use the variable or `self.` attribute `ref` (or a longer chain, the loader a
+    held object keeps: `self.data.train_loader`)? (`self.loader` and `x.loader` do not use the
+    variable `loader`.)"""
     attributes = set()  # the `.attr` names of attributes: no variable
+    deep = ref.count(".") > 1
     for n in iter_nodes(node):
         if isinstance(n, cst.Attribute):
             attributes.add(n.attr)
-            if ref_of(n) == ref:
+            if ref_of(n) == ref or deep and dotted_name(n) == ref:
                 return True
         elif isinstance(n, cst.Name) and n.value == ref and n not in attributes:
             return True

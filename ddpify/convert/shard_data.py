@@ -269,9 +269,12 @@ def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:
 
 def _sampler_in(ctx: Context, scope, loader: Loader, sampler: str, loader_expr: str) -> str:
     """The sampler as `scope` can name it: its own name where visible (a global of the same
-    module), else `<loader>.sampler`."""
-    module_global = isinstance(loader.scope, cst.Module) and ctx.script.root_of(scope) is loader.scope
-    visible = scope is loader.scope or sampler.startswith("self.") or module_global
+    module, or an attribute of the same class's object), else `<loader>.sampler`
+    (`self.data.train_loader.sampler` where another class's object holds the loader)."""
+    script = ctx.script
+    module_global = isinstance(loader.scope, cst.Module) and script.root_of(scope) is loader.scope
+    same_object = sampler.startswith("self.") and script.class_of(scope) is script.class_of(loader.scope)
+    visible = scope is loader.scope or same_object or module_global
     return sampler if visible else f"{loader_expr}.sampler"
 
 
