@@ -371,7 +371,8 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
         left_out = copy_project(project, output, {path: c.code for path, (c, _, _) in changed.items()})
         targets = {path: str(output / path.relative_to(project.root)) for path in changed}
         if left_out:
-            typer.echo(f"Not copied into {output} (data, caches, environments): {', '.join(map(str, left_out))}")
+            shown_out = [f"{p} (all but its Python modules)" if (output / p).is_dir() else str(p) for p in left_out]
+            typer.echo(f"Not copied into {output} (data, caches, environments): {', '.join(shown_out)}")
         for path, where, line in reads_left_out(project, left_out):
             typer.echo(f"  {_shown(where, src, entry)}:{line} reads {path}/ relative to where it runs: copy or link it into {output}")
     _write_all(launch_files)

@@ -136,19 +136,30 @@ def _packages(project: Project) -> frozenset[str]:
 def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> list[Path]:
     """A runnable copy of the project's root in `out`: converted files written with their new
     code, every other file byte for byte, except data folders, caches, environments and large
-    files. Returns what was left out (relative to the root)."""
+    files. A data-named folder that holds modules of the project (a `datasets/` package) keeps
+    its Python files and leaves out the rest. Returns what was left out (relative to the root;
+    such a folder is listed too)."""
     left_out: list[Path] = []
+    code_folders = {path.resolve().parent for path in project.files}
+    modules_only: list[Path] = []  # data-named folders whose Python files are copied
     for folder, dirs, files in os.walk(project.root):
         here = Path(folder)
         for name in list(dirs):
-            if name in SKIP_DIRS or (here / name).resolve() == out.resolve():
+            sub = (here / name).resolve()
+            if sub == out.resolve() or name in SKIP_DIRS:
                 left_out.append((here / name).relative_to(project.root))
+                if sub != out.resolve() and any(sub == c or sub in c.parents for c in code_folders):
+                    modules_only.append(sub)
+                    continue
                 dirs.remove(name)
+        within = any(here.resolve() == m or m in here.resolve().parents for m in modules_only)
         for name in files:
             path = (here / name).resolve()
             target = out / path.relative_to(project.root)
             if path in converted:
                 write_atomic(target, converted[path].encode("utf-8"), make_parents=True)
+            elif within and path.suffix != ".py":
+                continue
             elif path.stat().st_size > LARGE:
                 left_out.append(path.relative_to(project.root))
             else:

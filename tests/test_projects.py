@@ -130,6 +130,19 @@ def test_project_output_modes(tmp_path):
         assert (project / file).read_text() == (out / file).read_text()
 
 
+def test_a_data_named_package_keeps_its_modules_in_the_copy(tmp_path):
+    """`datasets/` holding modules the project imports: -o DIR/ copies its Python files (the
+    converted one converted) and leaves its other files out, and says so."""
+    out = tmp_path / "converted"
+    case = ROOT / "fixtures" / "unseen" / "data_named_package"
+    copy = ddpify("convert", str(case / "train.py"), "-o", f"{out}/", cwd=tmp_path)
+    assert copy.returncode == 0, copy.stderr
+    assert "Not copied into" in copy.stdout and "datasets (all but its Python modules)" in copy.stdout, copy.stdout
+    assert (out / "datasets" / "__init__.py").is_file()
+    assert "DistributedSampler" in (out / "datasets" / "toy.py").read_text()
+    assert not (out / "datasets" / "NOTES.txt").exists()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Each converted project under torchrun, shuffled and without shuffling, each original as one
