@@ -1094,6 +1094,30 @@ def test_state_dicts_loaded_into_a_data_parallel_model_lose_the_prefix():
         assert convert_source(result.code, "train_ddp.py").code == result.code
 
 
+def test_an_else_that_only_wrapped_in_data_parallel_goes():
+    """`if cuda: net = DataParallel(net).cuda()` / `else: net = DataParallel(net)`: the `if` keeps
+    its move to the device, the `else` goes whole (no `else: pass`)."""
+    source = textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader
+        net = torch.nn.Linear(2, 1)
+        if torch.cuda.is_available():
+            net = torch.nn.DataParallel(net).cuda()
+        else:
+            net = torch.nn.DataParallel(net)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        loader = DataLoader(torch.randn(8, 2), batch_size=2, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                net(x).sum().backward()
+                optimizer.step()
+    """)
+    result = convert_source(source, "train.py")
+    assert "if torch.cuda.is_available():\n    net = net.to(device)\noptimizer" in result.code, result.code
+    assert "else:\n    net" not in result.code and "pass" not in result.code, result.code
+    assert convert_source(result.code, "train_ddp.py").code == result.code
+
+
 def test_a_trainer_that_wrapped_in_data_parallel_loads_without_the_prefix():
     result = convert(
         """

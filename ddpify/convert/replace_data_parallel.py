@@ -65,6 +65,9 @@ def _unwrap(ctx: Context, call: cst.Call) -> None:
         owner = script.parent(block)
         if isinstance(owner, cst.If) and owner.orelse is None and all(_wraps_itself(script, s) for s in block.body):
             edits.remove(owner)
+        elif isinstance(owner, cst.Else) and all(_wraps_itself(script, s) for s in block.body):
+            # `else: model = nn.DataParallel(model)`: the `else` goes, not left as `else: pass`
+            edits.rewrite(script.parent(owner), lambda updated: updated.with_changes(orelse=None))
         else:
             edits.remove(line)
     else:
