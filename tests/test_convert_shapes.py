@@ -1094,6 +1094,45 @@ def test_state_dicts_loaded_into_a_data_parallel_model_lose_the_prefix():
         assert convert_source(result.code, "train_ddp.py").code == result.code
 
 
+def test_a_parameter_named_alike_in_a_writer_and_a_reader_is_not_one_file():
+    """`save_json(obj, path)` writes and `load_json(path)` reads a `path` each caller chooses:
+    not the same file, so no barrier goes into the reader, and the writer is not one of data read
+    back (once per node); a file the script names itself, written on rank 0 and read back, still
+    waits for rank 0."""
+    source = textwrap.dedent("""
+        import json
+        import torch
+        from torch.utils.data import DataLoader
+
+        def save_json(obj, path):
+            with open(path, "w") as f:
+                json.dump(obj, f)
+
+        def load_json(path):
+            with open(path) as f:
+                return json.load(f)
+
+        settings = load_json("defaults.json")
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=settings["lr"])
+        loader = DataLoader(torch.randn(8, 2), batch_size=2, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+            save_json({"epoch": epoch}, "progress.json")
+        torch.save(model.state_dict(), "last.pt")
+        model.load_state_dict(torch.load("last.pt"))
+    """)
+    result = convert_source(source, "train.py")
+    reader = result.code[result.code.index("def load_json"):result.code.index("settings =")]
+    assert "barrier" not in reader, result.code
+    assert result.code.count("dist.barrier()  # rank 0 has written this file") == 1, result.code
+    assert "dist.barrier()  # rank 0 has written this file\nmodel.module.load_state_dict(" in result.code, result.code
+    # nor is a file the script writes per epoch data that it reads back: rank 0 of the job writes it
+    assert 'def save_json(obj, path):\n    if dist.get_rank() == 0:' in result.code, result.code
+
+
 def test_an_else_that_only_wrapped_in_data_parallel_goes():
     """`if cuda: net = DataParallel(net).cuda()` / `else: net = DataParallel(net)`: the `if` keeps
     its move to the device, the `else` goes whole (no `else: pass`)."""

@@ -869,6 +869,10 @@ class FileIndex:
                     return True
         return False
 
+    def own_names(self, func: Func) -> set[str]:
+        """The names a function binds itself: its parameters and the locals it assigns."""
+        return set(self.param_names(func)) | self._assigned_in(func)
+
     def _assigned_in(self, func: Func) -> set[str]:
         """The plain names a function assigns (its locals, unless declared `global`)."""
         if self._locals_of is None:

@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
-from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name
+from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name, names_in
 from ddpify.analysis.literals import is_false, kwarg, positional, string_value
 from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis, mentions_rank, rank_analysis
 
@@ -68,6 +68,15 @@ def prepares_data(index: FileIndex, ci: CallInfo) -> bool:
     return False
 
 
+def file_key(index: FileIndex, path: cst.BaseExpression, call: cst.Call, code: Optional[str] = None) -> tuple:
+    """The file a path names, as far as the code tells: its code (or `code`), and the function
+    it is used in when it reads that function's own names: `path` in `save_json(obj, path)` and
+    in `load_json(path)` are each caller's file, not one file."""
+    scope = index.scope_of(call)
+    own = index.own_names(scope) - {"self"} if isinstance(scope, cst.FunctionDef) else set()
+    return (index.code(path) if code is None else code, scope if names_in(path) & own else None)
+
+
 def written_and_read_back(index: FileIndex, ci: CallInfo) -> bool:
     """`open(path, "w")` when the file also opens `path` to read it, or torch.loads it."""
     if not (ci.qnames & N.OPEN and _mode(ci.node).startswith(("w", "a", "x"))):
@@ -75,10 +84,10 @@ def written_and_read_back(index: FileIndex, ci: CallInfo) -> bool:
     path = positional(ci.node)[0].value if positional(ci.node) else None
     if path is None:
         return False
-    code = index.code(path)
+    key = file_key(index, path, ci.node)
     for other in index.calls:
         args = positional(other.node)
-        if other is ci or not args or index.code(args[0].value) != code:
+        if other is ci or not args or file_key(index, args[0].value, other.node) != key:
             continue
         if other.qnames & N.TORCH_LOAD or (other.qnames & N.OPEN and not _mode(other.node).startswith(("w", "a", "x"))):
             return True

@@ -15,6 +15,7 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.multinode import file_key
 from ddpify.convert.context import Context
 from ddpify.analysis.script import ref_of
 from ddpify.convert.per_process import PerProcess, before_setup, shared_temp_dirs
@@ -31,8 +32,8 @@ BROADCAST_OBJECTS = N.BROADCAST_OBJECTS
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
-    written: dict[str, cst.Call] = {}  # path (as code) -> the first call that writes it
-    reads: list[tuple[str, cst.Call]] = []
+    written: dict[tuple, cst.Call] = {}  # the path (_key) -> the first call that writes it
+    reads: list[tuple[tuple, cst.Call]] = []
     handles = _file_handles(script)
     shared = shared_temp_dirs(ctx)
     own = PerProcess(script, shared)  # every process writes (and reads back) its own file: no waiting
@@ -41,15 +42,15 @@ def run(ctx: Context) -> None:
         saves = script.is_call_to(call, N.TORCH_SAVE)
         if saves and len(args) > 1:
             if not _is_handle(args[1].value, handles) and not own.path(args[1].value):
-                written.setdefault(_code(ctx, args[1].value), call)
+                written.setdefault(_key(ctx, args[1].value, call), call)
         elif script.is_call_to(call, N.OPEN) and args:
             if _mode(call).startswith(("w", "a", "x")):
                 if not own.path(args[0].value):
-                    written.setdefault(_code(ctx, args[0].value), call)
+                    written.setdefault(_key(ctx, args[0].value, call), call)
             else:
-                reads.append((_code(ctx, args[0].value), call))
+                reads.append((_key(ctx, args[0].value, call), call))
         elif script.is_call_to(call, N.TORCH_LOAD) and args and not _is_handle(args[0].value, handles):
-            reads.append((_code(ctx, args[0].value), call))
+            reads.append((_key(ctx, args[0].value, call), call))
     waited = set()  # statements that read after a barrier
     for path, call in reads:
         first_write = written.get(path)
@@ -112,6 +113,10 @@ def _file_handles(script) -> set[str]:
 def _is_handle(node: cst.CSTNode, handles: set[str]) -> bool:
     """`f` of `with open(path) as f`: the `open` call names the file, not this."""
     return isinstance(node, cst.Name) and node.value in handles
+
+
+def _key(ctx: Context, path: cst.CSTNode, call: cst.Call) -> tuple:
+    return file_key(ctx.script.index, path, call, _code(ctx, path))
 
 
 def _code(ctx: Context, node: cst.CSTNode) -> str:
