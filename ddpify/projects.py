@@ -136,8 +136,8 @@ def _packages(project: Project) -> frozenset[str]:
 def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> list[Path]:
     """A runnable copy of the project's root in `out`: converted files written with their new
     code, every other file byte for byte, except data folders, caches, environments and large
-    files. A data-named folder that holds modules of the project (a `datasets/` package) keeps
-    its Python files and leaves out the rest. Returns what was left out (relative to the root;
+    files. A data-named folder that is a package or holds modules of the project (`datasets/`)
+    keeps its Python files and leaves out the rest. Returns what was left out (relative to the root;
     such a folder is listed too)."""
     left_out: list[Path] = []
     code_folders = {path.resolve().parent for path in project.files}
@@ -148,7 +148,8 @@ def copy_project(project: Project, out: Path, converted: dict[Path, str]) -> lis
             sub = (here / name).resolve()
             if sub == out.resolve() or name in SKIP_DIRS:
                 left_out.append((here / name).relative_to(project.root))
-                if sub != out.resolve() and any(sub == c or sub in c.parents for c in code_folders):
+                package = (sub / "__init__.py").is_file()  # imported through a sys.path the code sets, maybe
+                if sub != out.resolve() and (package or any(sub == c or sub in c.parents for c in code_folders)):
                     modules_only.append(sub)
                     continue
                 dirs.remove(name)

@@ -408,7 +408,7 @@ class Script:
         any (a loss module's `if self.use_gpu:` follows the `args.cuda` the entry hands it).
         Without the flag the script trains on the CPU, so this process's device must be the CPU
         then too (NCCL cannot reduce CPU tensors)."""
-        moves = [c for c in self.calls if N.call_name(c) == "cuda" or any(N.is_cuda_string(a.value) for a in c.args)]
+        moves = [c for c in self.calls if N.call_name(c) == "cuda" or _names_cuda_device(c)]
         own = [c for c in moves if self.root_of(c) is self.module]
         gates = set()
         for call in own or moves:  # the entry's own moves decide: another module's follow what it is handed
@@ -550,6 +550,14 @@ class _CallCollector(cst.CSTVisitor):
             self.script.has_dataloader = True
         if names & N.DATA_PARALLEL and not isinstance(self.script.parent(node), (cst.Attribute, cst.ImportAlias)):
             self.script.data_parallel.append(node)
+
+
+def _names_cuda_device(call: cst.Call) -> bool:
+    """`x.to("cuda")`, `torch.zeros(3, device="cuda:0")`: a "cuda" string given as a device (not
+    `parser.add_argument("--cuda", dest="cuda")` or `choices=["cpu", "cuda"]`)."""
+    if N.call_name(call) == "add_argument":
+        return False
+    return any(N.is_cuda_string(a.value) and (a.keyword is None or a.keyword.value in ("device", "map_location")) for a in call.args)
 
 
 def run_by_entry(script: Script, node: cst.CSTNode) -> bool:

@@ -459,7 +459,7 @@ def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:
     return body[-1]
 
 
-def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
+def _does_work(script: Script, stmt: cst.CSTNode, seen: frozenset = frozenset()) -> bool:
     if script.optimizer_stmt is stmt:
         return True
     small = N.sole_statement(stmt)
@@ -471,12 +471,20 @@ def _does_work(script: Script, stmt: cst.CSTNode) -> bool:
             N.call_name(call) in {"cuda", "to"}
             or qualified & (N.DATALOADER | N.TORCH_DEVICE | N.PRINT | N.TORCH_SAVE)
             or any(q.startswith(N.CUDA_PREFIX) for q in qualified) and not qualified & N.CUDA_QUESTIONS
-            or script.local_function(call) is not None
+            or (fn := script.local_function(call)) is not None and not _parses_options(script, fn, seen)
             or N.keyword(call, "download") is not None
         ):
             return True
     assign = N.sole_assign(stmt)
     return assign is not None and N.is_name(assign.targets[0].target, script.model_name)
+
+
+def _parses_options(script: Script, fn: cst.FunctionDef, seen: frozenset) -> bool:
+    """`args = parse_args()`: a function of the script that parses the command line and does no
+    other work, so the setup may follow it and read the options (a GPU flag)."""
+    if fn in seen or not any(N.call_name(c) in ("parse_args", "parse_known_args") for c in script.calls_in(fn)):
+        return False
+    return not any(_does_work(script, stmt, seen | {fn}) for stmt in fn.body.body)
 
 
 def _opening(code: str, first: bool) -> str:
