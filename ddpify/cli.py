@@ -411,7 +411,9 @@ def _summary(
     if not launch:
         typer.echo("\n".join(lines), err=err)
         return
-    if global_batch:
+    if not result.per_process_batches:
+        pass  # every process trains on all of the data, or on what the TODOs leave to the user
+    elif global_batch:
         lines.append("The script's batch size is the global batch: each process takes batch_size / processes.")
     else:
         lines += [

@@ -53,3 +53,7 @@ class ConvertResult:
     already_distributed: bool = False
     planned: list[tuple[str, int, str]] = field(default_factory=list)  # shortcut off: (pass, line, edit) of every code change
     pending: list[tuple[str, int, str]] = field(default_factory=list)  # already distributed: what was left undone
+    # each process now trains on batches of its own (a sampler or a slice was added somewhere in
+    # the program), so the global batch is the script's batch x processes; False for full-batch
+    # training replicated on every rank, or data the conversion could not shard
+    per_process_batches: bool = False

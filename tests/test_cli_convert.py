@@ -204,6 +204,22 @@ def test_unknown_encoding(tmp_path: Path) -> None:
     _one_line_error(ddpify("convert", str(odd)), f"{odd}:1: unknown encoding")
 
 
+def test_full_batch_training_gets_no_per_process_batch_advice(tmp_path: Path) -> None:
+    """Every process trains on all of the data (full-batch, replicated): the summary says so and
+    does not claim a global batch of batch_size x processes."""
+    src = tmp_path / "graph.py"
+    src.write_text(
+        "import torch\nfeatures = torch.randn(20, 4)\nlabels = torch.randint(0, 2, (20,))\n"
+        "model = torch.nn.Linear(4, 2)\nopt = torch.optim.Adam(model.parameters(), lr=0.01)\n"
+        "for epoch in range(3):\n    opt.zero_grad()\n"
+        "    torch.nn.functional.cross_entropy(model(features), labels).backward()\n    opt.step()\n"
+    )
+    result = ddpify("convert", str(src), "-o", str(tmp_path / "graph_ddp.py"))
+    assert result.returncode == 0, result.stderr
+    assert "full-batch training" in result.stdout, result.stdout
+    assert "global batch" not in result.stdout and "learning rate" not in result.stdout, result.stdout
+
+
 def test_latin1_script_keeps_its_encoding(tmp_path: Path) -> None:
     src = tmp_path / "latin.py"
     text = "# -*- coding: latin-1 -*-\n# Modèle à entraîner\n" + FLAT.read_text()

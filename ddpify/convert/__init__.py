@@ -144,6 +144,7 @@ def convert_module(
         notes=sorted(dict.fromkeys(dead + edits.notes), key=lambda n: n.line),
         # the edits' own list, where a test asks for it (its end lines cost a code generation)
         planned=[] if shortcut else edits.planned,
+        per_process_batches=_shards(edits),
     )
 
 
@@ -180,6 +181,7 @@ def convert_modules(
             sorted(dict.fromkeys(edits.changes_where(mine)), key=lambda n: n.line),
             sorted(dict.fromkeys(edits.todos_where(mine)), key=lambda n: n.line),
             notes=sorted(dict.fromkeys(edits.notes_where(mine)), key=lambda n: n.line),
+            per_process_batches=_shards(edits),
         )
     return results
 
@@ -234,6 +236,14 @@ def _plan(wrapper: MetadataWrapper, options: ConvertOptions, script: Script, dri
         edits.current_pass = convert_pass.__name__.rsplit(".", 1)[-1]
         convert_pass.run(ctx)
     return script, edits
+
+
+SHARDING_PASSES = frozenset({"shard_data", "shard_hand_batches", "shard_split_loaders", "shard_subset_samplers"})
+
+
+def _shards(edits: Edits) -> bool:
+    """Did a pass give the processes batches of their own (a sampler, a slice per rank)?"""
+    return any(name in SHARDING_PASSES for name, _node, _end, _what in edits._planned)
 
 
 # Modules the code the passes write reads without asking for them (`torch.device(...)`,
