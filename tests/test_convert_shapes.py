@@ -1133,6 +1133,35 @@ def test_a_parameter_named_alike_in_a_writer_and_a_reader_is_not_one_file():
     assert 'def save_json(obj, path):\n    if dist.get_rank() == 0:' in result.code, result.code
 
 
+def test_an_error_report_before_the_process_gives_up_stays_on_every_rank():
+    """`print("loss diverged"); sys.exit(1)` (or `raise`): the rank that fails says why, whichever
+    it is, as `ddpify check` expects; an ordinary print still goes to rank 0."""
+    source = textwrap.dedent("""
+        import sys
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(torch.randn(8, 2), batch_size=2, shuffle=True)
+        for epoch in range(2):
+            for x in loader:
+                loss = model(x).sum()
+                if not torch.isfinite(loss):
+                    print("loss diverged, stopping")
+                    sys.exit(1)
+                if loss.item() > 1e6:
+                    print("loss exploded")
+                    raise RuntimeError("exploded")
+                loss.backward()
+                opt.step()
+            print("epoch", epoch)
+    """)
+    code = convert_source(source, "train.py").code
+    assert '        if not torch.isfinite(loss):\n            print("loss diverged, stopping")' in code, code
+    assert '        if loss.item() > 1e6:\n            print("loss exploded")' in code, code
+    assert '    if dist.get_rank() == 0:\n        print("epoch", epoch)' in code, code
+
+
 def test_an_else_that_only_wrapped_in_data_parallel_goes():
     """`if cuda: net = DataParallel(net).cuda()` / `else: net = DataParallel(net)`: the `if` keeps
     its move to the device, the `else` goes whole (no `else: pass`)."""

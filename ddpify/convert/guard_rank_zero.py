@@ -53,6 +53,8 @@ def run(ctx: Context) -> None:
             continue  # no side effect to guard (the cheap tests first: most calls stop here), or a collective save
         if script.scope_of(call) in eval_helpers or D.guarded_by_rank(script, call):
             continue  # runs on rank 0 only already
+        if script.is_call_to(call, N.PRINT) and side_effects.before_exit(script.ancestors(call)):
+            continue  # an error report right before the process gives up: each failing rank says why
         if own.in_pipeline(call):
             continue  # a Dataset method, collate_fn or worker_init_fn: runs per sample on every rank
         if own.prepares_data(call) and (writes or script.is_call_to(call, N.TORCH_SAVE)):

@@ -1,4 +1,4 @@
-from ddpify.check.context import last_name
+from ddpify.analysis.side_effects import before_exit
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
 
@@ -57,33 +57,10 @@ class PrintOnEveryRank(Rule):
         for ci in ctx.calls_to("builtins.print"):
             if _to_own_file(ci.node) or any(a.keyword is not None and a.keyword.value == "force" for a in ci.node.args):
                 continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's); `force=True`: on purpose
-            if _before_exit(ctx, ci.node):
+            if before_exit(ctx.ancestors(ci.node)):
                 continue  # an error message right before the process gives up: each failing rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
-
-
-_EXITS = ("exit", "_exit", "abort", "quit")
-
-
-def _before_exit(ctx, call) -> bool:
-    """The print is in a block that ends by leaving the program (`exit(1)`, `sys.exit(...)`,
-    `raise ...`): an error report, like the warnings and errors DDP303 leaves alone."""
-    import libcst as cst
-
-    for block in ctx.ancestors(call):
-        if isinstance(block, cst.IndentedBlock):
-            break
-    else:
-        return False
-    last = block.body[-1] if block.body else None
-    if isinstance(last, cst.SimpleStatementLine) and last.body:
-        last = last.body[-1]
-        if isinstance(last, cst.Raise):
-            return True
-        if isinstance(last, cst.Expr) and isinstance(last.value, cst.Call):
-            return (last_name(last.value.func) or "") in _EXITS
-    return False
 
 
 def _to_own_file(call) -> bool:
