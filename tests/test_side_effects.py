@@ -62,3 +62,20 @@ def test_a_read_stays_on_every_rank():
     source = textwrap.dedent(PRELUDE) + "    img = __import__('PIL').Image.open('a.png')\n"
     result = convert_source("from PIL import Image\n" + source, "train.py")
     assert "Image.open" in result.code and "get_rank() == 0:\n        img" not in result.code
+
+
+@pytest.mark.parametrize(
+    "client",
+    ["from visdom import Visdom\nboard = Visdom()", "import comet_ml\nboard = comet_ml.Experiment()",
+     "import aim\nboard = aim.Run()", "import neptune\nboard = neptune.init_run()"],
+)  # fmt: skip
+def test_a_tracker_client_is_made_and_used_on_rank_zero(client):
+    """A tracking service's client object (`viz = Visdom()`, then `viz.line(...)`): made on rank
+    0 only, as a SummaryWriter is, and every statement that reads it runs there."""
+    imports, made = client.split("\n")
+    source = textwrap.dedent(PRELUDE).replace("import torch\n", f"import torch\n{imports}\n{made}\n", 1)
+    source += "    board.log_metric('epoch', epoch)\n"
+    code = convert_source(source, "train.py").code
+    made_on_rank0 = (f"{made} if dist.get_rank() == 0 else None", f'{made} if int(os.environ.get("RANK", 0)) == 0 else None')
+    assert any(line in code for line in made_on_rank0), code  # (made before the group: the RANK torchrun sets)
+    assert "    if dist.get_rank() == 0:\n        board.log_metric('epoch', epoch)" in code, code

@@ -123,6 +123,10 @@ SIDE_EFFECTS = frozenset(
     }
 )
 SUMMARY_WRITERS = spelled({"torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"})
+# Clients of tracking services whose methods log (`viz = Visdom()`, then `viz.line(...)`): made,
+# and used, on rank 0 only, like a SummaryWriter.
+TRACKER_CLIENTS = spelled({"visdom.Visdom", "comet_ml.Experiment", "aim.Run", "clearml.Task.init", "neptune.init",
+                           "neptune.init_run", "tensorboard_logger.Logger"})  # fmt: skip
 MAKEDIRS = frozenset({"os.makedirs"})
 MKDIR = frozenset({"os.mkdir"})
 RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at random

@@ -20,7 +20,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import ScopeNode, Script, kept_by_objects, param_receiving, ref_of
 
 # Made on rank 0 only by a conversion (their calls and values are output of one process).
-RANK0_WRITERS = N.SUMMARY_WRITERS | frozenset({"wandb.init"})
+RANK0_WRITERS = N.SUMMARY_WRITERS | N.TRACKER_CLIENTS | frozenset({"wandb.init"})
 
 
 @dataclass(frozen=True)
