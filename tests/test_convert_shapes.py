@@ -181,7 +181,7 @@ def test_full_batch_training_stays_replicated_and_says_so():
         """
     )
     assert result.todos == []
-    assert any(n.message.startswith("full-batch training: every process takes the same step") for n in result.changes)
+    assert any(n.message.startswith("full-batch training: every process takes the same step") for n in result.notes)
     assert "rows_per_rank" not in result.code and "manual_seed" not in result.code
 
 

@@ -242,8 +242,9 @@ SHARDING_PASSES = frozenset({"shard_data", "shard_hand_batches", "shard_split_lo
 
 
 def _shards(edits: Edits) -> bool:
-    """Did a pass give the processes batches of their own (a sampler, a slice per rank)?"""
-    return any(name in SHARDING_PASSES for name, _node, _end, _what in edits._planned)
+    """Did a pass give the processes batches of their own (a sampler, a slice per rank)? (A TODO
+    or a note about data left as it is does not.)"""
+    return bool(edits.changed_by & SHARDING_PASSES)
 
 
 # Modules the code the passes write reads without asking for them (`torch.device(...)`,

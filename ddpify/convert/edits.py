@@ -43,6 +43,7 @@ class Edits:
         # Every edit that changes the code, as (pass, line, what): converting a converted script
         # must plan none (engine._verify), and names the pass and line when one does.
         self.current_pass = ""
+        self.changed_by: set[str] = set()  # the passes that said they changed something
         self.line_of: Callable[[cst.CSTNode], int] = lambda node: 0
         self.end_line_of: Callable[[cst.CSTNode], int] = lambda node: 0
         self._planned: list[tuple[str, cst.CSTNode, bool, str]] = []
@@ -151,6 +152,7 @@ class Edits:
     def change(self, where: cst.CSTNode | int, message: str) -> None:
         """A summary note about the code at `where` (a node of the script, or a line)."""
         self._changes.append((where, message))
+        self.changed_by.add(self.current_pass)
 
     def note(self, where: cst.CSTNode | int, message: str) -> None:
         """A summary note of advice about the code at `where`, which no edit changes."""

@@ -70,7 +70,7 @@ def run(ctx: Context) -> None:
             return
     stmt = loop or script.statement_line(backward)
     if _full_batch(ctx, loop, scope):
-        ctx.edits.change(stmt, FULL_BATCH)
+        ctx.edits.note(stmt, FULL_BATCH)  # nothing changes: a note
         return
     ctx.edits.todo(stmt, stmt, TODO)
 
