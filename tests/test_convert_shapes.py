@@ -1133,6 +1133,49 @@ def test_a_parameter_named_alike_in_a_writer_and_a_reader_is_not_one_file():
     assert 'def save_json(obj, path):\n    if dist.get_rank() == 0:' in result.code, result.code
 
 
+def test_a_path_carried_by_an_object_is_one_file_but_a_cached_read_gets_no_barrier():
+    """`cfg.best` saved in `fit(cfg)` and loaded in `check(cfg)`: one file (the object carries
+    it), so the load waits for rank 0; a read under `if os.path.exists(cfg.vocab):` (a cache
+    either built or read) gets no barrier: ranks may take either branch."""
+    source = textwrap.dedent("""
+        import os
+        import pickle
+        import types
+        import torch
+        from torch.utils.data import DataLoader
+
+        def build(cfg):
+            words = {"a": 0}
+            pickle.dump(words, open(cfg.vocab, "wb"))
+            return words
+
+        def vocabulary(cfg):
+            if os.path.exists(cfg.vocab):
+                return pickle.load(open(cfg.vocab, "rb"))
+            return build(cfg)
+
+        def fit(cfg, model, loader):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                for x in loader:
+                    model(x).sum().backward()
+                    opt.step()
+                torch.save(model.state_dict(), cfg.best)
+
+        def check(cfg, model):
+            model.load_state_dict(torch.load(cfg.best))
+
+        cfg = types.SimpleNamespace(best="best.pt", vocab="vocab.pkl")
+        words = vocabulary(cfg)
+        model = torch.nn.Linear(2, 1)
+        fit(cfg, model, DataLoader(torch.randn(8, 2), batch_size=2, shuffle=True))
+        check(cfg, model)
+    """)
+    code = convert_source(source, "train.py").code
+    assert "    dist.barrier()  # rank 0 has written this file\n    model.load_state_dict(" in code, code
+    assert code.count("# rank 0 has written this file") == 1, code
+
+
 def test_an_error_report_before_the_process_gives_up_stays_on_every_rank():
     """`print("loss diverged"); sys.exit(1)` (or `raise`): the rank that fails says why, whichever
     it is, as `ddpify check` expects; an ordinary print still goes to rank 0."""

@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
-from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name, names_in
+from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name
 from ddpify.analysis.literals import is_false, kwarg, positional, string_value
 from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis, mentions_rank, rank_analysis
 
@@ -70,11 +70,14 @@ def prepares_data(index: FileIndex, ci: CallInfo) -> bool:
 
 def file_key(index: FileIndex, path: cst.BaseExpression, call: cst.Call, code: Optional[str] = None) -> tuple:
     """The file a path names, as far as the code tells: its code (or `code`), and the function
-    it is used in when it reads that function's own names: `path` in `save_json(obj, path)` and
-    in `load_json(path)` are each caller's file, not one file."""
+    it is used in when it reads that function's own names as values: `path` in `save_json(obj,
+    path)` and in `load_json(path)` are each caller's file, not one file. (An attribute of an
+    object handed around, `config.save_path`, names the same file wherever it is read.)"""
     scope = index.scope_of(call)
     own = index.own_names(scope) - {"self"} if isinstance(scope, cst.FunctionDef) else set()
-    return (index.code(path) if code is None else code, scope if names_in(path) & own else None)
+    dotted = {id(part) for n in iter_nodes(path) if isinstance(n, cst.Attribute) for part in (n.value, n.attr)}
+    values = {n.value for n in iter_nodes(path) if isinstance(n, cst.Name) and id(n) not in dotted}
+    return (index.code(path) if code is None else code, scope if values & own else None)
 
 
 def written_and_read_back(index: FileIndex, ci: CallInfo) -> bool:

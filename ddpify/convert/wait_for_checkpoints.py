@@ -26,6 +26,7 @@ SHARE = (
     "dist.broadcast_object_list({d}_of_rank0)  # one folder for every rank: rank 0's (it writes, every rank reads)\n"
     "{d} = {d}_of_rank0[0]\n"
 )
+EXISTENCE_TESTS = frozenset({"exists", "isfile", "is_file"})  # os.path.exists(p), Path(p).is_file(), ...
 READ_BARRIER = "dist.barrier()  # every rank is done with rank 0's temporary folder before it goes\n"
 BROADCAST_OBJECTS = N.BROADCAST_OBJECTS
 
@@ -56,6 +57,8 @@ def run(ctx: Context) -> None:
         first_write = written.get(path)
         if first_write is None or not script.before(first_write, call) or script.index.exclusive(first_write, call):
             continue
+        if _under_existence_test(script, call):
+            continue  # `if os.path.exists(cache): load` / `else: build and write`: ranks may take either branch
         stmt = _statement(script, call)
         if stmt is None or stmt in waited:
             continue
@@ -67,6 +70,18 @@ def run(ctx: Context) -> None:
         edits.change(call, "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():
         _share_temp_dir(ctx, name, stmt)
+
+
+def _under_existence_test(script, call: cst.Call) -> bool:
+    """Is the read in a branch of an `if` that tests whether a file exists? Which branch a rank
+    takes depends on when it looks, so a barrier there could wait for ranks that never come."""
+    for node in script.ancestors(call):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(node, cst.If) and not script.inside(call, node.test):
+            if any(N.call_name(c) in EXISTENCE_TESTS for c in script.calls_in(node.test)):
+                return True
+    return False
 
 
 def _share_temp_dir(ctx: Context, name: str, stmt: cst.CSTNode) -> None:
