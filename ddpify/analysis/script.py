@@ -732,14 +732,14 @@ def _find_model(script: Script) -> None:
 
 def _picked_at_run_time(script: Script) -> cst.CSTNode | None:
     """A class or function looked up by a name known only at run time in the entry's own code
-    (`globals()[config.agent]`, `getattr(agents, args.agent)`, `vars(models)[name]`)."""
+    (`globals()[config.agent]`, `vars(models)[name]`, `getattr(agents, args.agent)(config)`)."""
     for node in iter_nodes(script.module):
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call):
             if any(N.is_name(node.value.func, f) for f in ("globals", "locals", "vars")):
                 return node
-        if isinstance(node, cst.Call) and N.is_name(node.func, "getattr") and len(node.args) >= 2:
-            if not isinstance(node.args[1].value, cst.SimpleString):
-                return node
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Call) and N.is_name(node.func.func, "getattr"):
+            if len(node.func.args) >= 2 and not isinstance(node.func.args[1].value, cst.SimpleString):
+                return node.func
     return None
 
 
