@@ -57,20 +57,20 @@ def _unwrapped_in_saved_containers(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     done: set[cst.CSTNode] = set()
     for call in script.calls:
-        args = N.positional(call)
-        if script.is_call_to(call, N.TORCH_SAVE):
-            saved = [args[0].value] if args else []
-        else:
-            saved = [arg.value for arg in call.args if not arg.star and script.summaries.saves(call, arg)]
         scope = script.scope_of(call)
-        for value in saved:
-            for item in _items(script, value, scope, call):
-                owner = ref_of(item)
-                if item in done or owner not in script.ddp_names.get(scope, ()) or not (plain := ctx.plain(call, owner)):
-                    continue
-                done.add(item)
-                edits.replace(item, edits.expression(plain))
-                edits.change(item, f"the checkpoint holds `{plain}`, not the DDP wrapper")
+        wrapped = script.ddp_names.get(scope, ())
+        saves = script.is_call_to(call, N.TORCH_SAVE)
+        for index, arg in enumerate(call.args):
+            if arg.star or saves and (index > 0 or arg.keyword is not None):
+                continue
+            items = [i for i in _items(script, arg.value, scope, call) if ref_of(i) in wrapped and i not in done]
+            if not items or not (saves or script.summaries.saves(call, arg)):
+                continue  # (the containers first: asking what a callee saves costs more)
+            for item in items:
+                if plain := ctx.plain(call, ref_of(item)):
+                    done.add(item)
+                    edits.replace(item, edits.expression(plain))
+                    edits.change(item, f"the checkpoint holds `{plain}`, not the DDP wrapper")
 
 
 def _items(script, value: cst.BaseExpression, scope, call: cst.Call) -> list[cst.BaseExpression]:
