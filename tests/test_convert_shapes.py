@@ -1638,20 +1638,20 @@ HELPER_LOADERS = """
     """
 
 
-def test_downloads_inside_loaders_of_a_helper_module_wait_where_a_group_exists(tmp_path):
-    """`DataLoader(MNIST(root, train=True, download=True), ...)` twice in a helper module that the
-    program calls once its group exists: one pair of barriers around both fetches, each under
-    `dist.is_initialized()` (another script may call the helper as one process); the training set
-    is hoisted out of its loader for its sampler, and converting again changes nothing."""
+def _helper_module_data(tmp_path, loaders_first: bool) -> str:
+    """data.py (HELPER_LOADERS) as converted with a train.py that calls `loaders(8)` below the
+    device line (the group exists by then), or above it (`loaders_first`)."""
     from ddpify.projects import convert_project
 
+    lines = ['device = torch.device("cuda" if torch.cuda.is_available() else "cpu")', "train_loader, test_loader = loaders(8)"]
+    first, second = reversed(lines) if loaders_first else lines
     entry = _project(tmp_path, {
         "data.py": HELPER_LOADERS,
-        "train.py": """
+        "train.py": f"""
             import torch
             from data import loaders
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            train_loader, test_loader = loaders(8)
+            {first}
+            {second}
             model = torch.nn.Linear(784, 10).to(device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             for epoch in range(2):
@@ -1661,7 +1661,15 @@ def test_downloads_inside_loaders_of_a_helper_module_wait_where_a_group_exists(t
             """,
     })  # fmt: skip
     result = convert_project(entry)
-    data = next(r.code for path, (r, _, _) in result.changed.items() if path.name == "data.py")
+    return next(r.code for path, (r, _, _) in result.changed.items() if path.name == "data.py")
+
+
+def test_downloads_inside_loaders_of_a_helper_module_wait_where_a_group_exists(tmp_path):
+    """`DataLoader(MNIST(root, train=True, download=True), ...)` twice in a helper module that the
+    program calls once its group exists: one pair of barriers around both fetches, each under
+    `dist.is_initialized()` (another script may call the helper as one process); the training set
+    is hoisted out of its loader for its sampler, and converting again changes nothing."""
+    data = _helper_module_data(tmp_path, loaders_first=False)
     assert "TODO" not in data, data
     assert data.count('if dist.is_initialized() and int(os.environ.get("LOCAL_RANK", 0)) != 0:\n        dist.barrier()') == 1, data
     assert data.count('if dist.is_initialized() and int(os.environ.get("LOCAL_RANK", 0)) == 0:\n        dist.barrier()') == 1, data
@@ -1672,25 +1680,7 @@ def test_downloads_inside_loaders_of_a_helper_module_wait_where_a_group_exists(t
 def test_downloads_in_a_helper_called_before_the_group_exists_get_a_todo(tmp_path):
     """The same helper called before the setup (`loaders(8)` above the device line): no group to
     wait in yet, so every rank downloads there, said by a TODO on each fetch."""
-    from ddpify.projects import convert_project
-
-    entry = _project(tmp_path, {
-        "data.py": HELPER_LOADERS,
-        "train.py": """
-            import torch
-            from data import loaders
-            train_loader, test_loader = loaders(8)
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            model = torch.nn.Linear(784, 10).to(device)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            for epoch in range(2):
-                for x, y in train_loader:
-                    torch.nn.functional.cross_entropy(model(x.view(-1, 784).to(device)), y.to(device)).backward()
-                    optimizer.step()
-            """,
-    })  # fmt: skip
-    result = convert_project(entry)
-    data = next(r.code for path, (r, _, _) in result.changed.items() if path.name == "data.py")
+    data = _helper_module_data(tmp_path, loaders_first=True)
     assert data.count("# TODO(ddpify): every rank downloads here") == 2, data
     assert "dist.barrier()" not in data, data
 
