@@ -97,6 +97,9 @@ def is_optimizer(qnames) -> bool:
         for q in qnames
     )
 CUDA_PREFIX = "torch.cuda."  # `torch.cuda.X`: the script names CUDA
+# Methods and functions that test whether a file or folder is there (`os.path.exists(p)`,
+# `Path(p).is_file()`): an `if` on one is a cache test, whose branch a rank takes by when it looks.
+EXISTENCE_TESTS = frozenset({"exists", "isfile", "is_file", "isdir", "is_dir"})
 # What asks about the GPUs without using one (`args.cuda = not args.no_cuda and
 # torch.cuda.is_available()`): the setup may follow it, and then read the flag it sets.
 CUDA_QUESTIONS = spelled({"torch.cuda.is_available", "torch.cuda.device_count"})

@@ -31,8 +31,6 @@ The local rank is the setup's `local_rank` where the fetch can see it, else torc
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from ddpify.analysis import distributed as D
@@ -49,7 +47,6 @@ AFTER = "if {group}{rank} == 0:\n    dist.barrier()  # downloaded{where}: let {o
 # since another script of the project may call the function as one process (its test.py).
 IN_A_GROUP = "dist.is_initialized() and "
 FETCHED = "dist.barrier()  # downloaded: every rank reads it\n"
-CACHE_TEST = re.compile(r"\b(exists|isfile|isdir|is_file|is_dir)\(")
 
 
 def run(ctx: Context) -> None:
@@ -175,6 +172,6 @@ def _by_keyword(script, stmt: cst.CSTNode) -> bool:
     """A fetch that every rank may run once its local rank 0 has (the others find the files):
     a `download=True` dataset, or a fetch under a test of the file's existence, whose other
     branch reads the file (`if not os.path.exists(path): download; write` / `else: read`)."""
-    if isinstance(stmt, cst.If) and CACHE_TEST.search(script.module.code_for_node(stmt.test)):
+    if isinstance(stmt, cst.If) and any(N.call_name(c) in N.EXISTENCE_TESTS for c in script.calls_in(stmt.test)):
         return True
     return any(N.keyword(c, "download") is not None for c in script.calls_in(stmt) if _fetches(script, c))

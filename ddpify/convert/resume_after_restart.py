@@ -33,7 +33,6 @@ RESUME = (
     "if {restarted} and os.path.exists({path}):\n"
     "    {target} = {value}\n"
 )
-EXISTS = frozenset({"exists", "isfile", "is_file", "isdir"})  # os.path.exists(p), Path(p).exists(), ...
 NO_RESUME = (
     "no resume path (loading model, optimizer and epoch before training): a worker torchrun "
     "restarts (--max-restarts) trains from the start; load the latest checkpoint before the "
@@ -130,7 +129,7 @@ def _resumes_when_saved(ctx: Context) -> bool:
     existence resumes training by itself, after a restart as after a crash."""
     script = ctx.script
     for gate in script.nodes_of(cst.If):
-        exists = any(N.call_name(c) in EXISTS for c in script.calls_in(gate.test))
+        exists = any(N.call_name(c) in N.EXISTENCE_TESTS for c in script.calls_in(gate.test))
         loads = any(script.is_call_to(c, N.TORCH_LOAD) for c in script.calls_in(gate.body))
         if exists and loads and _restores_training(ctx, gate.body):
             return True

@@ -26,7 +26,6 @@ SHARE = (
     "dist.broadcast_object_list({d}_of_rank0)  # one folder for every rank: rank 0's (it writes, every rank reads)\n"
     "{d} = {d}_of_rank0[0]\n"
 )
-EXISTENCE_TESTS = frozenset({"exists", "isfile", "is_file"})  # os.path.exists(p), Path(p).is_file(), ...
 READ_BARRIER = "dist.barrier()  # every rank is done with rank 0's temporary folder before it goes\n"
 BROADCAST_OBJECTS = N.BROADCAST_OBJECTS
 
@@ -79,7 +78,7 @@ def _under_existence_test(script, call: cst.Call) -> bool:
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             return False
         if isinstance(node, cst.If) and not script.inside(call, node.test):
-            if any(N.call_name(c) in EXISTENCE_TESTS for c in script.calls_in(node.test)):
+            if any(N.call_name(c) in N.EXISTENCE_TESTS for c in script.calls_in(node.test)):
                 return True
     return False
 
