@@ -184,11 +184,19 @@ def convert(
     sharded_checkpoints: bool = typer.Option(
         False, "--sharded-checkpoints", help="fsdp2: save torch.distributed.checkpoint folders (each rank its shard)."
     ),
+    run: bool = typer.Option(
+        False, "--run", help="Run the original briefly first and convert from what it did; then verify the result."
+    ),
+    steps: int = typer.Option(4, "--steps", min=1, metavar="K", help="--run: optimizer steps per epoch of each run."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1, metavar="SECONDS", help="--run: seconds each run may take."),
+    device: Device = typer.Option(Device.auto, "--device", help="--run: auto (GPUs with NCCL when there are enough) or cpu."),
+    python: Optional[str] = typer.Option(None, "--python", help="--run: the Python with torch that runs the scripts."),
 ) -> None:
     """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
 
     Without -o, --in-place or --diff the converted script goes to stdout. Arguments after `--`
-    go to the script in the launch commands: ddpify convert train.py -o out.py --launch slurm -- --epochs 10
+    go to the script in the launch commands: ddpify convert train.py -o out.py --launch slurm -- --epochs 10.
+    With --run they also go to the script in its runs: ddpify convert train.py -o out.py --run -- --epochs 1
     """
     output = Path(output_arg) if output_arg else None
     # `-o out/` is a folder (pathlib drops the slash), also when only the entry changes
@@ -206,15 +214,23 @@ def convert(
     options = ConvertOptions(sync_batchnorm=sync_batchnorm, global_batch=global_batch, eval_on_rank0=eval_on_rank0,
                              launcher=launcher.value, shared_fs=shared_fs, target=to.value, shard=shard,
                              sharded_checkpoints=sharded_checkpoints)  # fmt: skip
+    proof = None
+    if run:
+        if check:
+            _fail("--run proves a new conversion; --check compares one already written: use one of them", 2)
+        options, proof = _run_and_prove(src, options, steps, timeout, device, python)
     try:
         if folder or is_project(src):
-            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan, folder=folder)
+            _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check, plan=plan,
+                             folder=folder, proof=proof)  # fmt: skip
             return
         result, encoding = convert_file(src, options)
     except ConvertError as exc:
         location = f"{exc.path}:{exc.line}" if exc.line else exc.path
         _fail(f"{location}: {exc.message}")
         return
+    if proof is not None:
+        result.code = _proof_header(proof) + result.code
     launch_files = _launch_files(plan, src, output or (src if in_place else None))
     if check:
         expected = src.read_bytes() if result.already_distributed else result.code.encode(encoding)
@@ -247,7 +263,52 @@ def convert(
         _write(target, result.code.encode(encoding))
         _write_all(launch_files)
         _summary(src, target, result, global_batch, launcher, err=False, plan=plan)
+    _show_proof(proof, options, err=target is None)
     if strict and result.todos:
+        raise typer.Exit(1)
+
+
+def _run_and_prove(src: Path, options, steps: int, timeout: float, device: Device, python: Optional[str]):
+    """`--run`: run the original briefly as one process (exit 2 when it fails on its own, before
+    anything is written), convert from the facts of that run, and verify that conversion.
+    Returns the options with the facts, and the verification."""
+    from ddpify.verify.session import VerifyError, VerifyOptions, observe, verify as run_verify
+
+    verify_options = VerifyOptions(steps=steps, timeout=timeout, device=device.value, python=python or sys.executable,
+                                   args=list(_SCRIPT_ARGS))  # fmt: skip
+    try:
+        observation = observe(src, verify_options)
+    except VerifyError as exc:
+        _fail(str(exc), 2)
+    options = dataclasses.replace(options, run=observation.facts())
+    try:
+        proof = run_verify(src, None, dataclasses.replace(verify_options, convert_options=options), observation)
+    except VerifyError as exc:
+        observation.discard(verify_options)
+        _fail(str(exc), 2)
+    return options, proof
+
+
+def _proof_header(proof) -> str:
+    """The converted script's first line when it failed verification: what failed, and how to see it."""
+    if not proof.failures:
+        return ""
+    first = proof.failures[0]
+    return (f"# ddpify: this conversion FAILED verification: {first.number} {first.title}: {first.summary} "
+            "(`ddpify verify` on the original shows the runs)\n")  # fmt: skip
+
+
+def _show_proof(proof, options, err: bool) -> None:
+    """`--run`: the facts the run gave, verify's table, and exit 1 when an invariant failed."""
+    if proof is None:
+        return
+    from ddpify.verify import report
+
+    facts = options.run.summary()
+    typer.echo("\n".join(["Facts from the run:", *[f"  {line}" for line in facts], "", report.text(proof)]), err=err)
+    if proof.failures:
+        first = proof.failures[0]
+        typer.echo(f"error: the conversion failed verification: {first.number} {first.title}: {first.summary}", err=True)
         raise typer.Exit(1)
 
 
@@ -303,7 +364,8 @@ def _up_to_date(expected: dict[Path, bytes], encoding: str) -> None:
     raise typer.Exit(1 if stale else 0)
 
 
-def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check=False, plan=None, folder=False) -> None:
+def _convert_project(src, options, output, in_place, diff, strict, global_batch, launcher, check=False, plan=None,
+                     folder=False, proof=None) -> None:  # fmt: skip
     """The entry and the project modules it imports: one diff, a copy of the project in a
     folder (`folder`: the user named one, `-o out/`), or the changed modules rewritten in place."""
     from ddpify.launch_files import LaunchPlan
@@ -312,6 +374,8 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
     plan = plan or LaunchPlan()
     result = convert_project(src, options)
     project, changed = result.project, result.changed
+    if proof is not None and project.entry in changed:
+        changed[project.entry][0].code = _proof_header(proof) + changed[project.entry][0].code
     if result.already_distributed:  # left alone (a -o DIR/ copy is the project as it is)
         typer.echo(f"{src}: already distributed; nothing to convert", err=True)
     entry = project.entry
@@ -347,6 +411,7 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
             _write(output, converted.code.encode(encoding))
             _write_all(launch_files)
         _summary(src, output, converted, global_batch, launcher, err=output is None, plan=plan)
+        _show_proof(proof, options, err=output is None)
         if strict and converted.todos:
             raise typer.Exit(1)
         return
@@ -384,6 +449,7 @@ def _convert_project(src, options, output, in_place, diff, strict, global_batch,
             _summary(Path(shown[path]), Path(targets[path]), converted, global_batch, launcher, err=False, launch=False)
     if entry in changed:
         _summary(Path(shown[entry]), Path(targets[entry]), changed[entry][0], global_batch, launcher, err=False, plan=plan)
+    _show_proof(proof, options, err=False)
     if strict and any(c.todos for c, _, _ in changed.values()):
         raise typer.Exit(1)
 

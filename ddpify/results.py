@@ -28,6 +28,9 @@ class ConvertOptions:
     target: str = "ddp"  # "fsdp2": shard the model with fully_shard instead of wrapping it in DDP
     shard: str | None = None  # fsdp2: the block class whose instances become their own units
     sharded_checkpoints: bool = False  # fsdp2: torch.distributed.checkpoint folders, each rank writing its shard
+    # `convert --run`: what a brief run of the original did (ddpify.analysis.run_facts.RunFacts);
+    # the passes ask it first, the static analysis second
+    run: object = field(default=None, compare=False, hash=False)
     # convert the output again and fail if that would change it (a fixed point): the test suite
     # and `ddpify verify` do; DDPIFY_SELF_CHECK=1 turns it on for every conversion
     self_check: bool = field(default_factory=lambda: os.environ.get("DDPIFY_SELF_CHECK") == "1")

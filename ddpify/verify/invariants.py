@@ -563,7 +563,7 @@ def finished(runs: Runs) -> Result:
     for key, label, traces in (("ddp", "torchrun", runs.ddp), ("ordered", "unshuffled torchrun", runs.ordered)):
         if key in runs.hung:
             stacks = [f"rank {r}: " + ("finished the script; the others waited for it" if traces[r] is not None
-                      else _stack_summary(runs.stacks.get((key, r), ""))) for r in range(runs.nproc)]  # fmt: skip
+                      else stack_summary(runs.stacks.get((key, r), ""))) for r in range(runs.nproc)]  # fmt: skip
             stuck = next((s for r, s in enumerate(stacks) if traces[r] is None), "no stacks")
             return Result(9, FAIL, f"the {label} run hung and was stopped at the timeout; {stuck}", stacks)
         for rank, trace in enumerate(traces):
@@ -572,13 +572,13 @@ def finished(runs: Runs) -> Result:
                               (trace.get("error") or "").splitlines()[-12:])  # fmt: skip
         lost = [r for r, t in enumerate(traces) if t is None]
         if lost and key == "ddp":
-            stacks = [f"rank {r}: {_stack_summary(runs.stacks[(key, r)])}" for r in range(runs.nproc) if (key, r) in runs.stacks]
+            stacks = [f"rank {r}: {stack_summary(runs.stacks[(key, r)])}" for r in range(runs.nproc) if (key, r) in runs.stacks]
             return Result(9, FAIL, f"rank {_ranks(lost)} of the {label} run died without a trace", stacks + runs.stderr.splitlines()[-12:])
     stopped = runs.ddp[0].get("stopped") if runs.ddp[0] else None
     return Result(9, PASS, "every run finished" + (f" (stopped by verify {stopped})" if stopped else ""))
 
 
-def _stack_summary(text: str) -> str:
+def stack_summary(text: str) -> str:
     """Where a stopped process was (faulthandler's dump): the script's innermost frames, and the
     library call it was in."""
     for block in text.strip().split("\n\n"):

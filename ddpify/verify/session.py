@@ -21,11 +21,13 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ddpify.verify.invariants import FAIL, Result, Runs, check_all
-from ddpify.verify.launch import run_plan
+from ddpify.analysis.run_facts import RunFacts
+from ddpify.verify.invariants import FAIL, Result, Runs, check_all, stack_summary
+from ddpify.verify.launch import Launch, run_plan
 from ddpify.verify.workspace import stage
 
 PROBE = "import json, torch; print(json.dumps({'torch': torch.__version__, 'gpus': torch.cuda.device_count()}))"
+LABELS = ("original", "reference", "plain", "plain-reference", "ddp", "ordered")
 STARTUP_S = 120  # torchrun's start and the interpreters' imports, on top of the runs' own limits
 
 
@@ -65,18 +67,100 @@ class Verification:
         return 1 if self.failures else 0
 
 
-def verify(original: Path, converted: Path | None = None, options: VerifyOptions | None = None) -> Verification:
-    """Run the verification and judge the ten invariants; raise VerifyError when it cannot run."""
+@dataclass
+class Observation:
+    """The original's runs as one process (as written, and the seeded reference at N x the batch),
+    made before converting: `convert --run` reads facts from them, and `verify` reuses them."""
+
+    source: Path
+    root: Path
+    gpus: int
+    env: dict
+    work: Path
+    launch: Launch
+    seconds: float
+
+    @property
+    def trace(self) -> dict:
+        return self.launch.traces[("original", 0)]
+
+    def facts(self) -> RunFacts:
+        return RunFacts.from_trace(self.trace, str(self.source.relative_to(self.root)))
+
+    def discard(self, options: VerifyOptions) -> None:
+        if options.keep is None:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def observe(original: Path, options: VerifyOptions | None = None) -> Observation:
+    """Run the original briefly as one process, in a copy of its folder; VerifyError (with its
+    traceback, or where it stood at the timeout) when it fails on its own."""
     options = options or VerifyOptions()
     start = time.monotonic()
-    for path in (original, converted):
-        if path is not None and not path.is_file():
-            raise VerifyError(f"{path}: no such file")
+    if not original.is_file():
+        raise VerifyError(f"{original}: no such file")
     gpus = _probe(options.python)
     source = original.resolve()
     root = Path.cwd().resolve()
     if root not in source.parents:
         root = source.parent
+    on_gpus = options.device != "cpu" and gpus >= options.nproc
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if not on_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    work = Path(tempfile.mkdtemp(prefix="ddpify-verify-")) if options.keep is None else options.keep
+    work.mkdir(parents=True, exist_ok=True)
+    folders = {label: work / label for label in LABELS}
+    for label in ("original", "reference"):
+        shutil.rmtree(folders[label], ignore_errors=True)
+        stage(root, folders[label], {}, None, work.resolve())
+    scaled = {"seed": 0, "batch_scale": options.nproc}
+    launch = run_plan(
+        [
+            _entry(options, root, folders, "original", source),
+            _entry(options, root, folders, "reference", source, reference={**scaled, "train_loader_from": "original"},
+                   only_if_ok="original"),
+        ],
+        work / "traces", None, python=options.python, limit_s=2 * options.timeout + STARTUP_S, env=env, keep_going=True,
+    )  # fmt: skip
+    observation = Observation(source, root, gpus, env, work, launch, time.monotonic() - start)
+    trace = launch.traces.get(("original", 0))
+    if trace is None or trace["exit_code"] != 0:
+        observation.discard(options)
+        raise VerifyError(_why_failed(source, trace, launch, options))
+    return observation
+
+
+def _why_failed(source: Path, trace: dict | None, launch: Launch, options: VerifyOptions) -> str:
+    """The original's own failure: its traceback, or where it stood when it ran past the timeout."""
+    stacks = launch.stacks.get(("original", 0), "")
+    if stacks.startswith("Timeout (") or launch.timed_out:
+        where = stack_summary(stacks) if stacks else "no stack was written"
+        return f"{source.name} ran past --timeout {options.timeout:g}s as one process; where it stood: {where}"
+    error = (trace or {}).get("error") or launch.stderr[-4000:]
+    return f"{source.name} fails on its own as one process, before verification can start:\n{error.rstrip()}"
+
+
+def verify(
+    original: Path, converted: Path | None = None, options: VerifyOptions | None = None,
+    observation: Observation | None = None,
+) -> Verification:  # fmt: skip
+    """Run the verification and judge the ten invariants; raise VerifyError when it cannot run.
+    `observation`: the original's runs, made already (`convert --run`); then the conversion is
+    the one `options.convert_options` gives, with the facts of that run."""
+    options = options or VerifyOptions()
+    start = time.monotonic()
+    for path in (original, converted):
+        if path is not None and not path.is_file():
+            raise VerifyError(f"{path}: no such file")
+    if observation is None:
+        gpus = _probe(options.python)
+        source = original.resolve()
+        root = Path.cwd().resolve()
+        if root not in source.parents:
+            root = source.parent
+    else:
+        gpus, source, root = observation.gpus, observation.source, observation.root
     texts, what, notes = _converted_files(source, converted, root, options)
     runs_at = source if converted is None else _placed(converted.resolve(), source, root)
     on_gpus = options.device != "cpu" and gpus >= options.nproc
@@ -84,18 +168,22 @@ def verify(original: Path, converted: Path | None = None, options: VerifyOptions
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if not on_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    work = Path(tempfile.mkdtemp(prefix="ddpify-verify-")) if options.keep is None else options.keep
+    if observation is not None:
+        work = observation.work
+    else:
+        work = Path(tempfile.mkdtemp(prefix="ddpify-verify-")) if options.keep is None else options.keep
     work.mkdir(parents=True, exist_ok=True)
     traces = work / "traces"
     linked: list[Path] = []
     try:
-        folders = {}
-        for label in ("original", "reference", "plain", "plain-reference", "ddp", "ordered"):
-            folders[label] = work / label
+        folders = {label: work / label for label in LABELS}
+        for label in LABELS:
+            if observation is not None and label in ("original", "reference"):
+                continue
             shutil.rmtree(folders[label], ignore_errors=True)
             replaced = {} if label in ("original", "reference") else texts
             stage(root, folders[label], replaced, linked if label == "ddp" else None, work.resolve())
-        runs = _run(options, root, folders, traces, source, runs_at, env)
+        runs = _run(options, root, folders, traces, source, runs_at, env, observation)
     finally:
         if options.keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -149,24 +237,34 @@ def _placed(converted: Path, source: Path, root: Path) -> Path:
     return converted if root in converted.parents else source.parent / converted.name
 
 
-def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source: Path, runs_at: Path, env: dict) -> Runs:
-    def entry(label: str, script: Path, **extra) -> dict:
-        folder = folders[label]
-        return dict(label=label, script=str(folder / script.relative_to(root)), args=list(options.args), cwd=str(folder),
-                    env={"PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))},
-                    limit=limit, timeout=options.timeout, **extra)  # fmt: skip
+def _entry(options: VerifyOptions, root: Path, folders: dict, label: str, script: Path, **extra) -> dict:
+    """One run of a plan: `script` (a path under root) in the copy `folders[label]`."""
+    folder = folders[label]
+    return dict(label=label, script=str(folder / script.relative_to(root)), args=list(options.args), cwd=str(folder),
+                env={"PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))},
+                limit={"steps": options.steps, "epochs": options.epochs}, timeout=options.timeout, **extra)  # fmt: skip
 
-    limit = {"steps": options.steps, "epochs": options.epochs}
+
+def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source: Path, runs_at: Path, env: dict,
+         observation: Observation | None = None) -> Runs:  # fmt: skip
+    def entry(label: str, script: Path, **extra) -> dict:
+        return _entry(options, root, folders, label, script, **extra)
+
     scaled = {"seed": 0, "batch_scale": options.nproc}
+    plan = [
+        entry("original", source),
+        entry("reference", source, reference={**scaled, "train_loader_from": "original"}, only_if_ok="original"),
+        entry("plain", runs_at),
+        entry("plain-reference", runs_at, reference={**scaled, "train_loader_from": "plain"}, only_if_failed="original"),
+    ]
+    if observation is not None:  # the original ran already, and ran
+        plan = [plan[2]]
     single = run_plan(
-        [
-            entry("original", source),
-            entry("reference", source, reference={**scaled, "train_loader_from": "original"}, only_if_ok="original"),
-            entry("plain", runs_at),
-            entry("plain-reference", runs_at, reference={**scaled, "train_loader_from": "plain"}, only_if_failed="original"),
-        ],
+        plan,
         traces, None, python=options.python, limit_s=4 * options.timeout + STARTUP_S, env=env, keep_going=True,
     )  # fmt: skip
+    if observation is not None:
+        single.traces.update(observation.launch.traces)
     original, plain = single.traces.get(("original", 0)), single.traces.get(("plain", 0))
     original_ok = original is not None and original["exit_code"] == 0
     if not original_ok and not (plain and plain["exit_code"] == 0):

@@ -43,6 +43,9 @@ wraps a few torch entry points to take notes, always calling the original:
   optimizer step, before each training forward, before the process group is destroyed).
 * ``torch.multiprocessing.spawn``: a script that starts its own processes has each child
   traced as rank ``i`` (the launcher writes its own files as rank ``launcher``).
+* ``os.environ[...] = ...`` and the seeds (``torch.manual_seed``, ``torch.cuda.manual_seed(_all)``,
+  ``random.seed``, ``numpy.random.seed``) the script's own code sets (``env_set``, ``seeds``): facts
+  for ``ddpify convert --run``.
 * ``sys.stdout``: what this process printed, and each line's script line (``lines``).
 
 A plan (a JSON list of runs) runs scripts one after the other in the same processes, to pay for
@@ -150,6 +153,8 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         uncovered=[],
         losses=[],
         randomness=[],
+        env_set=[],
+        seeds=[],
         no_sync_steps=0,
         reference_diff=None,
         spawned=0,
@@ -860,6 +865,63 @@ def _spawned_entry(fn, label, script, argv, config, index, *args):
 _installed = False
 
 
+# --- what the script sets: environment variables, seeds (facts for `convert --run`) -----------
+
+
+def _script_call() -> str | None:
+    """`file:line` of the script's line that called the wrapper calling this, unless torch's own
+    code made the call on the way (torch.manual_seed seeds CUDA too; inductor sets its cache folder)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != _HERE and name.startswith(_state.get("roots") or ()) and "site-packages" not in name:
+            return f"{os.path.relpath(name)}:{frame.f_lineno}"
+        if any(f"{os.sep}{package}{os.sep}" in name for package in ("torch", "triton")):
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _environ_setitem(original):
+    def __setitem__(self, key, value):
+        if _state.get("active") and self is os.environ:
+            where = _script_call()
+            if where:
+                _trace["env_set"].append(dict(name=str(key), value=str(value)[:200], where=where))
+        return original(self, key, value)
+
+    return __setitem__
+
+
+def _seed(kind):
+    def wrapper(original):
+        def seed(*args, **kwargs):
+            if _state.get("active"):
+                where = _script_call()
+                if where:
+                    value = args[0] if args else kwargs.get("seed")
+                    _trace["seeds"].append(dict(kind=kind, value=repr(value)[:80], where=where))
+            return original(*args, **kwargs)
+
+        return seed
+
+    return wrapper
+
+
+def _install_seed_hooks() -> None:
+    _wrap(type(os.environ), "__setitem__", _environ_setitem)
+    _wrap(torch, "manual_seed", _seed("torch"))
+    torch.random.manual_seed = torch.manual_seed
+    for name in ("manual_seed", "manual_seed_all"):
+        _wrap(torch.cuda, name, _seed("torch.cuda"))
+    _wrap(random, "seed", _seed("random"))
+    try:
+        import numpy
+    except ImportError:
+        return
+    _wrap(numpy.random, "seed", _seed("numpy"))
+
+
 def install_hooks() -> None:
     global _installed
     if _installed:  # a forked child inherits its parent's hooks
@@ -886,6 +948,7 @@ def install_hooks() -> None:
     _wrap(DistributedDataParallel, "__init__", _ddp_init)
     _wrap(DistributedDataParallel, "no_sync", _no_sync)
     _install_fsdp2_hooks()
+    _install_seed_hooks()
     for name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"):
         if hasattr(F, name):
             _wrap(F, name, _dropout)

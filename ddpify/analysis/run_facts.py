@@ -1,0 +1,128 @@
+"""Facts from a brief run of the original script (`ddpify convert --run`), read from its trace.
+
+The tracer (ddpify/verify/tracer.py) runs the script as one process and notes, with the script
+line of each, what it did: the loaders and which one fed the optimizer steps, the optimizers and
+the models whose first training forward ran, the files written and read, the environment
+variables set and the seeds. This module turns that JSON into facts the passes can ask by module
+and line, before they fall back on the static analysis. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where something happened: a module of the project (dotted name, "" for the entry) and a line."""
+
+    module: str
+    line: int
+    path: str  # as the run saw it, relative to the project root
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass
+class RunFacts:
+    """What the original did in a brief run, by site."""
+
+    steps: int = 0  # optimizer steps taken
+    train_loader: Site | None = None  # where the DataLoader that fed the optimizer steps was made
+    loaders: list[Site] = field(default_factory=list)
+    loaderless: bool = False  # optimizer steps with no DataLoader pass (generated batches, episodes, hand slicing)
+    models: list[tuple[str, Site]] = field(default_factory=list)  # (class, first training forward)
+    optimizers: list[tuple[str, Site]] = field(default_factory=list)
+    env_set: list[tuple[str, Site]] = field(default_factory=list)
+    seeds: list[tuple[str, Site]] = field(default_factory=list)  # (torch | numpy | random | torch.cuda, where)
+    written: list[tuple[str, Site]] = field(default_factory=list)  # (path relative to the run's folder, where)
+
+    @classmethod
+    def from_trace(cls, trace: dict, entry: str) -> RunFacts:
+        """`entry`: the script's path relative to the project root (how the run names its lines)."""
+        at = _Sites(entry, trace.get("cwd") or "")
+        loaders = trace.get("loaders", [])
+        steps: Counter = Counter()
+        for p in trace.get("passes", []):
+            if p.get("steps") and p.get("loader") is not None:
+                steps[p["loader"]] += p["steps"]
+        total = sum(len(s) for s in trace.get("optimizer_steps", []))
+        trained = steps.most_common(1)[0][0] if steps else None
+        by_id = {item["id"]: item for item in loaders}
+        facts = cls(
+            steps=total,
+            train_loader=at.site((by_id.get(trained) or {}).get("where")),
+            loaders=[s for s in (at.site(item.get("where")) for item in loaders) if s],
+            loaderless=total > 0 and not steps,
+        )
+        facts.models = _sited(at, ((f["module"], f.get("where")) for f in trace.get("unwrapped_forwards", [])))
+        facts.optimizers = _sited(at, ((o["type"], o.get("where")) for o in trace.get("optimizer_info", [])))
+        facts.env_set = _sited(at, ((e["name"], e.get("where")) for e in trace.get("env_set", [])))
+        facts.seeds = _sited(at, ((s["kind"], s.get("where")) for s in trace.get("seeds", [])))
+        written = ((at.relative(f["path"]), f.get("where")) for f in trace.get("files", []) if "r" not in f["mode"])
+        facts.written = _sited(at, ((p, w) for p, w in written if p is not None))
+        return facts
+
+    def lines(self, what: str, module: str) -> set[int]:
+        """The lines of `module` where the run saw `what`: "train_loader", "loader", "env:NAME",
+        "seed", "optimizer", "model", "write"."""
+        if what == "train_loader":
+            sites = [self.train_loader] if self.train_loader else []
+        elif what == "loader":
+            sites = self.loaders
+        elif what.startswith("env:"):
+            sites = [s for name, s in self.env_set if name == what[4:]]
+        else:
+            sites = [s for _, s in {"seed": self.seeds, "optimizer": self.optimizers, "model": self.models,
+                                    "write": self.written}[what]]  # fmt: skip
+        return {s.line for s in sites if s.module == module}
+
+    def summary(self) -> list[str]:
+        """What the run told the conversion, a line each, for the summary."""
+        out = [f"the run took {self.steps} optimizer step(s)"]
+        if self.train_loader:
+            out.append(f"the training batches came from the DataLoader made at {self.train_loader}")
+        elif self.loaderless:
+            out.append("the training batches came from no DataLoader (generated, sliced or drawn by the script)")
+        out += [f"{cls} trains (first training forward at {site})" for cls, site in self.models]
+        out += [f"the script sets {name} at {site}" for name, site in self.env_set]
+        if self.seeds:
+            out.append("the script seeds " + ", ".join(sorted({kind for kind, _ in self.seeds}))
+                       + " at " + ", ".join(sorted({str(s) for _, s in self.seeds})))  # fmt: skip
+        return out
+
+
+def _sited(at: _Sites, items) -> list[tuple[str, Site]]:
+    found = []
+    for what, where in items:
+        site = at.site(where)
+        if site is not None and (what, site) not in found:
+            found.append((what, site))
+    return found
+
+
+@dataclass
+class _Sites:
+    """The run's `file:line` strings (relative to the folder it ran in) as sites by module."""
+
+    entry: str
+    cwd: str
+
+    def site(self, where: str | None) -> Site | None:
+        if not where or ":" not in where:
+            return None
+        path, _, line = where.rpartition(":")
+        path = os.path.normpath(path)
+        if path.startswith(".."):
+            return None  # outside the run's folder: not the project's code
+        module = "" if path == os.path.normpath(self.entry) else path.removesuffix(".py").replace(os.sep, ".")
+        return Site(module.removesuffix(".__init__"), int(line), path)
+
+    def relative(self, path: str) -> str | None:
+        if not self.cwd:
+            return None
+        rel = os.path.relpath(path, self.cwd)
+        return None if rel.startswith("..") else rel
