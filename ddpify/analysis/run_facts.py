@@ -34,6 +34,7 @@ class RunFacts:
     train_loader: Site | None = None  # where the DataLoader that fed the optimizer steps was made
     loaders: list[Site] = field(default_factory=list)
     loaderless: bool = False  # optimizer steps with no DataLoader pass (generated batches, episodes, hand slicing)
+    drawn: bool = False  # the models' inputs changed from step to step (not the whole data set every step)
     models: list[tuple[str, Site]] = field(default_factory=list)  # (class, first training forward)
     optimizers: list[tuple[str, Site]] = field(default_factory=list)
     env_set: list[tuple[str, Site]] = field(default_factory=list)
@@ -57,6 +58,7 @@ class RunFacts:
             train_loader=at.site((by_id.get(trained) or {}).get("where")),
             loaders=[s for s in (at.site(item.get("where")) for item in loaders) if s],
             loaderless=total > 0 and not steps,
+            drawn=len(set(trace.get("forward_inputs") or [])) > 1,
         )
         facts.models = _sited(at, ((f["module"], f.get("where")) for f in trace.get("unwrapped_forwards", [])))
         facts.optimizers = _sited(at, ((o["type"], o.get("where")) for o in trace.get("optimizer_info", [])))
@@ -86,7 +88,8 @@ class RunFacts:
         if self.train_loader:
             out.append(f"the training batches came from the DataLoader made at {self.train_loader}")
         elif self.loaderless:
-            out.append("the training batches came from no DataLoader (generated, sliced or drawn by the script)")
+            how = "a different batch each step" if self.drawn else "the same data every step"
+            out.append(f"the training batches came from no DataLoader ({how})")
         out += [f"{cls} trains (first training forward at {site})" for cls, site in self.models]
         out += [f"the script sets {name} at {site}" for name, site in self.env_set]
         if self.seeds:

@@ -44,6 +44,15 @@ class Context:
     collective_lines: set[cst.CSTNode] = field(default_factory=set)  # statements with a collective now run before them
     every_rank: set[cst.Call] = field(default_factory=set)  # saves every rank makes (sharded checkpoints): never guarded
 
+    def ran(self, what: str, node: cst.CSTNode) -> bool:
+        """Did the brief run of `convert --run` see `what` (RunFacts.lines) at `node`'s line?"""
+        run = self.options.run
+        if run is None:
+            return False
+        script = self.script
+        line = script.statement_line(node)
+        return line is not None and line in run.lines(what, script.index.roots.get(script.root_of(node), ""))
+
     @property
     def fsdp2(self) -> bool:
         """Is the model sharded with FSDP2 (`--to fsdp2`): no wrapper, no `.module`?"""

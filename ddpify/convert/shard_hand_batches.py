@@ -11,6 +11,12 @@
   script's own seed) are still the same on every rank. A script that never seeds torch starts
   each process from its own seed: tensors it draws at random before training (a regression
   target) are replaced by rank 0's (`dist.broadcast_object_list`).
+* Batches, episodes or environment steps drawn where the static view cannot follow (a replay
+  buffer's `random.sample` in another module, `env.step`), known from `convert --run`: the run
+  took its steps without a DataLoader, on inputs that changed from step to step. Every rank
+  would replay one run, so torch is re-seeded with its seed + rank once the models are wrapped
+  (they start alike: DDP sends rank 0's weights), and the numpy, random and environment seeds
+  the script sets are offset by the rank.
 * Full-batch training (each step on all the data, e.g. a GCN over one graph): left replicated,
   which is correct (every rank computes the same gradient), and said so in the summary.
 * Anything else (custom indexing): a TODO says what to do.
@@ -70,6 +76,11 @@ def run(ctx: Context) -> None:
             return
     stmt = loop or script.statement_line(backward)
     if _full_batch(ctx, loop, scope):
+        run = ctx.options.run
+        if run is not None and run.loaderless and run.drawn:  # the run says otherwise: a new batch each step
+            if not _seed_after_wrap(ctx):
+                ctx.edits.todo(stmt, stmt, DRAWN_TODO)
+            return
         ctx.edits.note(stmt, FULL_BATCH)  # nothing changes: a note
         return
     ctx.edits.todo(stmt, stmt, TODO)
@@ -214,6 +225,65 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
             code = f"({code})"
         edits.replace(value, edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
         edits.change(call, "the seed is offset by the rank: each process draws its own random batches")
+
+
+RESEED_AFTER_WRAP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches and episodes\n"
+DRAWN_TODO = (
+    "the run drew a new batch each step without a DataLoader, and no model wrap was found to seed each process "
+    "after: seed what draws the batches and episodes with seed + rank once the model is wrapped"
+)
+DRAWN_IN_RUN = (
+    "the run drew a new batch each step without a DataLoader: torch is re-seeded with its seed + rank once the "
+    "model is wrapped, so each process draws its own batches and episodes"
+)
+
+
+def _seed_after_wrap(ctx: Context) -> bool:
+    """Batches drawn where the static view cannot follow (`convert --run` saw them): re-seed
+    torch by rank after the last wrap, offset the other seeds the script sets. False when no
+    wrap is known to anchor the seed."""
+    script, edits = ctx.script, ctx.edits
+    anchors = list(ctx.wrap_after.values())
+    if not anchors:
+        return False
+    last = max(anchors, key=lambda s: (script.root_of(s) is not script.module, script.line(s) or 0))
+    if not any(script.is_call_to(c, N.TORCH_SEED) and D.reads_rank(script, c) for c in script.calls):
+        edits.insert_after(last, RESEED_AFTER_WRAP.format(rank=ctx.rank_and_world(last)[0]))
+        edits.change(last, DRAWN_IN_RUN)
+    for call in script.calls:
+        generator = script.is_call_to(call, N.SEEDS - N.TORCH_SEED)
+        if not (generator or _seeds_environment(script, call)) or len(call.args) != 1 or D.reads_rank(script, call):
+            continue
+        if not generator and _passed_on(script, call):
+            continue  # `def seed(self, value): self.rng.seed(value)`: its caller's seed is offset
+        value = call.args[0].value
+        code = script.module.code_for_node(value) if script.root_of(call) is script.module else None
+        code = code if code is not None else script.root_of(call).code_for_node(value)
+        if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
+            code = f"({code})"
+        edits.replace(value, edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
+        edits.change(call, "the seed is offset by the rank: each process draws its own batches and episodes")
+    return True
+
+
+def _passed_on(script, call: cst.Call) -> bool:
+    """Is the seed a parameter of the function that makes the call (the caller chooses it)?"""
+    value, scope = call.args[0].value, script.scope_of(call)
+    return isinstance(value, cst.Name) and isinstance(scope, cst.FunctionDef) and any(
+        p.name.value == value.value for p in scope.params.params
+    )
+
+
+def _seeds_environment(script, call: cst.Call) -> bool:
+    """`env.seed(s)`, `env.action_space.seed(s)`: an object of the script's own seeding its draws
+    (not torch's, numpy's or random's module-level seed, nor a module's function)."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "seed"):
+        return False
+    modules = ("torch.", "numpy.", "random.", "np.")
+    return not any(q.startswith(modules) or q in ("random.seed",) for q in script.names(func)) and not (
+        isinstance(func.value, cst.Name) and func.value.value in ("random", "np", "numpy", "torch")
+    )
 
 
 def _made_at_random_unseeded(ctx: Context, start: cst.CSTNode) -> list[str]:

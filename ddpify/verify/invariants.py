@@ -222,6 +222,9 @@ def sharded(runs: Runs) -> Result:
         return Result(3, NA, missing)
     loader = train_loader(runs.ddp[0])
     if loader is None:
+        replayed = _replayed(runs)
+        if replayed:
+            return Result(3, FAIL, replayed)
         if not runs.ddp[0]["loaders"]:
             return Result(3, NA, "the script builds no DataLoader (batches made by hand): nothing to shard")
         return Result(3, NA, "no optimizer step happened while a DataLoader was read")
@@ -256,6 +259,20 @@ def sharded(runs: Runs) -> Result:
         sizes = "/".join(str(len(s)) for s in sets)
         evidence.append(f"epoch {e + 1}: ranks read {sizes} samples{', disjoint, together all of them' if known else ', disjoint so far'}")
     return _order(runs, epochs, n_epochs, evidence)
+
+
+def _replayed(runs: Runs) -> str | None:
+    """Do the ranks replay one run? Every rank fed its model the same inputs in its first training
+    forwards, while the original's inputs changed from step to step (so they are drawn, not the
+    whole data set each step, which every rank may rightly share)."""
+    inputs = [t.get("forward_inputs") or [] for t in runs.ddp]
+    first = inputs[0]
+    own = (runs.original or {}).get("forward_inputs") or []
+    if runs.nproc < 2 or len(first) < 2 or len(set(own)) < 2 or any(i != first for i in inputs[1:]):
+        return None
+    return (f"every rank trained on the same batches in its first {len(first)} training forwards (one run replayed "
+            f"{runs.nproc} times): the batches come from no sharded DataLoader, and every rank makes or draws the same ones; "
+            "seed what draws batches, episodes or environment steps by rank, or shard the data")  # fmt: skip
 
 
 def _universe(original: dict | None, info: dict) -> set | None:

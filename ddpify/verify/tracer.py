@@ -153,6 +153,7 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         uncovered=[],
         losses=[],
         randomness=[],
+        forward_inputs=[],
         env_set=[],
         seeds=[],
         no_sync_steps=0,
@@ -785,6 +786,9 @@ def _no_sync(original):
     return no_sync
 
 
+INPUTS_NOTED = 4  # training forwards whose input is noted
+
+
 def _event() -> int:
     _state["events"] = _state.get("events", 0) + 1
     return _state["events"]
@@ -810,10 +814,27 @@ def _record_tokens(module, inputs):
     _trace["trained_tokens"].append(first.detach().flatten().tolist())
 
 
+def _note_input(module, inputs) -> None:
+    """A checksum of the first tensor given to each of the first few training forwards of a
+    model an optimizer trains (``forward_inputs``): ranks that replay one run feed the same ones."""
+    if len(_trace["forward_inputs"]) >= INPUTS_NOTED or not (module.training and torch.is_grad_enabled()):
+        return
+    first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    if first is None or not ({id(p) for p in module.parameters()} & _state["optimizer_params"]):
+        return
+    try:
+        data = _local(first).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    except (RuntimeError, TypeError):  # a tensor subclass or layout with no plain bytes
+        return
+    _trace["forward_inputs"].append(hashlib.blake2b(data, digest_size=8).hexdigest())
+
+
 def _any_forward_pre(module, inputs):
     """Every module's forward: the first training forward of a top-level model an optimizer
     trains, when no DDP model holds its parameters yet."""
     _state["depth"] = _state.get("depth", 0) + 1
+    if _state["depth"] == 1:
+        _note_input(module, inputs)
     if _state["depth"] != 1 or isinstance(module, DistributedDataParallel) or not module.training:
         return
     if id(module) in _state["seen_modules"] or not torch.is_grad_enabled():
