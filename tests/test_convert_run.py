@@ -1,0 +1,111 @@
+"""`ddpify convert --run`: facts from a brief run of the original, and a conversion that proves itself.
+
+fixtures/run/<case>/ are small projects of ours. Every run is real: the original as one process
+under the tracer, then verify's runs (torchrun with 2 CPU processes) of what convert wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_in_process import ddpify
+from conftest import ROOT
+
+from ddpify.analysis.run_facts import RunFacts
+
+RUN = ROOT / "fixtures" / "run"
+
+pytestmark = pytest.mark.torchrun
+
+
+@pytest.fixture(autouse=True)
+def _probe_once(probe_once):
+    """verify()'s GPU probe runs once per session (conftest.probe_once)."""
+
+
+def test_run_shards_drawn_batches_and_proves_it(tmp_path):
+    """Episodes and a replay store in another module, seeded alike: the static view takes the
+    training for full-batch; the run sees a new batch each step, so every seed is offset by the
+    rank, and verify's runs prove the ranks no longer replay one run."""
+    out = tmp_path / "out"
+    done = ddpify("convert", "train.py", "-o", f"{out}/", "--run", "--", "--episodes", "2",
+                  cwd=RUN / "replayed_episodes")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Facts from the run:" in done.stdout
+    assert "a different batch each step" in done.stdout
+    assert "ddpify verify: PASS" in done.stdout
+    train = (out / "train.py").read_text()
+    assert "walk.seed(args.seed + " in train and "np.random.seed(args.seed + " in train
+    assert "torch.manual_seed(torch.initial_seed() + dist.get_rank())" in train
+    assert "random.seed(seed + " in (out / "buffer.py").read_text()
+    assert "self.rng.seed(value)" in (out / "buffer.py").read_text()  # its caller's seed is offset, not twice
+    assert not train.startswith("# ddpify:")
+
+
+def test_static_conversion_of_drawn_batches_fails_verify():
+    """The same project converted without the run: verify sees every rank replay one run."""
+    done = ddpify("verify", "train.py", "--", "--episodes", "2", cwd=RUN / "replayed_episodes")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL 3" in done.stdout.splitlines()[0]
+    assert "one run replayed 2 times" in done.stdout
+
+
+def test_a_conversion_that_fails_verification_says_so(tmp_path):
+    """Batches handed out in order by an iterator class: the conversion cannot shard them (a TODO);
+    verify's runs see every rank train on the same batches, so convert exits 1 and the output's
+    first line says why."""
+    out = tmp_path / "out.py"
+    done = ddpify("convert", "train.py", "-o", str(out), "--run", cwd=RUN / "sequential_chunks")
+    assert done.returncode == 1, done.stdout + done.stderr
+    first = out.read_text().splitlines()[0]
+    assert first.startswith("# ddpify: this conversion FAILED verification: 3 ")
+    assert "error: the conversion failed verification: 3 disjoint shards" in done.stderr
+    compile(out.read_text(), str(out), "exec")
+
+
+def test_an_original_that_fails_on_its_own_writes_nothing(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 1)\nraise ValueError('no data here')\n")
+    out = tmp_path / "out.py"
+    done = ddpify("convert", str(script), "-o", str(out), "--run", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "fails on its own as one process" in done.stderr and "ValueError: no data here" in done.stderr
+    assert "Traceback" in done.stderr
+    assert not out.exists()
+
+
+def test_a_run_past_the_timeout_says_where_it_stood(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text("import time\n\n\ndef wait_for_data():\n    while True:\n        time.sleep(0.1)\n\n\nwait_for_data()\n")
+    out = tmp_path / "out.py"
+    done = ddpify("convert", str(script), "-o", str(out), "--run", "--timeout", "5", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "ran past --timeout 5s" in done.stderr and "wait_for_data" in done.stderr, done.stderr
+    assert not out.exists()
+
+
+def test_run_facts_from_a_trace():
+    """Sites by module and line; the loader that fed the steps; what is no project code is left out."""
+    trace = {
+        "cwd": "/w/original",
+        "loaders": [{"id": 0, "where": "train.py:10"}, {"id": 1, "where": "data/feeds.py:7"}],
+        "passes": [{"loader": 1, "steps": 3}, {"loader": 0, "steps": 0}],
+        "optimizer_steps": [["a", "b", "c"]],
+        "optimizer_info": [{"type": "SGD", "where": "train.py:12"}],
+        "unwrapped_forwards": [{"module": "Net", "where": "train.py:20"}],
+        "env_set": [{"name": "CUDA_VISIBLE_DEVICES", "where": "train.py:3"}, {"name": "X", "where": "../elsewhere.py:1"}],
+        "seeds": [{"kind": "torch", "where": "train.py:4"}, {"kind": "numpy", "where": "data/feeds.py:2"}],
+        "files": [{"path": "/w/original/out/model.pt", "mode": "wb", "where": "train.py:30"},
+                  {"path": "/w/original/in.csv", "mode": "r", "where": "data/feeds.py:5"}],
+        "forward_inputs": ["x", "y"],
+    }  # fmt: skip
+    facts = RunFacts.from_trace(json.loads(json.dumps(trace)), "train.py")
+    assert str(facts.train_loader) == "data/feeds.py:7" and facts.train_loader.module == "data.feeds"
+    assert facts.lines("train_loader", "data.feeds") == {7} and facts.lines("loader", "") == {10}
+    assert facts.lines("env:CUDA_VISIBLE_DEVICES", "") == {3} and not facts.lines("env:X", "")
+    assert facts.lines("seed", "data.feeds") == {2}
+    assert [(p, str(s)) for p, s in facts.written] == [(str(Path("out/model.pt")), "train.py:30")]
+    assert facts.steps == 3 and not facts.loaderless and facts.drawn
+    assert any("data/feeds.py:7" in line for line in facts.summary())
