@@ -155,6 +155,8 @@ PATH_SINKS = MAKEDIRS | MKDIR | TORCH_SAVE | OPEN | SUMMARY_WRITERS | {"os.path.
 TORCH_SEED = spelled({"torch.manual_seed"})
 RANDOM_SPLIT = spelled({"torch.utils.data.random_split"})
 SEEDS = TORCH_SEED | {"numpy.random.seed", "random.seed"}
+# The modules whose global generators SEEDS seed, as prefixes of their names (`np` as imported).
+RANDOM_MODULES = (TORCH_PREFIX, "numpy.", "np.", "random.")
 TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange", "tqdm.auto.trange"})
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 

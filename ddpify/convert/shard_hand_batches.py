@@ -280,9 +280,8 @@ def _seeds_environment(script, call: cst.Call) -> bool:
     func = call.func
     if not (isinstance(func, cst.Attribute) and func.attr.value == "seed"):
         return False
-    modules = ("torch.", "numpy.", "random.", "np.")
-    return not any(q.startswith(modules) or q in ("random.seed",) for q in script.names(func)) and not (
-        isinstance(func.value, cst.Name) and func.value.value in ("random", "np", "numpy", "torch")
+    return not any(q.startswith(N.RANDOM_MODULES) for q in script.names(func)) and not (
+        isinstance(func.value, cst.Name) and f"{func.value.value}." in N.RANDOM_MODULES
     )
 
 
