@@ -32,6 +32,7 @@ class RunFacts:
 
     steps: int = 0  # optimizer steps taken
     train_loader: Site | None = None  # where the DataLoader that fed the optimizer steps was made
+    pass_starts: list[Site] = field(default_factory=list)  # where a pass over it began (`for` over it, `iter(it)`)
     loaders: list[Site] = field(default_factory=list)
     loaderless: bool = False  # optimizer steps with no DataLoader pass (generated batches, episodes, hand slicing)
     drawn: bool = False  # the models' inputs changed from step to step (not the whole data set every step)
@@ -60,6 +61,8 @@ class RunFacts:
             loaderless=total > 0 and not steps,
             drawn=len(set(trace.get("forward_inputs") or [])) > 1,
         )
+        starts = (("", p.get("where")) for p in trace.get("passes", []) if trained is not None and p["loader"] == trained)
+        facts.pass_starts = [site for _, site in _sited(at, starts)]
         facts.models = _sited(at, ((f["module"], f.get("where")) for f in trace.get("unwrapped_forwards", [])))
         facts.optimizers = _sited(at, ((o["type"], o.get("where")) for o in trace.get("optimizer_info", [])))
         facts.env_set = _sited(at, ((e["name"], e.get("where")) for e in trace.get("env_set", [])))
@@ -69,10 +72,12 @@ class RunFacts:
         return facts
 
     def lines(self, what: str, module: str) -> set[int]:
-        """The lines of `module` where the run saw `what`: "train_loader", "loader", "env:NAME",
+        """The lines of `module` where the run saw `what`: "train_loader", "pass_start", "loader", "env:NAME",
         "seed", "optimizer", "model", "write"."""
         if what == "train_loader":
             sites = [self.train_loader] if self.train_loader else []
+        elif what == "pass_start":
+            sites = self.pass_starts
         elif what == "loader":
             sites = self.loaders
         elif what.startswith("env:"):

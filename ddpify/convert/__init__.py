@@ -12,6 +12,7 @@ from ddpify.analysis.project import ProjectFacts
 from ddpify.analysis.script import AnalysisError, Script, analyze, fully_distributed, run_by_entry
 from ddpify.convert import (
     average_gradients,
+    average_penalty_gradients,
     average_training_set_metrics,
     agree_on_stop,
     download_once,
@@ -67,6 +68,7 @@ PASSES = (
     wrap_model,
     unwrap_model,
     average_gradients,
+    average_penalty_gradients,
     skip_sync_on_accumulation,
     flag_double_forward,
     seed_random_split,

@@ -18,21 +18,8 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
-from ddpify.convert.emit import define_function
+from ddpify.convert.emit import AVERAGE_GRADIENTS, define_function
 
-AVERAGE_GRADIENTS = '''
-
-def average_gradients(model):
-    """Average the gradients over all processes, as DDP's backward does after its own forward."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads or dist.get_world_size() == 1:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    for g, synced in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(synced.view_as(g))
-'''
 CALL = "average_gradients({model})  # the step runs the model through its own methods, not DDP's forward\n"
 
 

@@ -50,8 +50,16 @@ class Context:
         if run is None:
             return False
         script = self.script
-        line = script.statement_line(node)
-        return line is not None and line in run.lines(what, script.index.roots.get(script.root_of(node), ""))
+        stmt = script.statement_line(node) or node
+        lines = run.lines(what, script.index.roots.get(script.root_of(node), ""))
+        first = script.line(stmt)
+        last = first + script.root_of(stmt).code_for_node(stmt).strip("\n").count("\n")
+        return any(first <= line <= last for line in lines)
+
+    def run_sites(self, what: str, module: cst.Module) -> set[int]:
+        """The lines of `module` where the brief run of `convert --run` saw `what`."""
+        run = self.options.run
+        return set() if run is None else run.lines(what, self.script.index.roots.get(module, ""))
 
     @property
     def fsdp2(self) -> bool:

@@ -7,6 +7,23 @@ import libcst as cst
 from ddpify.convert.context import Context
 
 
+# Average the gradients by hand, for a backward DDP's reducer does not see (a model run through
+# its own methods, a gradient penalty's forward): the passes that insert `average_gradients(...)`.
+AVERAGE_GRADIENTS = '''
+
+def average_gradients(model):
+    """Average the gradients over all processes, as DDP's backward does after its own forward."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads or dist.get_world_size() == 1:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, synced in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(synced.view_as(g))
+'''
+
+
 def define_function(ctx: Context, name: str, code: str, where: cst.CSTNode | None = None) -> None:
     """Define the helper `name` once, after the imports of the module that uses it at `where`
     (the script's, by default), unless that module defines it already."""

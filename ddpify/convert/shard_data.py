@@ -11,7 +11,7 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.script import Loader, ref_of
+from ddpify.analysis.script import Loader, PassStart, ref_of
 from ddpify.check.fix import remove_arg
 from ddpify.convert.context import RANK0, Context
 from ddpify.convert.edits import append_arg, keyword_arg
@@ -35,11 +35,14 @@ def run(ctx: Context) -> None:
             continue  # `return DataLoader(sampler=self.valid_sampler, ...)`: a validation split, whole on every rank
         stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
         edits.todo(stmt, call, "give the training DataLoader built here a DistributedSampler and call its set_epoch(epoch) every epoch")
-    if script.loaders and not script.train_loaders:
+    from_run = [] if script.train_loaders else [loader for loader in script.loaders if ctx.ran("train_loader", loader.stmt)]
+    if script.loaders and not script.train_loaders and not from_run and not any(_sharded(ctx, l) for l in script.loaders):
         first = script.loaders[0]
         edits.todo(first.stmt, first.stmt, "could not tell which DataLoader trains: give it a DistributedSampler and call set_epoch(epoch) every epoch")
+    for loader in from_run:  # `convert --run` saw it feed the optimizer steps: where its passes begin, too
+        script.epoch_loops[loader.name], script.pass_starts[loader.name] = [], _pass_starts_in_run(ctx)
     started: set[cst.CSTNode] = set()
-    for loader in script.train_loaders:
+    for loader in script.train_loaders or from_run:
         if _iterable(ctx, loader):
             edits.todo(
                 loader.stmt,
@@ -80,6 +83,39 @@ def run(ctx: Context) -> None:
                     f"each rank now holds 1/world_size of `{start.loader_expr}`'s batches: draw at most "
                     f"len({start.loader_expr}) batches from this iterator, or make it again on StopIteration",
                 )
+
+
+def _sharded(ctx: Context, loader: Loader) -> bool:
+    """Does the loader read through a DistributedSampler already (one `convert --run` gave it)?"""
+    arg = N.keyword(loader.call, "sampler")
+    calls = _bound_calls(ctx, arg.value, loader) if arg is not None else []
+    return any(c is not None and ctx.script.is_call_to(c, D.DISTRIBUTED_SAMPLER) for c in calls)
+
+
+def _pass_starts_in_run(ctx: Context) -> list[PassStart]:
+    """Where the run began each pass over the training loader: a `for` over it, or `iter(...)`
+    of it (the loader as that code names it: `self.data_loader`)."""
+    script, found = ctx.script, []
+    for module in script.index.roots:
+        lines = ctx.run_sites("pass_start", module)
+        if not lines:
+            continue
+        for loop in script.nodes_of(cst.For):
+            if script.root_of(loop) is module and script.line(loop) in lines and _iterated(loop.iter):
+                found.append(PassStart(loop, script.scope_of(loop), _iterated(loop.iter)))
+        for call in script.calls:
+            if N.is_name(call.func, "iter") and call.args and ref_of(call.args[0].value) and script.root_of(call) is module:
+                stmt = script.statement_line(call)
+                if stmt is not None and script.line(stmt) in lines:
+                    found.append(PassStart(stmt, script.scope_of(call), ref_of(call.args[0].value)))
+    return found
+
+
+def _iterated(expr: cst.BaseExpression) -> str | None:
+    """The loader a `for` reads, through wrappers that take it first: `enumerate(tqdm(loader))`."""
+    while isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword:
+        expr = expr.args[0].value
+    return ref_of(expr)
 
 
 def _iterable(ctx: Context, loader: Loader) -> bool:

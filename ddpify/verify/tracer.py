@@ -333,6 +333,7 @@ def _iter_init(original):
             epoch=getattr(sampler, "epoch", None),
             planned=planned if planned is not None and len(planned) <= PLANNED_LIMIT else None,
             planned_in_order=ordered,
+            where=_user_frame(),
         )
         self._ddpify_pass = record
         _trace["passes"].append(record)
