@@ -20,6 +20,12 @@ SET_EPOCH = "{sampler}.set_epoch({epoch})\n"
 
 
 NEXT_EPOCH = "{sampler}.set_epoch({sampler}.epoch + 1)  # a new pass: a new shuffle, the same on every rank\n"
+# Where the same code starts passes over other loaders too (a prefetcher wrapping the training
+# and the validation loader): only a DistributedSampler is told the epoch.
+NEXT_EPOCH_IF_SHARDED = (
+    "if isinstance({sampler}, DistributedSampler):  # a new pass: a new shuffle, the same on every rank\n"
+    "    {sampler}.set_epoch({sampler}.epoch + 1)\n"
+)
 
 
 
@@ -97,11 +103,12 @@ def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
 
 
 
-def next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str) -> None:
-    """Step-based training has no epoch number: every new pass advances the sampler's own."""
+def next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str, shared: bool = False) -> None:
+    """Step-based training has no epoch number: every new pass advances the sampler's own.
+    `shared`: the statement may start passes over other loaders too (known from a run)."""
     if sets_epoch(ctx, D.sibling(ctx.script, stmt, -1)):
         return
-    ctx.edits.insert_before(stmt, NEXT_EPOCH.format(sampler=sampler))
+    ctx.edits.insert_before(stmt, (NEXT_EPOCH_IF_SHARDED if shared else NEXT_EPOCH).format(sampler=sampler))
     ctx.edits.change(stmt, f"a new pass over the data: `{sampler}.set_epoch(...)` reshuffles the shards")
 
 

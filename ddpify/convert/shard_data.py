@@ -75,7 +75,7 @@ def run(ctx: Context) -> None:
             if start.stmt in started:
                 continue  # one helper trains several loaders: `loader.sampler` serves them all
             started.add(start.stmt)
-            next_epoch(ctx, start.stmt, _sampler_in(ctx, start.scope, loader, sampler, start.loader_expr))
+            next_epoch(ctx, start.stmt, _sampler_in(ctx, start.scope, loader, sampler, start.loader_expr), shared=loader in from_run)
             if not start.restarts:
                 edits.todo(
                     start.stmt,
