@@ -1862,10 +1862,10 @@ def test_output_in_a_one_line_if_runs_on_rank0():
     assert "if i % 2 == 0 and dist.get_rank() == 0: print(epoch, i, loss.item())" in code
 
 
-def test_a_script_that_picks_its_gpus_itself_gets_a_todo_at_that_line():
+def test_a_script_that_picks_its_gpus_itself_does_so_only_outside_torchrun():
     """`os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu_id`: every process would see only those GPUs
-    and take cuda:<local_rank> among them; what the option holds is known at run time only, so
-    the line stays and a TODO says what it must list."""
+    and take cuda:<local_rank> among them (one GPU listed: every rank on it); the line runs only
+    when torchrun did not start the process, and the launch picks the GPUs."""
     result = convert(
         """
         import argparse
@@ -1886,9 +1886,9 @@ def test_a_script_that_picks_its_gpus_itself_gets_a_todo_at_that_line():
                 opt.step()
         """
     )
-    assert '\nos.environ["CUDA_VISIBLE_DEVICES"] = args.gpu_id\n' in result.code
-    [todo] = result.todos
-    assert "CUDA_VISIBLE_DEVICES lists here" in todo.message and todo.line == 10
+    assert '\nif "LOCAL_RANK" not in os.environ:\n    os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu_id\n' in result.code
+    assert not result.todos
+    assert any("only when torchrun did not start the process" in c.message and c.line == 10 for c in result.changes)
 
 
 def test_a_metric_a_helper_computes_over_the_training_loader_is_averaged_over_ranks():
