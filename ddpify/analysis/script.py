@@ -1270,11 +1270,16 @@ def _passes(value: cst.BaseExpression, ref: str) -> bool:
     return ref_of(value) == ref
 
 
-def kept_by_objects(script: Script, ref: str, scope: ScopeNode) -> list[tuple[str, cst.FunctionDef]]:
+def kept_by_objects(script: Script, ref: str, scope: ScopeNode, rebound: bool = True) -> list[tuple[str, cst.FunctionDef]]:
     """`Trainer(model, optimizer, train_loader)` keeps `train_loader` as `self.train_loader`:
-    each `self.` attribute an `__init__` of the script's own classes stores `ref` in."""
+    each `self.` attribute an `__init__` of the script's own classes stores `ref` in.
+    `rebound=False`: not in an object `ref` itself is rebound to (`model = LossWrapper(model)`:
+    the object is the model from then on, and what it keeps is never wrapped on its own)."""
     found = []
     for call in script.calls_in(scope):
+        assign = script.parent(call)
+        if not rebound and isinstance(assign, cst.Assign) and assign.value is call and ref_of(assign.targets[0].target) == ref:
+            continue
         cls = script.class_called(call)
         init = script.methods(cls).get("__init__") if cls is not None else None
         param = param_receiving(init, call, ref) if init is not None and script.scope_of(call) is scope else None
@@ -1341,7 +1346,7 @@ def _pairs(target: cst.BaseExpression, value: cst.BaseExpression) -> list[tuple[
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
     """Which names hold a DDP model in which function, and which helper calls only evaluate."""
     for model, model_scope in script.models.items():
-        for attr, init in kept_by_objects(script, model, model_scope):
+        for attr, init in kept_by_objects(script, model, model_scope, rebound=False):
             for method in script.scopes_for(attr, init):
                 script.ddp_names.setdefault(method, set()).add(attr)
         for scope in script.scopes_for(model, model_scope):

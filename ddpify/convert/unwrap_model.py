@@ -9,7 +9,10 @@ prefix, loadable by the single-GPU script), the model's own methods and attribut
 (`model.init_hidden(...)`, `model.fc = ...`), `torch.save(model, ...)` of the whole
 model, and the model handed to an object that keeps or saves it (`early_stopping(loss,
 model)`). What DDP itself provides (`train()`, `eval()`, `parameters()`, `to()`, ...) and
-calling the model stay on the wrapper.
+calling the model stay on the wrapper. `model = model.eval()` (or `.train()`, `.to(...)`,
+`.float()`: nn.Module's methods that return the module itself) after the wrap keeps the DDP model.
+Only what was wrapped gets `.module`: the network a wrapper module keeps (`model =
+LossWrapper(model)`, then DDP around the wrapper) is never wrapped itself.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ddpify.analysis.script import data_parallel_modules, ref_of
 from ddpify.convert.context import Context
 
 ON_WRAPPER = N.DDP_ATTRIBUTES
+SELF_RETURNING = frozenset({"train", "eval", "to", "cuda", "cpu", "float", "half", "double", "bfloat16", "requires_grad_"})
 
 
 def run(ctx: Context) -> None:
@@ -36,17 +40,39 @@ def run(ctx: Context) -> None:
         owner = ref_of(node.value)
         if owner is None or node.attr.value in ON_WRAPPER:
             continue
-        if owner in script.ddp_names.get(script.scope_of(node), ()) and (plain := ctx.plain(node, owner)):
+        if owner in script.ddp_names.get(script.scope_of(node), ()) and (plain := _plain(ctx, node, owner)):
             edits.replace(node.value, edits.expression(plain))
             edits.change(node, f"`{plain}.{node.attr.value}`: the model's own, not the DDP wrapper's")
     for call in script.calls:
         args = N.positional(call)
         if script.is_call_to(call, N.TORCH_SAVE) and args:
             owner = ref_of(args[0].value)
-            if owner in script.ddp_names.get(script.scope_of(call), ()) and (plain := ctx.plain(call, owner)):
+            if owner in script.ddp_names.get(script.scope_of(call), ()) and (plain := _plain(ctx, call, owner)):
                 edits.replace(args[0].value, edits.expression(plain))
                 edits.change(call, f"saves `{plain}`, not the DDP wrapper")
     _unwrapped_in_saved_containers(ctx)
+
+
+def _plain(ctx: Context, node: cst.CSTNode, model: str) -> str | None:
+    """`ctx.plain`, followed through `model = model.eval()` (and the other methods that return
+    the module itself) after the wrap: still the DDP model, so `model.module`."""
+    found = ctx.plain(node, model)
+    script, wrapped = ctx.script, ctx.wrap_after.get(model)
+    scope = script.models.get(model)
+    if found is not None or ctx.fsdp2 or wrapped is None or script.scope_of(node) is not scope:
+        return found
+    if not script.ends_before(wrapped, node):
+        return None
+    rebinds = [a for a in script.assigns.get(scope, [])
+               if ref_of(a.targets[0].target) == model and script.ends_before(wrapped, a) and script.ends_before(a, node)]  # fmt: skip
+    return f"{model}.module" if rebinds and all(_returns_itself(a.value, model) for a in rebinds) else None
+
+
+def _returns_itself(value: cst.BaseExpression, model: str) -> bool:
+    """`model.eval()`, `model.to(device).train()`: `model` itself, whatever it is."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in SELF_RETURNING:
+        value = value.func.value
+    return ref_of(value) == model and not isinstance(value, cst.Call)
 
 
 def _unwrapped_in_saved_containers(ctx: Context) -> None:
@@ -67,7 +93,7 @@ def _unwrapped_in_saved_containers(ctx: Context) -> None:
             if not items or not (saves or script.summaries.saves(call, arg)):
                 continue  # (the containers first: asking what a callee saves costs more)
             for item in items:
-                if plain := ctx.plain(call, ref_of(item)):
+                if plain := _plain(ctx, call, ref_of(item)):
                     done.add(item)
                     edits.replace(item, edits.expression(plain))
                     edits.change(item, f"the checkpoint holds `{plain}`, not the DDP wrapper")
@@ -124,7 +150,7 @@ def _unwrapped_to_objects(ctx: Context) -> None:
             continue  # an object that trains needs the DDP model
         for arg in call.args:
             owner = ref_of(arg.value)
-            if owner in script.ddp_names.get(script.scope_of(call), ()) and (plain := ctx.plain(call, owner)):
+            if owner in script.ddp_names.get(script.scope_of(call), ()) and (plain := _plain(ctx, call, owner)):
                 edits.replace(arg.value, edits.expression(plain))
                 edits.change(call, f"`{cls.name.value}` gets `{plain}`: it keeps or saves the model, it does not train it")
 
@@ -141,7 +167,7 @@ def _unwrapped_to_helpers(ctx: Context) -> None:
             if owner is None or owner not in script.ddp_names.get(script.scope_of(call), ()):
                 continue
             fn = script.summaries.needs_plain(call, arg)
-            if fn is None or not (plain := ctx.plain(call, owner)):
+            if fn is None or not (plain := _plain(ctx, call, owner)):
                 continue
             edits.replace(arg.value, edits.expression(plain))
             edits.change(call, f"`{fn.name.value}()` gets `{plain}`: it uses the model's own methods")
