@@ -3,7 +3,10 @@
 `.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `.to(0)`, `torch.device("cuda")`, `torch.device(0)` and
 `device="cuda"` become the process's device where the code can name it; elsewhere the
 explicit index is dropped, so `torch.cuda.set_device(local_rank)` picks the GPU.
-`torch.load` gets a `map_location` so no rank loads onto GPU 0.
+`torch.load` gets a `map_location` so no rank loads onto GPU 0 (not where a `**mapping` may
+carry one: a note instead).
+A parameter's default (or a decorator) is evaluated when the `def` runs, before any run-time
+name of the setup exists: there the index is dropped (`torch.device("cuda")`), never `device`.
 The script's own `torch.cuda.set_device(...)` calls are removed: setup does it.
 Legacy tensor types (`torch.cuda.FloatTensor(...)`, `x.type(torch.cuda.LongTensor)`) allocate
 on the current device, which setup's `set_device` makes this process's GPU: they stay.
@@ -33,7 +36,7 @@ def run(ctx: Context) -> None:
             for a in call.args
         ):
             continue  # spread_model_over_gpus gives each process its own GPUs
-        visible = ctx.device_visible(script.scope_of(call))
+        visible = ctx.device_visible(script.scope_of(call)) and not _at_definition(script, call)
         device = ctx.device if visible else None  # the code that names this process's device here
         name = N.call_name(call)
         if script.is_call_to(call, N.SET_DEVICE):
@@ -52,10 +55,17 @@ def run(ctx: Context) -> None:
             edits.replace(target.value, edits.expression(device or '"cuda"'))
             edits.change(call, f"`.to(...)` now targets `{ctx.device if visible else 'cuda'}`")
         elif script.is_call_to(call, N.TORCH_LOAD) and N.keyword(call, "map_location") is None:
-            _map_location(ctx, call, ctx.device if visible else '"cpu"')
-        elif script.is_call_to(call, N.TORCH_DEVICE) and _means_gpu(ctx, call) and device is not None:
-            edits.replace(call, edits.expression(device))
-            edits.change(call, f"`torch.device(...)` is now `{ctx.device}`")
+            if any(a.star == "**" for a in call.args):
+                edits.note(call, "`torch.load(..., **mapping)`: give it `map_location=` in the mapping, or each rank may load onto GPU 0")
+            else:
+                _map_location(ctx, call, ctx.device if visible else '"cpu"')
+        elif script.is_call_to(call, N.TORCH_DEVICE) and _means_gpu(ctx, call):
+            if device is not None:
+                edits.replace(call, edits.expression(device))
+                edits.change(call, f"`torch.device(...)` is now `{ctx.device}`")
+            elif not _plain_cuda(call.args[0].value) or len(call.args) > 1:
+                edits.replace(call, call.with_changes(args=[cst.Arg(cst.SimpleString('"cuda"'))]))
+                edits.change(call, '`torch.device("cuda")`: the current device, LOCAL_RANK\'s GPU once set up')
         else:
             arg = N.keyword(call, "device")
             if arg is not None and N.is_cuda_string(arg.value) and not _per_process_string(ctx, arg.value):
@@ -63,6 +73,20 @@ def run(ctx: Context) -> None:
                     continue
                 edits.replace(arg.value, edits.expression(device or '"cuda"'))
                 edits.change(call, f"`device=` now names `{ctx.device if visible else 'cuda'}`")
+
+
+def _at_definition(script, node: cst.CSTNode) -> bool:
+    """Is `node` in a parameter's default or annotation, or a decorator, of a `def`: code run
+    when the `def` runs (at import, for a module's functions), not when the function does?"""
+    held = False
+    for anc in script.ancestors(node):
+        if isinstance(anc, (cst.Param, cst.Decorator)):
+            held = True
+        elif isinstance(anc, cst.Lambda):
+            held = False  # a lambda's defaults are evaluated where the lambda is
+        elif isinstance(anc, (cst.FunctionDef, cst.BaseSuite)):
+            return held and isinstance(anc, cst.FunctionDef)
+    return False
 
 
 def _plain_cuda(node: cst.BaseExpression) -> bool:
