@@ -3,7 +3,8 @@ Python finds them, and nothing from site-packages or the standard library.
 
 `python train.py` puts the entry's folder first on `sys.path`; many repositories also run with
 their root on the path (`PYTHONPATH=.` or an editable install), so a module is looked up in the
-entry's folder, then in the project root (the nearest folder above it with `.git`,
+entry's folder, then in the folders the entry adds to `sys.path` itself (which extend the root to
+hold them: analysis.sys_path), then in the project root (the nearest folder above it with `.git`,
 `pyproject.toml`, `setup.py` or `setup.cfg`; the entry's folder when there is none). Packages
 (`models/__init__.py`), submodules (`from models import resnet`), `import a.b.c` and relative
 imports (`from .base import X`, `from .. import utils`) are followed, transitively. A name that
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ddpify.analysis.index import dotted_name
+from ddpify.analysis.sys_path import added_folders
 
 if TYPE_CHECKING:
     from ddpify.analysis.summaries import FunctionSummaries
@@ -83,6 +85,13 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None, l
             continue
         project.modules[path] = name
         project.parsed[path] = module
+        if path == entry:  # `sys.path.append(ROOT)`: modules beside the folders it adds are the project's
+            for folder in added_folders(module, entry):
+                if folder not in search:
+                    search.append(folder)
+                if root not in (folder, *folder.parents):
+                    root = Path(os.path.commonpath([root, folder]))
+            project.root = root
         found = []
         for dotted in _imported_names(module, name, path):
             target = _resolve(dotted, search, root)

@@ -43,9 +43,10 @@ class RunFacts:
     written: list[tuple[str, Site]] = field(default_factory=list)  # (path relative to the run's folder, where)
 
     @classmethod
-    def from_trace(cls, trace: dict, entry: str) -> RunFacts:
-        """`entry`: the script's path relative to the project root (how the run names its lines)."""
-        at = _Sites(entry, trace.get("cwd") or "")
+    def from_trace(cls, trace: dict, entry: str, cwd: str = "") -> RunFacts:
+        """`entry`: the script's path relative to the project root; `cwd`: the folder the run ran
+        in, relative to that root (the run names its lines relative to it)."""
+        at = _Sites(entry, trace.get("cwd") or "", cwd)
         loaders = trace.get("loaders", [])
         steps: Counter = Counter()
         for p in trace.get("passes", []):
@@ -85,7 +86,7 @@ class RunFacts:
         else:
             sites = [s for _, s in {"seed": self.seeds, "optimizer": self.optimizers, "model": self.models,
                                     "write": self.written}[what]]  # fmt: skip
-        return {s.line for s in sites if s.module == module}
+        return {s.line for s in sites if s.module == module or (module and s.module.endswith("." + module))}
 
     def summary(self) -> list[str]:
         """What the run told the conversion, a line each, for the summary."""
@@ -117,13 +118,14 @@ class _Sites:
     """The run's `file:line` strings (relative to the folder it ran in) as sites by module."""
 
     entry: str
-    cwd: str
+    cwd: str  # absolute, as the run saw it
+    base: str = ""  # the run's folder relative to the project root
 
     def site(self, where: str | None) -> Site | None:
         if not where or ":" not in where:
             return None
         path, _, line = where.rpartition(":")
-        path = os.path.normpath(path)
+        path = os.path.normpath(os.path.join(self.base, path))
         if path.startswith(".."):
             return None  # outside the run's folder: not the project's code
         module = "" if path == os.path.normpath(self.entry) else path.removesuffix(".py").replace(os.sep, ".")

@@ -202,7 +202,8 @@ def replan_modules(
     edits.forget(lambda node: not run_by_entry(script, node))
     planned = edits.planned
     for module, name in script.index.roots.items():
-        if not planned and _imports(module, edits, prune=True) is not module:
+        use = NameUse(module)  # an import the module lacks: a name it reads and never binds
+        if not planned and _imports(module, edits, prune=True, read=use.read - use.bound) is not module:
             planned.append(("imports", 1, f"changes the imports of {name or 'the entry'}"))
     return planned
 

@@ -85,7 +85,8 @@ class Observation:
         return self.launch.traces[("original", 0)]
 
     def facts(self) -> RunFacts:
-        return RunFacts.from_trace(self.trace, str(self.source.relative_to(self.root)))
+        cwd = Path(self.launch.traces[("original", 0)]["cwd"]).relative_to(self.work / "original")
+        return RunFacts.from_trace(self.trace, str(self.source.relative_to(self.root)), str(cwd))
 
     def discard(self, options: VerifyOptions) -> None:
         if options.keep is None:
@@ -101,9 +102,7 @@ def observe(original: Path, options: VerifyOptions | None = None) -> Observation
         raise VerifyError(f"{original}: no such file")
     gpus = _probe(options.python)
     source = original.resolve()
-    root = Path.cwd().resolve()
-    if root not in source.parents:
-        root = source.parent
+    root = run_root(source)
     on_gpus = options.device != "cpu" and gpus >= options.nproc
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if not on_gpus:
@@ -131,6 +130,33 @@ def observe(original: Path, options: VerifyOptions | None = None) -> Observation
     return observation
 
 
+def run_root(source: Path) -> Path:
+    """The folder the runs copy: the one the user runs from (the script's, when it lies outside
+    it), widened to hold the folders the script puts on sys.path itself (`sys.path.append(ROOT)`
+    of an entry in `src/` that imports `utils/`)."""
+    from ddpify.analysis.sys_path import added_folders
+    from ddpify.engine import parse
+    from ddpify.files import read_source
+
+    root = Path.cwd().resolve()
+    if root not in source.parents:
+        root = source.parent
+    try:
+        folders = added_folders(parse(read_source(source)[0], str(source)), source)
+    except Exception:  # noqa: BLE001 - a script that does not parse fails in its own run, with its own message
+        folders = []
+    for folder in folders:
+        if root not in (folder, *folder.parents):
+            root = Path(os.path.commonpath([root, folder]))
+    return root
+
+
+def _run_folder(folder: Path, root: Path, source: Path) -> Path:
+    """Where a run works in its copy `folder` of root: the user's folder, or the script's."""
+    cwd = Path.cwd().resolve()
+    return folder / (cwd if root in (cwd, *cwd.parents) else source.parent).relative_to(root)
+
+
 def _why_failed(source: Path, trace: dict | None, launch: Launch, options: VerifyOptions) -> str:
     """The original's own failure: its traceback, or where it stood when it ran past the timeout."""
     stacks = launch.stacks.get(("original", 0), "")
@@ -156,9 +182,7 @@ def verify(
     if observation is None:
         gpus = _probe(options.python)
         source = original.resolve()
-        root = Path.cwd().resolve()
-        if root not in source.parents:
-            root = source.parent
+        root = run_root(source)
     else:
         gpus, source, root = observation.gpus, observation.source, observation.root
     texts, what, notes = _converted_files(source, converted, root, options)
@@ -240,9 +264,11 @@ def _placed(converted: Path, source: Path, root: Path) -> Path:
 def _entry(options: VerifyOptions, root: Path, folders: dict, label: str, script: Path, **extra) -> dict:
     """One run of a plan: `script` (a path under root) in the copy `folders[label]`."""
     folder = folders[label]
-    return dict(label=label, script=str(folder / script.relative_to(root)), args=list(options.args), cwd=str(folder),
+    return dict(label=label, script=str(folder / script.relative_to(root)), args=list(options.args),
+                cwd=str(_run_folder(folder, root, script)),
                 env={"PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))},
-                limit={"steps": options.steps, "epochs": options.epochs}, timeout=options.timeout, **extra)  # fmt: skip
+                limit={"steps": options.steps, "epochs": options.epochs}, timeout=options.timeout, root=str(folder),
+                **extra)  # fmt: skip
 
 
 def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source: Path, runs_at: Path, env: dict,

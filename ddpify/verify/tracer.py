@@ -56,6 +56,7 @@ steps; the run stops at the start of pass E+1, or after E*K steps without a load
 loader workers, random_split seeded, no shuffling, DistributedSamplers too; the training loader, found in
 the earlier run ``train_loader_from``, gets ``batch_scale`` times its batch), ``compare_params``
 (a params file of an earlier run: ``reference_diff`` says how far this run ends from it),
+``root`` (the project's folder, when the script runs below it: its modules' lines count as the script's),
 ``timeout`` (seconds: then every thread's stack goes to ``stacks-<tag>.txt`` and the process
 exits), ``only_if_ok`` / ``only_if_failed`` (run only if that earlier run did / did not succeed). ``--keep-going`` runs the rest
 of a plan after a failing run. Under torchrun every run of a plan gets its own rendezvous store:
@@ -891,17 +892,21 @@ _installed = False
 
 
 def _script_call() -> str | None:
-    """`file:line` of the script's line that called the wrapper calling this, unless torch's own
-    code made the call on the way (torch.manual_seed seeds CUDA too; inductor sets its cache folder)."""
+    """`file:line` of the script's line that called the wrapper calling this, when the script
+    itself made the call: not torch on its way (torch.manual_seed seeds CUDA too; inductor sets
+    its cache folder), nor a library the script imports (cv2 sets LD_LIBRARY_PATH)."""
     frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if name != _HERE and name.startswith(_state.get("roots") or ()) and "site-packages" not in name:
-            return f"{os.path.relpath(name)}:{frame.f_lineno}"
-        if any(f"{os.sep}{package}{os.sep}" in name for package in ("torch", "triton")):
-            return None
-        frame = frame.f_back
+    while frame is not None and frame.f_code.co_filename in _PASSED_THROUGH:
+        frame = frame.f_back  # `os.environ.setdefault`, `random.seed` reach the wrapper through these
+    if frame is None:
+        return None
+    name = frame.f_code.co_filename
+    if name != _HERE and name.startswith(_state.get("roots") or ()) and "site-packages" not in name:
+        return f"{os.path.relpath(name)}:{frame.f_lineno}"
     return None
+
+
+_PASSED_THROUGH = {os.path.join(os.path.dirname(os.__file__), name) for name in ("os.py", "_collections_abc.py", "random.py")}
 
 
 def _environ_setitem(original):
@@ -1057,7 +1062,8 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
         os.chdir(cwd)
     _trace["cwd"] = os.getcwd()
     _state["roots"] = tuple(
-        os.path.abspath(p) + os.sep for p in {os.getcwd(), os.path.dirname(os.path.abspath(script))}
+        os.path.abspath(p) + os.sep
+        for p in {os.getcwd(), os.path.dirname(os.path.abspath(script)), *filter(None, [config.get("root")])}
     )
     code, failure = 0, None
     try:
@@ -1198,7 +1204,7 @@ def fresh_rendezvous(run_index: int) -> dict:
     return {"MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "False"}
 
 
-CONFIG_KEYS = ("limit", "reference", "compare_params", "timeout")
+CONFIG_KEYS = ("limit", "reference", "compare_params", "timeout", "root")
 
 
 def main(argv: list[str]) -> int:

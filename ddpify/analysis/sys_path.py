@@ -1,0 +1,96 @@
+"""The folders a script puts on `sys.path` itself, read without running it.
+
+    ROOT = os.path.dirname(os.path.abspath(__file__)) + "/../"
+    sys.path.append(ROOT)                                   # the folder above the script's
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+Such a script imports modules that live beside that folder (`import utils.lib_rnn`): they belong
+to its project. The path is evaluated from `__file__` with the few operations scripts use
+(`os.path.dirname/abspath/realpath/join/normpath`, `+` on strings, `Path(...)`, `.parent`,
+`.resolve()`, `/`, `str(...)`), through module-level names bound once; anything else is not a
+folder this module can know, and is left out. A relative string is taken from the script's folder
+(where it is usually run).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import libcst as cst
+
+from ddpify.analysis.index import dotted_name
+
+ADDERS = ("sys.path.append", "sys.path.insert", "sys.path.extend")
+PATH_FUNCTIONS = {"os.path.dirname": os.path.dirname, "os.path.abspath": os.path.abspath,
+                  "os.path.realpath": os.path.abspath, "os.path.normpath": os.path.normpath}  # fmt: skip
+
+
+def added_folders(module: cst.Module, script: Path) -> list[Path]:
+    """The existing folders the module-level code of `script` appends or inserts into sys.path."""
+    bound: dict[str, cst.BaseExpression] = {}
+    found: list[Path] = []
+    for stmt in _statements(module.body):
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                bound[small.targets[0].target.value] = small.value
+            call = small.value if isinstance(small, cst.Expr) else None
+            if isinstance(call, cst.Call) and dotted_name(call.func) in ADDERS and call.args:
+                value = _value(call.args[-1].value, bound, script)
+                folder = Path(value) if isinstance(value, (str, Path)) else None
+                if folder is not None:
+                    folder = (script.parent / folder).resolve() if not folder.is_absolute() else folder.resolve()
+                    if folder.is_dir() and folder not in found:
+                        found.append(folder)
+    return found
+
+
+def _statements(body):
+    """Module-level statements, and those of `if` blocks at module level (`if 1: sys.path.append(...)`)."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock):
+            yield from _statements(stmt.body.body)
+
+
+def _value(node: cst.BaseExpression, bound: dict, script: Path, depth: int = 0):
+    """A str or Path the expression evaluates to, or None."""
+    if depth > 8:
+        return None
+    if isinstance(node, cst.Name):
+        if node.value == "__file__":
+            return str(script)
+        return _value(bound[node.value], bound, script, depth + 1) if node.value in bound else None
+    if isinstance(node, cst.SimpleString):
+        return node.evaluated_value if isinstance(node.evaluated_value, str) else None
+    if isinstance(node, cst.BinaryOperation):
+        left, right = _value(node.left, bound, script, depth + 1), _value(node.right, bound, script, depth + 1)
+        if left is None or right is None:
+            return None
+        if isinstance(node.operator, cst.Add) and isinstance(left, str) and isinstance(right, str):
+            return left + right
+        if isinstance(node.operator, cst.Divide) and isinstance(left, Path):
+            return left / str(right)
+        return None
+    if isinstance(node, cst.Attribute):
+        inner = _value(node.value, bound, script, depth + 1)
+        return inner.parent if isinstance(inner, Path) and node.attr.value == "parent" else None
+    if not isinstance(node, cst.Call):
+        return None
+    args = [_value(a.value, bound, script, depth + 1) for a in node.args]
+    if any(a is None for a in args):
+        return None
+    name = dotted_name(node.func) or ""
+    if name in PATH_FUNCTIONS and len(args) == 1:
+        return PATH_FUNCTIONS[name](str(args[0]))
+    if name == "os.path.join" and args:
+        return os.path.join(*map(str, args))
+    if name in ("Path", "pathlib.Path") and args:
+        return Path(*map(str, args))
+    if name == "str" and len(args) == 1:
+        return str(args[0])
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("resolve", "absolute") and not args:
+        inner = _value(node.func.value, bound, script, depth + 1)
+        return inner.resolve() if isinstance(inner, Path) else None
+    return None
