@@ -160,6 +160,7 @@ class OptimizerSummaries:
         self._module: dict[cst.ClassDef, Optional[bool]] = {}
         self.parameter_methods = frozenset(self._parameter_methods())
         self.trains: dict[cst.FunctionDef, Trains] = {}
+        self.optimizer_classes = self._optimizer_classes()
         # `model.configure_optimizers()`: the receiver's class is not known, the method's name is
         self.optimizer_methods: frozenset[str] = frozenset()
         for _ in range(3):  # a factory that calls a factory
@@ -172,6 +173,21 @@ class OptimizerSummaries:
                 break
 
     # classes ------------------------------------------------------------------------------------
+    def builds(self, qnames: frozenset[str]) -> bool:
+        """Does a call to this callee build an optimizer: torch.optim's, a library's, or one of the
+        project's own classes derived from them (`class BertAdam(Optimizer)`)?"""
+        return builds_optimizer(qnames) or not qnames.isdisjoint(self.optimizer_classes)
+
+    def _optimizer_classes(self) -> frozenset[str]:
+        """The qualified names of the project's optimizer classes, through bases of bases."""
+        found: set[str] = set()
+        for _ in range(3):
+            for cls in self.index.classes:
+                bases = [self.index.qnames(b.value) for b in cls.bases if b.keyword is None]
+                if any(builds_optimizer(q) or not q.isdisjoint(found) for q in bases):
+                    found |= self.index.qnames(cls.name)
+        return frozenset(found)
+
     def is_module(self, cls: cst.ClassDef) -> Optional[bool]:
         """True: an `nn.Module` (a base is one, here or in another module of the project);
         False: certainly not (no base, `object`, or plain classes of the project only);
@@ -212,7 +228,7 @@ class OptimizerSummaries:
             cls = self.class_of(fn)
             if cls is None or self.is_module(cls) is False or fn.name.value in PARAMETER_CALLS:
                 continue
-            if any(builds_optimizer(ci.qnames) for ci in self.index.calls_under(fn)):
+            if any(self.builds(ci.qnames) for ci in self.index.calls_under(fn)):
                 continue  # it hands out an optimizer (`configure_optimizers`), not parameters
             if any(isinstance(n, (cst.Return, cst.Yield)) and n.value is not None for n in own_nodes(fn)):
                 yield fn.name.value
@@ -228,7 +244,7 @@ class OptimizerSummaries:
         for ci in self.index.calls_under(fn):
             if self.index.enclosing_func(ci.node) is not fn:
                 continue  # a function defined inside it
-            if not builds_optimizer(ci.qnames) and self.passed(ci.node) is None:
+            if not self.builds(ci.qnames) and self.passed(ci.node) is None:
                 continue
             if not _returned(self.index, fn, ci.node):
                 continue  # built and used here (a training function): not a factory

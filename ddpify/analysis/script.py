@@ -671,7 +671,7 @@ def _find_model(script: Script) -> None:
         # `optim.optim4GPU(cfg, model)`, `model.configure_optimizers()` (`model.module.` in a converted trainer)
         passed = summaries.passed(call)
         by_name = any("torch.optim" in script.names(a.value) for a in call.args)  # `init_obj(cfg, "optimizer", torch.optim, params)`
-        if passed is None and not by_name and not builds_optimizer(script.names(call.func)):
+        if passed is None and not by_name and not summaries.builds(script.names(call.func)):
             continue
         optimizer_scope = script.scope_of(call)
         owners = [passed] if passed else parameter_owners(
