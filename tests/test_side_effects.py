@@ -44,6 +44,10 @@ WRITES = {
     "a bar's write": ("from tqdm import tqdm", "    bar = tqdm(range(3))\n    bar.write(f'epoch {epoch}')"),
     "sys.stdout.write": ("import sys", "    sys.stdout.write(f'[{epoch}] done')"),
     "logging.config.dictConfig": ("import logging.config", "    logging.config.dictConfig({'version': 1})"),
+    "wave opened to write": ("import wave", "    with wave.open(f'e{epoch}.wav', 'wb') as clip: clip.writeframes(b'')"),
+    "a library's writer, by its name": ("from audiokit.io import save_clip", "    save_clip('out' + f'/e{epoch}.wav', x.numpy())"),
+    "a library's method, by its name": ("import meshlib", "    meshlib.Mesh().export_obj(f'e{epoch}.json')"),
+    "matplotlib imsave": ("import matplotlib.pyplot as plt", "    plt.imsave(f'e{epoch}.png', x.numpy())"),
 }
 
 
@@ -54,8 +58,39 @@ def test_writer_runs_on_rank_zero(kind):
     result = convert_source(source, "train.py")
     lines = result.code.splitlines()
     at = next(i for i, line in enumerate(lines) if write.strip().splitlines()[-1].strip() in line)
-    guard = lines[at - 1].strip()
-    assert "get_rank() == 0" in guard or "RANK" in guard, "\n".join(lines[at - 3 : at + 1])
+    size = len(write.strip().splitlines())  # an image made only to be saved goes with its save
+    guards = [lines[at - 1].strip(), lines[at - size].strip()]
+    assert any("get_rank() == 0" in g or "RANK" in g for g in guards), "\n".join(lines[at - 3 : at + 1])
+
+
+@pytest.mark.parametrize(
+    "call", ["load_clip(f'e{epoch}.wav')", "save_clip(path_of(epoch))", "store.save_or_load(f'e{epoch}.pt')"]
+)  # fmt: skip
+def test_a_library_call_that_reads_or_names_no_file_stays_on_every_rank(call):
+    """A library's function is a writer by its name only with an output file's name among its
+    arguments, and no word of its name reads (load, read, open, get...)."""
+    source = "from audiokit import load_clip, save_clip, path_of, store\n" + textwrap.dedent(PRELUDE) + f"    {call}\n"
+    code = convert_source(source, "train.py").code
+    assert f"\n    {call}\n" in code, code
+
+
+def test_a_figure_is_drawn_where_it_is_saved():
+    """The statements that draw a figure beside its save run on rank 0 with it, and a loop that
+    only draws and saves is guarded whole; a statement that trains is never taken along."""
+    source = "import matplotlib.pyplot as plt\n" + textwrap.dedent(PRELUDE) + textwrap.dedent("""
+        for i in range(2):
+            plt.figure()
+            plt.plot([i, epoch])
+            plt.savefig(f'p{i}.png')
+            plt.close()
+        fig, ax = plt.subplots()
+        ax.plot([1, 2])
+        fig.savefig('final.png')
+        plt.close(fig)
+    """)
+    code = convert_source(source, "train.py").code
+    assert "if dist.get_rank() == 0:\n    for i in range(2):\n        plt.figure()" in code, code
+    assert "\n    fig, ax = plt.subplots()\n    ax.plot([1, 2])\n    fig.savefig('final.png')\n    plt.close(fig)\n" in code, code  # the same `if`
 
 
 def test_a_read_stays_on_every_rank():

@@ -97,6 +97,51 @@ def written_and_read_back(index: FileIndex, ci: CallInfo) -> bool:
     return False
 
 
+def cache_test(index: FileIndex, stmt: cst.CSTNode) -> bool:
+    """`if os.path.exists(path): load it / else: build it, torch.save(it, path)` (or `if not
+    exists(path): build and save`): a cache every rank would build and write, each reading it
+    when it looks. Its local rank 0 should run the `if` first, the others after a barrier (then
+    every rank of the node takes the branch that reads)."""
+    if not isinstance(stmt, cst.If):
+        return False
+    tested = {index.code(p) for c in iter_nodes(stmt.test) if isinstance(c, cst.Call) for p in _tested_paths(c)}
+    if not tested:
+        return False
+    inside = [ci for ci in index.calls_under(stmt) if not _within(index, ci.node, stmt.test)]
+    return any(tested & {index.code(p) for p in _written_paths(index, ci)} for ci in inside)
+
+
+def _tested_paths(call: cst.Call) -> list[cst.BaseExpression]:
+    """The path an existence test asks about: `os.path.exists(p)` -> p; `Path(p).is_file()` ->
+    `Path(p)` and p; `p.exists()` -> p."""
+    if last_name(call.func) not in N.EXISTENCE_TESTS:
+        return []
+    args = positional(call)
+    if args:
+        return [args[0].value]
+    owner = call.func.value if isinstance(call.func, cst.Attribute) else None
+    if owner is None:
+        return []
+    inner = positional(owner) if isinstance(owner, cst.Call) else []
+    return [owner, *(a.value for a in inner[:1])]
+
+
+def _written_paths(index: FileIndex, ci: CallInfo) -> list[cst.BaseExpression]:
+    """The arguments that may name the file a writing call writes (all of them: which one is
+    the path differs from writer to writer), none for other calls."""
+    if ci.qnames & N.OPEN:
+        return [positional(ci.node)[0].value] if positional(ci.node) and _mode(ci.node).startswith(("w", "a", "x")) else []
+    if not side_effects.writes(ci.qnames, ci.name, method=ci.receiver is not None) and not (
+        ci.name == "save" and ci.receiver is not None
+    ):
+        return []
+    return [a.value for a in ci.node.args] + ([ci.receiver] if ci.receiver is not None else [])
+
+
+def _within(index: FileIndex, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    return node is outer or any(a is outer for a in index.ancestors(node))
+
+
 def _mode(call: cst.Call) -> str:
     args = positional(call)
     mode = args[1].value if len(args) > 1 else next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
@@ -329,6 +374,8 @@ def _output_once_per_node(index: FileIndex) -> list[list[Guard]]:
         for ci in index.calls:
             if ci.node in found or not _once(index, ci, loggers, writers) or not rank.in_rank0(ci.node):
                 continue
+            if any(isinstance(a, cst.If) and cache_test(index, a) for a in index.ancestors(ci.node)):
+                continue  # a cache's file: each node's local rank 0 writes it for its other ranks
             paths = [
                 guards for guards, _ in rank0_paths(rank, ci.node)
                 if local(guards) and not any(prepares_data(index, c) for g in guards for c in index.calls_under(g.region))

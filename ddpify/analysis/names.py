@@ -100,6 +100,21 @@ CUDA_PREFIX = "torch.cuda."  # `torch.cuda.X`: the script names CUDA
 # Methods and functions that test whether a file or folder is there (`os.path.exists(p)`,
 # `Path(p).is_file()`): an `if` on one is a cache test, whose branch a rank takes by when it looks.
 EXISTENCE_TESTS = frozenset({"exists", "isfile", "is_file", "isdir", "is_dir"})
+# A function of a library the analysis has no entry for writes a file when its name says so
+# (`save_sample`, `write_wav`, `export_mesh`) and an argument names a file of an output kind
+# (`root / ("clip_%d.wav" % i)`, `f"{out}/{step}.png"`): side_effects.writes_named_file.
+WRITER_WORDS = frozenset({"save", "write", "dump", "export", "store", "imsave", "imwrite", "savefig", "mimsave",
+                          "savez", "savetxt", "tofile"})  # fmt: skip
+READER_WORDS = frozenset({"load", "read", "open", "restore", "fetch", "download", "extract", "unpack", "get",
+                          "parse", "from", "exists", "remove", "delete"})  # fmt: skip
+OUTPUT_SUFFIXES = frozenset(
+    {"wav", "flac", "mp3", "ogg", "png", "jpg", "jpeg", "gif", "bmp", "tif", "tiff", "svg", "pdf", "eps", "npy",
+     "npz", "csv", "tsv", "json", "yaml", "yml", "txt", "log", "pkl", "pickle", "pt", "pth", "ckpt", "bin", "h5",
+     "hdf5", "mp4", "avi", "html", "xlsx", "parquet", "onnx", "safetensors"}
+)  # fmt: skip
+# Libraries that draw figures: the statements that draw one (`plt.scatter(...)`, `plt.close()`)
+# beside the call that saves it go where it goes (rank 0), guard_rank_zero's figure statements.
+FIGURE_LIBRARIES = ("matplotlib", "seaborn", "plotly", "bokeh", "PIL.Image")  # PIL.Image: ImageDraw too
 # What asks about the GPUs without using one (`args.cuda = not args.no_cuda and
 # torch.cuda.is_available()`): the setup may follow it, and then read the flag it sets.
 CUDA_QUESTIONS = spelled({"torch.cuda.is_available", "torch.cuda.device_count"})

@@ -10,12 +10,15 @@ Output meant once per job is recognised by what a call is, not by a short list o
 | tracking and logging libraries | every function of TensorBoard (`torch.utils.tensorboard`, tensorboardX, `tensorboard_logger`), W&B, MLflow, Neptune, Comet, ClearML, Aim and visdom |
 | writer methods on any object | `savefig`, pandas `to_csv`/`to_json`/`to_parquet`/..., csv `writerow(s)`, `save_pretrained`, pathlib `write_text`/`write_bytes` |
 | methods of a library's objects | `.save(...)`/`.write(...)` on what PIL, imageio, h5py, soundfile, matplotlib or tqdm made (`Image.fromarray(a).save(path)`, `bar = tqdm(loader)` then `bar.write(msg)`) |
+| functions of other libraries | a call whose name says it writes (`save_sample`, `write_wav`, `export`) and that gets a file name of an output kind (`root / ("clip_%d.wav" % i)`, `f"{out}/{i}.png"`): `writes_named_file` |
 
 Prints, logging calls, `open(..., "w")` and objects made by the libraries above (a
 `SummaryWriter`, a W&B run) are handled where they are used (`guard_rank_zero`, `multinode`).
 """
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -29,7 +32,9 @@ WRITE_FUNCTIONS = frozenset(
      "imageio.v3.imwrite", "cv2.imwrite", "skimage.io.imsave", "scipy.misc.imsave", "soundfile.write",
      "scipy.io.wavfile.write", "torchaudio.save", "torchvision.io.write_video", "torchvision.io.write_png",
      "torchvision.io.write_jpeg", "logging.basicConfig", "logging.config.dictConfig",
-     "logging.config.fileConfig", "tqdm.write", "tqdm.tqdm.write", "tqdm.auto.tqdm.write",
+     "logging.config.fileConfig", "matplotlib.pyplot.imsave", "librosa.output.write_wav", "torch.jit.save",
+     "joblib.dump", "torch.onnx.export", "torchvision.io.write_file", "imageio.v2.imsave", "imageio.v2.mimsave",
+     "imageio.v3.imwrite", "tifffile.imwrite", "marshal.dump", "plistlib.dump", "toml.dump", "tqdm.write", "tqdm.tqdm.write", "tqdm.auto.tqdm.write",
      "tqdm.std.tqdm.write", "sys.stdout.write"}
 )  # fmt: skip
 TRACKER_MODULES = ("torch.utils.tensorboard", "tensorboardX", "tensorboard_logger", "wandb", "mlflow", "neptune",
@@ -38,7 +43,7 @@ TRACKER_MODULES = ("torch.utils.tensorboard", "tensorboardX", "tensorboard_logge
 _TRACKER_READS = ("wandb.Api", "mlflow.get_", "mlflow.search_", "mlflow.load", "wandb.restore")
 WRITE_METHODS = frozenset(
     {"savefig", "to_csv", "to_json", "to_parquet", "to_pickle", "to_excel", "to_hdf", "to_feather", "writerow",
-     "writerows", "save_pretrained", "addHandler", "write_text", "write_bytes"}
+     "writerows", "save_pretrained", "addHandler", "write_text", "write_bytes", "tofile", "to_html", "to_latex"}
 )  # fmt: skip
 LIBRARY_OBJECTS = ("PIL.", "imageio.", "h5py.", "soundfile.", "matplotlib.", "cv2.", "tqdm.")  # tqdm: `bar.write(msg)`
 LIBRARY_WRITE_METHODS = frozenset({"save", "write", "imwrite", "savefig", "create_dataset", "close_and_save"})
@@ -57,6 +62,17 @@ def writes(qnames: frozenset[str], name: str, receiver_roots: frozenset[str] = f
     if method and name in WRITE_METHODS:
         return True
     return name in LIBRARY_WRITE_METHODS and any(q.startswith(LIBRARY_OBJECTS) for q in receiver_roots)
+
+
+_OUTPUT_FILE = re.compile(r"\.(%s)[\"']" % "|".join(sorted(N.OUTPUT_SUFFIXES)), re.IGNORECASE)
+
+
+def writes_named_file(name: str, args: list[str]) -> bool:
+    """Does a call of a function the analysis cannot follow (a library's) write a file? Its
+    name has a word that writes and none that reads (`save_sample`, not `load_or_save`), and
+    the code of one of `args` names a file of an output kind (`"clip_%d.wav" % i`)."""
+    words = set(re.findall(r"[a-z]+", re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()))
+    return bool(words & N.WRITER_WORDS) and not words & N.READER_WORDS and any(_OUTPUT_FILE.search(a) for a in args)
 
 
 _EXITS = ("exit", "_exit", "abort", "quit")

@@ -20,7 +20,11 @@ on another rank of the node would rewrite the files while its local rank 0 reads
 
 A fetch under a test of its file's existence (`if not os.path.exists(path):` download and
 write, `else:` read) gets the pair of barriers too: every rank runs the `if`, the others after
-local rank 0, and take the branch that reads.
+local rank 0, and take the branch that reads. So does a cache the script builds itself (`if
+os.path.exists(cached): features = torch.load(cached) / else: build, torch.save(features,
+cached)`): else every rank would build and write it, and read it while another writes. In a
+function of another module (a dataset helper other entries import) those barriers wait only
+where a process group exists.
 
 Consecutive fetches share one pair of barriers. The barriers sit outside any step loop; the
 closing one may follow the loader built from the dataset (shard_data lifts the dataset out of
@@ -35,13 +39,14 @@ import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
-from ddpify.analysis.multinode import fetches, guard_kind
+from ddpify.analysis.multinode import cache_test, fetches, guard_kind
 from ddpify.analysis.rank import rank_analysis
 from ddpify.convert.context import RANK0, Context
+from ddpify.convert.per_process import PerProcess, shared_temp_dirs
 
 TODO = "every rank downloads here, before the process group exists: download once beforehand"
-BEFORE = "if {group}{rank} != 0:\n    dist.barrier()  # wait for {who} to download\n"
-AFTER = "if {group}{rank} == 0:\n    dist.barrier()  # downloaded{where}: let {others} read it\n"
+BEFORE = "if {group}{rank} != 0:\n    dist.barrier()  # wait for {who} to {verb}\n"
+AFTER = "if {group}{rank} == 0:\n    dist.barrier()  # {done}{where}: let {others} read it\n"
 # A dataset fetched in a function of another module, which the program calls once the group
 # exists (`get_training_dataloader()` in utils.py): its barriers wait only where a group exists,
 # since another script of the project may call the function as one process (its test.py).
@@ -64,6 +69,11 @@ def run(ctx: Context) -> None:
             edits.todo(_left_on(script, stmt, TODO), stmt, TODO)
             continue
         statements.append(stmt)
+    caches = [
+        s for s in _caches(ctx) if not any(script.inside(s, o) or script.inside(o, s) for o in statements)
+        and (ctx.rank0_condition(s) == RANK0 or ctx.setup_scope is None or script.root_of(s) is not script.root_of(ctx.setup_scope))
+    ]  # before the group exists in its own module, no barrier could wait: its local rank 0 writes (guard_rank_zero)
+    statements += caches
     shared = ctx.options.shared_fs
     for stmt in [s for s in statements if not _by_keyword(script, s)]:
         statements.remove(stmt)
@@ -78,12 +88,33 @@ def run(ctx: Context) -> None:
         index = block.index(stmt)
         rank = "dist.get_rank()" if shared else ctx.local_rank_at(stmt)
         group = IN_A_GROUP if ctx.rank0_condition(stmt) != RANK0 else ""
+        verb, done = ("build the cache", "cached") if stmt in caches else ("download", "downloaded")
         if (index == 0 or block[index - 1] not in statements) and not _opened_before(script, block, index):
-            edits.insert_before(stmt, BEFORE.format(group=group, rank=rank, who="rank 0" if shared else "this node's local rank 0"))
+            who = "rank 0" if shared else "this node's local rank 0"
+            edits.insert_before(stmt, BEFORE.format(group=group, rank=rank, who=who, verb=verb))
         if (index == len(block) - 1 or block[index + 1] not in statements) and not _closed_after(script, block, index):
             where, others = ("", "the other ranks") if shared else (" on this node", "its other ranks")
-            edits.insert_after(stmt, AFTER.format(group=group, rank=rank, where=where, others=others))
-        edits.change(stmt, _said(shared, "dataset is downloaded"))
+            edits.insert_after(stmt, AFTER.format(group=group, rank=rank, where=where, others=others, done=done))
+        edits.change(stmt, _said(shared, "cache is built and written" if stmt in caches else "dataset is downloaded"))
+
+
+def _caches(ctx: Context) -> list[cst.If]:
+    """The `if`s that test a file's existence and write that file in a branch (multinode's
+    cache_test), outside the data pipeline and any test of the rank, each a statement of a block."""
+    script = ctx.script
+    own = PerProcess(script, shared_temp_dirs(ctx))
+    found: list[cst.If] = []
+    for call in script.calls:
+        if N.call_name(call) not in N.EXISTENCE_TESTS:
+            continue
+        stmt = next((a for a in script.ancestors(call) if isinstance(a, cst.If)), None)
+        if stmt is None or stmt in found or not script.inside(call, stmt.test):
+            continue
+        if stmt not in getattr(script.parent(stmt), "body", ()) or own.in_pipeline(stmt) or own.prepares_data(stmt):
+            continue  # an `elif`, or a Dataset's own files (per_process)
+        if not D.guarded_by_rank(script, stmt) and not _under_rank_test(script, stmt) and cache_test(script.index, stmt):
+            found.append(stmt)
+    return found
 
 
 def _after_setup_elsewhere(ctx: Context, stmt: cst.CSTNode) -> bool:

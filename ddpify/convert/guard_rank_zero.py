@@ -15,7 +15,8 @@ import libcst as cst
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
-from ddpify.analysis.multinode import written_and_read_back
+from ddpify.analysis.index import iter_nodes
+from ddpify.analysis.multinode import cache_test, written_and_read_back
 from ddpify.analysis.rank0_objects import RANK0_WRITERS, rank0_objects, rank0_uses
 from ddpify.analysis.script import param_receiving, ref_of
 from ddpify.convert.context import Context
@@ -28,7 +29,8 @@ ONCE_METHODS = frozenset({"savefig", "to_csv", "to_json", "addHandler", "writero
 # Objects that write (TensorBoard, W&B runs) are made on rank 0 only; their calls are guarded.
 WRITERS = RANK0_WRITERS
 WRITE_MODES = ("w", "a", "x")
-OPENERS = frozenset({"gzip.open", "bz2.open", "lzma.open", "io.open", "codecs.open"})  # (file, mode, ...)
+OPENERS = frozenset({"gzip.open", "bz2.open", "lzma.open", "io.open", "codecs.open", "wave.open", "tarfile.open",
+                     "zipfile.ZipFile", "h5py.File", "soundfile.SoundFile"})  # (file, mode, ...)  # fmt: skip
 FILE_SECOND = frozenset({"json.dump", "pickle.dump"})  # (obj, file): the file comes second
 FILE_KEYWORDS = ("f", "fp", "file", "fname", "path", "filename")
 
@@ -70,9 +72,10 @@ def run(ctx: Context) -> None:
             continue
         if _writes_own_file(ctx, own, call):
             continue  # every process writes its own copy
-        targets[line] = ctx.rank0_condition(line)
+        targets[line] = _cache_writer(ctx, line) or ctx.rank0_condition(line)
         if _hoist_model_calls(ctx, line, call, moved):
             hoisted.add(line)
+    _with_its_figure(ctx, targets, hoisted)
     _guard_rank0_values(ctx, targets, hoisted, moved)
     for call in script.eval_calls:
         if rank0_eval and not D.guarded_by_rank(script, call):
@@ -105,6 +108,113 @@ def _unwrapped_on_rank0(ctx: Context, guarded, moved: set[cst.Call]) -> None:
                     continue  # unwrap_model's already, or no wrapper here
                 edits.replace(arg.value, edits.expression(f"{owner}.module"))
                 edits.change(call, f"`{target[1].name.value}()` gets `{owner}.module`: it runs on rank 0 only")
+
+
+def _with_its_figure(ctx: Context, targets: dict, hoisted: set) -> None:
+    """A figure saved on rank 0 is drawn there too: the statements beside the save that call
+    the library it saves with, or the figure it made (`plt.figure()`, `ax.plot(...)`,
+    `plt.close()`; `fig, ax = plt.subplots()` when nothing else reads them) go under its guard,
+    and a loop that then only draws and saves (`for i, frame in enumerate(frames):`) is guarded
+    whole. The library is a plotting one (names.FIGURE_LIBRARIES), or the one of a writer
+    known by its name (side_effects.writes_named_file)."""
+    script = ctx.script
+    for line, condition in list(targets.items()):
+        call = _sole_call(line)
+        root = side_effects.receiver_root(N.receiver(call)) if call is not None else None
+        if root is None or line in hoisted or line not in getattr(script.parent(line), "body", ()):
+            continue
+        block = list(script.parent(line).body)
+        made = [_sole_call(s) for s in block if N.sole_assign(s) and root.value in _bound(s)]  # `fig, ax = plt.subplots()`
+        figure = any(_figure_library(ctx, c) for c in [call, *made] if c is not None)
+        if not figure and not (script.index.is_import(root) and _library_writer(ctx, call)):
+            continue
+        for stmt in _drawing_run(ctx, block, block.index(line), root.value):
+            targets.setdefault(stmt, condition)
+        loop = script.parent(script.parent(line))
+        body = getattr(getattr(loop, "body", None), "body", ())
+        if isinstance(loop, cst.For) and loop.orelse is None and all(targets.get(s) == condition for s in body):
+            if not any(s in hoisted for s in body) and not _reads_after(script, loop) and not _calls_project(ctx, loop.iter):
+                for stmt in body:
+                    targets.pop(stmt)
+                targets[loop] = condition
+
+
+def _drawing_run(ctx: Context, block: list, at: int, root: str) -> list:
+    """The statements next to `block[at]` (each a call, or an assignment of one) whose receiver
+    is `root` or a figure library's module, or a name such an assignment binds, and that call
+    nothing of the project; none when a name they bind is read elsewhere in the block."""
+    script = ctx.script
+    roots, group = {root}, []
+    for _ in range(3):  # `fig, ax = plt.subplots()`, `pen = ImageDraw.Draw(canvas)`: what draws the figure too
+        for stmt in block:
+            call = _sole_call(stmt)
+            name = side_effects.receiver_root(N.receiver(call)) if call is not None else None
+            if name is not None and (name.value in roots or _figure_library(ctx, call) or roots & _bound(stmt)):
+                roots |= _bound(stmt)
+    for step in (-1, 1):
+        i = at + step
+        while 0 <= i < len(block) and not _calls_project(ctx, block[i]):
+            call = _sole_call(block[i])
+            name = side_effects.receiver_root(N.receiver(call)) if call is not None else None
+            if name is None or not _figure_library(ctx, call) and name.value not in roots:
+                break
+            roots |= _bound(block[i])
+            group.append(block[i])
+            i += step
+    bound = set().union(*(_bound(s) for s in group), roots - {root})
+    return [] if _read_elsewhere(bound, block, [*group, block[at]]) else group
+
+
+def _figure_library(ctx: Context, call: cst.Call) -> bool:
+    """Is `call` a function of a plotting library's module (`plt.figure()`, `sns.lineplot(...)`)?"""
+    name = side_effects.receiver_root(N.receiver(call))
+    return name is not None and ctx.script.index.is_import(name) and any(
+        q.startswith(N.FIGURE_LIBRARIES) for q in ctx.script.names(name)
+    )
+
+
+def _bound(stmt: cst.CSTNode) -> set[str]:
+    """The names a one-target assignment binds (`fig, ax = ...`: both)."""
+    assign = N.sole_assign(stmt)
+    return {n.value for n in _names(assign.targets[0].target)} if assign is not None else set()
+
+
+def _sole_call(stmt: cst.CSTNode) -> cst.Call | None:
+    """The call that is a simple statement's whole value (`plt.close()`, `fig = plt.figure()`)."""
+    small = N.sole_statement(stmt)
+    value = getattr(small, "value", None)
+    return value if isinstance(value, cst.Call) and isinstance(small, (cst.Expr, cst.Assign)) else None
+
+
+def _names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _names(e.value)]
+    return []
+
+
+def _read_elsewhere(names: set[str], block: list, group: list) -> bool:
+    """Is one of `names` read in `block` outside the statements of `group`?"""
+    return any(
+        isinstance(n, cst.Name) and n.value in names
+        for stmt in block if stmt not in group for n in iter_nodes(stmt)
+    )  # fmt: skip
+
+
+def _reads_after(script, loop: cst.For) -> bool:
+    """Does the loop's block read a name the loop binds (`for i, frame in ...`) after it?"""
+    names = {n.value for n in _names(loop.target)}
+    block = list(getattr(script.parent(loop), "body", ()))
+    return loop in block and _read_elsewhere(names, block[block.index(loop) + 1 :], [])
+
+
+def _calls_project(ctx: Context, node: cst.CSTNode) -> bool:
+    """Does `node` call a function of the project, or a model (which may run collectives)?"""
+    script = ctx.script
+    return _runs_model(ctx, node) or any(
+        script.local_function(c) is not None or script.project_definition(c.func) is not None for c in script.calls_in(node)
+    )
 
 
 def _guard_rank0_values(ctx: Context, targets: dict, hoisted: set, moved: set[cst.Call]) -> None:
@@ -326,8 +436,24 @@ def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.Simp
             side_effects.bound_call_roots(script.names, script.assigns.get(script.scope_of(call), []), owner),
             method=owner is not None,
         )  # fmt: skip
+        or isinstance(small[0], cst.Expr) and _library_writer(ctx, call)
     )
     return line if once else None
+
+
+def _library_writer(ctx: Context, call: cst.Call) -> bool:
+    """`save_sample(root / ("clip_%d.wav" % i), rate, audio)` of a package outside the project:
+    a call the analysis cannot follow whose name says it writes and that gets an output file's
+    name (side_effects.writes_named_file). The project's own functions are converted where
+    they are defined."""
+    script = ctx.script
+    name = N.call_name(call)
+    if name is None or script.is_call_to(call, ONCE) or script.local_function(call) is not None:
+        return False  # (a known writer: `torch.save(state, "last.pt")` is no library's unknown one)
+    if script.summaries.callee(call) is not None:
+        return False
+    args = [script.index.code(a.value) for a in call.args]
+    return script.project_definition(call.func) is None and side_effects.writes_named_file(name, args)
 
 
 def _one_line_if(script, call: cst.Call) -> cst.If | None:
@@ -344,6 +470,8 @@ def _writer_condition(ctx: Context, stmt: cst.With, call: cst.Call) -> str:
     reads back (a vocabulary, a prepared split) is data on the node's disk: its local rank 0
     writes it on every node (with --shared-fs, rank 0 once)."""
     script = ctx.script
+    if _cache_writer(ctx, stmt):
+        return _cache_writer(ctx, stmt)
     wraps = list(ctx.wrap_after.values())
     if ctx.options.shared_fs or not wraps or not all(script.before(stmt, w) for w in wraps):
         return ctx.rank0_condition(stmt)
@@ -351,6 +479,16 @@ def _writer_condition(ctx: Context, stmt: cst.With, call: cst.Call) -> str:
     if info is not None and written_and_read_back(script.index, info):  # the reasoning DDP307 uses
         return f"{ctx.local_rank_at(stmt)} == 0"
     return ctx.rank0_condition(stmt)
+
+
+def _cache_writer(ctx: Context, stmt: cst.CSTNode) -> str | None:
+    """The node's local rank 0 writes a cache (`if os.path.exists(cached): load / else: build,
+    save`): its other ranks read it from the node's disk (download_once's barriers); with
+    --shared-fs, rank 0 of the job. None outside such an `if`."""
+    script = ctx.script
+    if not any(isinstance(a, cst.If) and cache_test(script.index, a) for a in script.ancestors(stmt)):
+        return None
+    return ctx.rank0_condition(stmt) if ctx.options.shared_fs else f"{ctx.local_rank_at(stmt)} == 0"
 
 
 def _opens_for_writing(ctx: Context, call: cst.Call) -> bool:
