@@ -1930,3 +1930,36 @@ def test_a_metric_a_helper_computes_over_the_training_loader_is_averaged_over_ra
     assert "    tr, va = evaluate(model, train_loader, val_loader)\n    tr = all_reduce_sum(tr) / dist.get_world_size()\n" in code
     assert "train_acc = accuracy(train_loader, model)\ntrain_acc = all_reduce_sum(train_acc) / dist.get_world_size()\n" in code
     assert convert_source(code, "train.py").code == code
+
+
+def test_an_import_below_the_first_use_of_its_name_is_not_counted():
+    """`import os` late in the file (after top-level prints and a progress bar) does not bind
+    `os` for the rank checks inserted above it: the import is added at the top of the module."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from tqdm import tqdm
+        from torch.utils.data import DataLoader, TensorDataset
+
+        print("starting")
+        for _ in tqdm(range(2)):
+            pass
+        import os
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(8, 3), torch.randn(8, 1)), batch_size=4, shuffle=True)
+        for epoch in range(2):
+            for x, y in loader:
+                loss = (model(x) - y).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        print("saved in", os.getcwd())
+        """
+    )
+    result = convert_source(code, "train.py")
+    lines = result.code.splitlines()
+    first_use = next(i for i, line in enumerate(lines) if "os." in line)
+    assert any(line == "import os" for line in lines[:first_use]), result.code
+    compile(result.code, "train.py", "exec")
+    assert convert_source(result.code, "train.py").code == result.code  # converting twice changes nothing

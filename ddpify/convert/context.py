@@ -130,19 +130,29 @@ class Context:
         wrapped = self.wrap_after.get(model)
         if scope is not script.models.get(model) or wrapped is None:
             return True
-        body = list(script.block_of(scope).body)
-        top = script.top_statement(node, scope)
-        if top is None or body.index(top) <= body.index(wrapped):
+        if script.top_statement(node, scope) is None or not self._past_wrap(node, wrapped):
             return False
-        start = body[body.index(wrapped) + 1]
         return not any(
             ref_of(a.targets[0].target) == model
-            and not script.before(a, start)
+            and script.after(a, wrapped)
             and script.ends_before(a, node)
             and a not in self.reloads
             and not self._hands_back(a.value, model)
             for a in script.assigns.get(scope, [])
         )
+
+    def _past_wrap(self, node: cst.CSTNode, wrapped: cst.CSTNode) -> bool:
+        """Does `node` run after the statement the wrap follows: after it in the source, and not
+        in another branch of an if/try around it (a wrap inside `if not eval_only:`)?"""
+        script = self.script
+        if not script.ends_before(wrapped, node):
+            return False
+        for block, outer in zip(script.ancestors(wrapped), list(script.ancestors(wrapped))[1:]):
+            if isinstance(block, cst.IndentedBlock) and isinstance(outer, (cst.If, cst.Else, cst.Try, cst.With)):
+                statement = next(a for a in [outer, *script.ancestors(outer)] if isinstance(a, cst.BaseCompoundStatement))
+                if script.inside(node, statement) and not script.inside(node, block):
+                    return False
+        return True
 
     def plain(self, node: cst.CSTNode, model: str) -> str | None:
         """How `node` reads the network inside `model`: `model.module` where every path to it

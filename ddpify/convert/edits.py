@@ -449,17 +449,44 @@ def _is_header(stmt: cst.CSTNode) -> bool:
 
 
 def _imported(module: cst.Module, module_name: str, obj: str | None, asname: str | None) -> bool:
-    """Does a top-level statement import exactly this already?"""
-    for stmt in module.body:
+    """Does a top-level statement import exactly this already, before any top-level code reads
+    the name it binds? (`import os` below a rank check inserted above it binds it too late.)"""
+    name = bound_name((module_name, obj, asname))
+    for at, stmt in enumerate(module.body):
         for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
             if obj is None and isinstance(small, cst.Import):
                 if any(dotted_name(a.name) == module_name and _alias(a) == asname for a in small.names):
-                    return True
+                    return not _read_before(module, at, name)
             elif obj is not None and isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
                 if dotted_name(small.module) == module_name and not isinstance(small.names, cst.ImportStar) and any(
                     dotted_name(a.name) == obj and _alias(a) == asname for a in small.names
                 ):
-                    return True
+                    return not _read_before(module, at, name)
+    return False
+
+
+def _read_before(module: cst.Module, at: int, name: str) -> bool:
+    """Does the code the module runs before its statement `at` read `name`: its top-level
+    statements (a function's decorators and defaults, not its body), and the bodies of its
+    functions they call?"""
+    functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    todo: list[cst.CSTNode] = list(module.body[:at])
+    seen: set[str] = set()
+    while todo:
+        node = todo.pop()
+        if isinstance(node, cst.FunctionDef):
+            todo += [*node.decorators, node.params]  # what runs when the def runs
+            continue
+        if isinstance(node, cst.ClassDef):
+            todo += [*node.decorators, *node.bases, *node.keywords, *node.body.body]
+            continue
+        for found in iter_nodes(node):
+            if isinstance(found, cst.Name) and found.value == name:
+                return True
+            if isinstance(found, cst.Call) and isinstance(found.func, cst.Name) and found.func.value in functions:
+                if found.func.value not in seen:
+                    seen.add(found.func.value)
+                    todo.append(functions[found.func.value].body)
     return False
 
 

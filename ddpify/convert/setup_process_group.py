@@ -93,7 +93,13 @@ def run(ctx: Context) -> None:
         body = list(script.block_of(ctx.setup_scope).body)
         anchor = _anchor(script, body)
         early = _needed_earlier(script)
-        if early is not None:  # the group must exist before the model's function is called
+        constructor = _constructor(ctx)
+        if constructor is not None:  # another method of its object may run first and use the group
+            ctx.setup_scope, body = constructor, list(constructor.body.body)
+            anchor = next(s for s in body if not _is_docstring(s) or s is body[-1])
+            ctx.device = "self.device" if not _bound_anywhere(script, "self.device") else "self.process_device"
+            edits.change(anchor, f"the process group is set up when the object is made: `{script.model_scope.name.value}()` may run after its other methods")
+        elif early is not None:  # the group must exist before the model's function is called
             block, anchor = early
             script.main_block = script.main_block or block
             ctx.setup_scope = script.module
@@ -444,6 +450,28 @@ def _needed_earlier(script: Script) -> tuple[cst.IndentedBlock, cst.BaseStatemen
             if top is not None:
                 return next(((stmt.body, s) for s in body[: body.index(top)] if reaches(script, s, makers)), None)
     return None
+
+
+def _constructor(ctx: Context) -> cst.FunctionDef | None:
+    """The `__init__` of the class whose method (not run by `__init__`) builds the optimizer:
+    its other methods (`_get_data()` before `_select_optimizer()`) may run first and use the
+    process group, so it is set up when the object is made (None: not a method, or no own
+    `__init__`)."""
+    script = ctx.script
+    scope = script.model_scope
+    cls = script.class_of(scope) if isinstance(scope, cst.FunctionDef) else None
+    if cls is None or ctx._constructs(scope):
+        return None
+    return script.methods(cls).get("__init__")
+
+
+def _bound_anywhere(script: Script, name: str) -> bool:
+    return any(ref_of(a.targets[0].target) == name for assigns in script.assigns.values() for a in assigns)
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    small = N.sole_statement(stmt)
+    return isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString)
 
 
 def _anchor(script: Script, body: list[cst.CSTNode]) -> cst.CSTNode:

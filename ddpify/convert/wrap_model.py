@@ -1,9 +1,9 @@
 """Wrap the trained model in DistributedDataParallel once it is on its device.
 
 The wrap goes right after the last top-level statement that touches the model (builds,
-moves, loads, freezes or re-heads it) before anything runs or trains it, and after the
-process group exists; `device_ids` is passed only for CUDA. A wrapper module of the project
-built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
+moves, loads, freezes or re-heads it) before anything runs or trains it (inside the
+if/with/try that both builds and trains it), and after the process group exists;
+`device_ids` is passed only for CUDA. A wrapper module of the project built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
 module whose forward the training step calls, after its last rebinding.
 """
 
@@ -15,7 +15,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, kept_by_objects, mentions, ref_of
 from ddpify.convert.context import Context
-from ddpify.convert.wrap_point import moved_before, runs_model, wrap_point
+from ddpify.convert.wrap_point import moved_before, runs_model, statements_up_to, wrap_point
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
 WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
@@ -35,7 +35,7 @@ def _wrap(ctx: Context, model: str, scope) -> None:
             ctx.wrap_after[model] = wrapped
         return
     _returned_model(ctx, model, scope, body)
-    last = wrap_point(ctx, model, scope, body)
+    last = wrap_point(ctx, model, scope, body, into_blocks=True)
     ctx.wrap_after[model] = last
     synced = any(
         script.is_call_to(c, D.SYNC_BATCHNORM) and c.args and mentions(c.args[0].value, model) for c in script.calls
@@ -50,7 +50,7 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     else:
         index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device_type.removesuffix('.type')}.index"
         wrap = WRAP.format(model=model, index=index, device_type=ctx.device_type)
-        if script.uses_gpu and not moved_before(script, body[: body.index(last) + 1], model):  # `Trainer(model, ...)` moves it later
+        if script.uses_gpu and not moved_before(script, statements_up_to(script, last, scope), model):  # `Trainer(model, ...)` moves it later
             wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
         edits.insert_after(last, wrap)
     edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")

@@ -13,9 +13,23 @@ from ddpify.analysis.script import AnalysisError, mentions, ref_of
 from ddpify.convert.context import Context
 
 
-def wrap_point(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -> cst.CSTNode:
-    """The statement of `scope`'s `body` after which `model` is wrapped."""
+def wrap_point(ctx: Context, model: str, scope, body: list[cst.CSTNode], into_blocks: bool = False) -> cst.CSTNode:
+    """The statement of `scope`'s `body` after which `model` is wrapped. `into_blocks`: where one
+    if/with/try both builds and trains the model, the statement inside it (`ctx.after_wrap`
+    follows); else that whole statement."""
     script = ctx.script
+    last = _last_before_run(script, model, body, into_blocks)
+    if last is None:
+        raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
+    top = script.top_statement(last, scope) or last
+    if scope is ctx.setup_scope and top in body and body.index(top) < ctx.init_index - 1:
+        last = body[ctx.init_index - 1]  # the process group (and the device) must exist first
+    return last
+
+
+def _last_before_run(script, model: str, body, into_blocks: bool) -> cst.CSTNode | None:
+    """The last statement of `body` that touches `model` before one runs it; descends into the
+    block that builds and trains it (`if not args.eval_only: model = ...; train(model)`)."""
     last = None
     for stmt in body:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
@@ -23,12 +37,46 @@ def wrap_point(ctx: Context, model: str, scope, body: list[cst.CSTNode]) -> cst.
         if last is not None and runs_model(script, stmt, model):
             break  # (before the model is built, what runs trains something else)
         if mentions(stmt, model):
+            if last is None and into_blocks and runs_model(script, stmt, model):
+                inner = _block_building(stmt, model)
+                found = _last_before_run(script, model, inner, True) if inner is not None else None
+                return found or stmt
             last = stmt  # built, moved, loaded, frozen, given a new head...: not run yet
-    if last is None:
-        raise AnalysisError(script.line(script.optimizer_stmt), f"cannot find where `{model}` is built at the top level of its function")
-    if scope is ctx.setup_scope and body.index(last) < ctx.init_index - 1:
-        last = body[ctx.init_index - 1]  # the process group (and the device) must exist first
     return last
+
+
+def _block_building(stmt: cst.CSTNode, model: str) -> list[cst.CSTNode] | None:
+    """The statements of the one branch of an if/with/try that names `model` (None: a loop,
+    or several branches do)."""
+    if isinstance(stmt, cst.With):
+        return list(stmt.body.body)
+    if isinstance(stmt, cst.Try):
+        return list(stmt.body.body)
+    if isinstance(stmt, cst.If):
+        branches, branch = [], stmt
+        while isinstance(branch, cst.If):
+            branches.append(branch.body)
+            branch = branch.orelse
+        if branch is not None:
+            branches.append(branch.body)
+        naming = [b for b in branches if mentions(b, model)]
+        return list(naming[0].body) if len(naming) == 1 else None
+    return None
+
+
+def statements_up_to(script, last: cst.CSTNode, scope) -> list[cst.CSTNode]:
+    """`last` and the statements that run before it in `scope`'s ordered block, through every
+    block around it (the statements above an `if` that holds it, then those above it inside)."""
+    found, child, stop = [last], last, script.block_of(scope)
+    for anc in script.ancestors(last):
+        body = getattr(anc, "body", None)
+        if isinstance(body, (list, tuple)) and child in body:
+            found = list(body[: body.index(child)]) + found
+            if anc is stop:
+                break
+        if isinstance(anc, cst.BaseStatement):
+            child = anc
+    return found
 
 
 def moved_before(script, stmts: list[cst.CSTNode], model: str) -> bool:
