@@ -108,7 +108,28 @@ def cache_test(index: FileIndex, stmt: cst.CSTNode) -> bool:
     if not tested:
         return False
     inside = [ci for ci in index.calls_under(stmt) if not _within(index, ci.node, stmt.test)]
+    if any(_trains(index, ci) for ci in inside):
+        return False  # `if exists(best): load / else: train and save`: every rank must train, no cache
     return any(tested & {index.code(p) for p in _written_paths(index, ci)} for ci in inside)
+
+
+def _trains(index: FileIndex, ci: CallInfo, depth: int = 0) -> bool:
+    """Does the call train: `loss.backward()`, `optimizer.step()`, or a function of the
+    project that does (`fit(model, loader)`, followed two calls deep)?"""
+    if ci.name in TRAINS:
+        return True
+    if depth > 1:
+        return False
+    definitions = index.definitions() if len(index.roots) > 1 else {}
+    local = {f.name.value: f for f in index.all_functions}
+    fn = next((definitions[q] for q in ci.qnames if isinstance(definitions.get(q), cst.FunctionDef)), None)
+    fn = fn or (local.get(ci.name) if ci.name else None)
+    return fn is not None and any(_trains(index, inner, depth + 1) for inner in index.calls_under(fn))
+
+
+# Calls that train (a branch holding one is no cache to build on one rank: the others would wait
+# in a barrier while it reaches DDP's collectives alone).
+TRAINS = frozenset({"backward", "step", "zero_grad"})
 
 
 def _tested_paths(call: cst.Call) -> list[cst.BaseExpression]:

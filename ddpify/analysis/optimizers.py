@@ -158,9 +158,9 @@ class OptimizerSummaries:
     def __init__(self, index: FileIndex) -> None:
         self.index = index
         self._module: dict[cst.ClassDef, Optional[bool]] = {}
+        self.optimizer_classes = self._optimizer_classes()
         self.parameter_methods = frozenset(self._parameter_methods())
         self.trains: dict[cst.FunctionDef, Trains] = {}
-        self.optimizer_classes = self._optimizer_classes()
         # `model.configure_optimizers()`: the receiver's class is not known, the method's name is
         self.optimizer_methods: frozenset[str] = frozenset()
         for _ in range(3):  # a factory that calls a factory
