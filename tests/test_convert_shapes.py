@@ -1386,9 +1386,10 @@ def test_a_schedule_drawn_at_random_is_rank0s_and_data_draws_stay_each_ranks():
     assert not result.todos
 
 
-def test_a_module_level_schedule_read_in_a_function_gets_a_todo():
-    """A global drawn at import, read by the training function: sharing it means rebinding a
-    global after the process group exists, so the conversion says what to do instead."""
+def test_a_module_level_schedule_is_drawn_alike_on_every_rank():
+    """A global drawn at import, read by the training function, before any process group exists:
+    nothing can broadcast it there, so the draw comes from one generator seeded by torchrun's
+    job id, the same on every rank (and from the system's entropy as one process)."""
     result = convert(
         RANDOM_PRELUDE
         + textwrap.dedent(
@@ -1408,10 +1409,9 @@ def test_a_module_level_schedule_read_in_a_function_gets_a_todo():
             """
         )
     )
-    assert [t.message for t in result.todos] == [
-        "`EPOCHS`: drawn at random, a different value on every rank; share rank 0's "
-        "(dist.broadcast_object_list) once the process group exists, before they are used"
-    ]
+    assert not result.todos
+    assert 'job_random = random.Random(os.environ.get("TORCHELASTIC_RUN_ID"))' in result.code
+    assert "EPOCHS = job_random.choice([2, 3])" in result.code
     assert "drawn_by_rank0" not in result.code
 
 

@@ -114,6 +114,8 @@ class Context:
             return RANK0_BEFORE_INIT  # module code runs at import, before setup
         if scope in self.called_before_init():
             return RANK0_BEFORE_INIT
+        if scope is not self.setup_scope and self._before_the_call_that_sets_up(stmt, scope):
+            return RANK0_BEFORE_INIT
         if scope is self.setup_scope:
             body = list(script.block_of(scope).body)
             top = script.top_statement(stmt, scope)
@@ -261,6 +263,40 @@ class Context:
                 if built and isinstance(t, cst.Attribute) and ref_of(t.value) == "self":
                     found.add(t.attr.value)
         return found
+
+    def _before_the_call_that_sets_up(self, stmt: cst.CSTNode, scope: ScopeNode) -> bool:
+        """Does `stmt` run before its function calls, directly or down a few calls, the one that
+        sets up the group (`main()` drawing values before `Runner(settings).run()`, whose
+        constructor makes it)?"""
+        if not isinstance(scope, cst.FunctionDef) or self.setup_scope is None:
+            return False
+        script = self.script
+        top = script.top_statement(stmt, scope)
+        body = list(script.block_of(scope).body)
+        if top not in body:
+            return False
+        first = next((i for i, later in enumerate(body) if self._sets_up(later)), None)
+        return first is not None and body.index(top) < first
+
+    def _sets_up(self, node: cst.CSTNode, depth: int = 0) -> bool:
+        """Does running `node` reach the setup: a call of its function, or of a class whose
+        constructor holds it, followed a few calls deep."""
+        script = self.script
+        if depth > 3:
+            return False
+        for call in script.calls_in(node):
+            fn = script.local_function(call) or self._constructor(call)
+            if fn is self.setup_scope or (fn is not None and fn is not node and self._sets_up(fn, depth + 1)):
+                return True
+        return False
+
+    def _constructor(self, call: cst.Call) -> cst.FunctionDef | None:
+        """The `__init__` of the script's own class a call makes an object of."""
+        names = self.script.names(call.func)
+        for cls in self.script.index.classes:
+            if names and self.script.index.qnames(cls.name) & names:
+                return self.script.methods(cls).get("__init__")
+        return None
 
     def called_before_init(self) -> set[cst.FunctionDef]:
         """The script's functions that may run before the process group exists."""

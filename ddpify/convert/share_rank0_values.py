@@ -30,7 +30,10 @@ builds such an object.
 
 Which values count is `ddpify.analysis.schedule`. Where no statement between the values and
 their first use runs after the process group exists, or other functions read them (a global,
-an attribute), a TODO says what to share.
+an attribute), Python's `random` draws come from one generator seeded by torchrun's job id
+(`job_random`: every rank of a job draws the same values, every job its own; lj_unet drew its
+learning rate and epoch count before its solver made the group); other draws get a TODO that
+says what to share.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis.schedule import RANDOM, ScheduleDraws, clock_names_in_place, rank0_values
+
+PYTHON_RANDOM = frozenset(q for q in N.RANDOM_VALUES if q.startswith("random."))
 from ddpify.convert.context import RANK0, Context
 
 SHARE = (
@@ -64,6 +69,8 @@ def run(ctx: Context) -> None:
             continue
         names = ", ".join(f"`{ref}`" for ref in values.refs)
         at = _after_setup(ctx, values) if values.first_use is not None else None
+        if at is None and values.kind == RANDOM and _draw_alike(ctx, values):
+            continue
         if at is None:
             ctx.edits.todo(
                 values.first_use or values.last, values.last,
@@ -88,6 +95,45 @@ def run(ctx: Context) -> None:
         ctx.edits.need_import(N.DIST_MODULE, asname="dist")
         maker = ", made by rank 0 alone" if values.rank0_call is not None or values.made_at else ""
         ctx.edits.change(values.last, f"{names} {values.kind}{maker}: every rank takes rank 0's (dist.broadcast_object_list)")
+
+
+JOB_RANDOM = (
+    'job_random = random.Random(os.environ.get("TORCHELASTIC_RUN_ID"))  '
+    "# seeded by torchrun's job id: every rank draws the same values, each job its own\n"
+)
+
+
+def _draw_alike(ctx: Context, values: ScheduleDraws) -> bool:
+    """Draws made before any process group exists (nothing to broadcast with yet): the
+    `random.*` calls that make them draw from one generator seeded by the job's id, which
+    torchrun gives every rank alike (as one process: seeded from the system, as before). False
+    when a draw is not Python's `random` (numpy's, torch's): a TODO says what to share."""
+    script, edits = ctx.script, ctx.edits
+    body = list(script.block_of(values.scope).body)
+    end = body.index(values.last) + 1
+    draws, first = [], None
+    for stmt in body[:end]:
+        found = [c for c in script.calls_in(stmt) if script.is_call_to(c, N.RANDOM_VALUES)]
+        if found and set(_reads_refs(script, stmt)) & set(values.refs) or found and stmt is values.last:
+            first = first or stmt
+            draws += found
+    if not draws or any(not isinstance(c.func, cst.Attribute) or not script.is_call_to(c, PYTHON_RANDOM) for c in draws):
+        return False
+    edits.insert_before(first, JOB_RANDOM)
+    for call in draws:
+        edits.replace(call.func.value, cst.Name("job_random"))
+    edits.need_import("os")
+    edits.need_import("random")
+    names = ", ".join(f"`{ref}`" for ref in values.refs)
+    edits.change(first, f"{names}: drawn at random before the process group exists: drawn from `job_random`, seeded by torchrun's job id, so every rank draws the same")
+    return True
+
+
+def _reads_refs(script, stmt: cst.CSTNode) -> list[str]:
+    """The names a statement binds (`lr = ...`, `config.lr = ...`)."""
+    from ddpify.analysis.script import ref_of
+
+    return [r for a in script.nodes_in(stmt, cst.Assign) for t in a.targets if (r := ref_of(t.target))]
 
 
 def _after_setup(ctx: Context, values: ScheduleDraws) -> cst.BaseStatement | None:
