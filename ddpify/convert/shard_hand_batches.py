@@ -77,8 +77,9 @@ def run(ctx: Context) -> None:
     stmt = loop or script.statement_line(backward)
     if _full_batch(ctx, loop, scope):
         run = ctx.options.run
-        if run is not None and run.loaderless and run.drawn:  # the run says otherwise: a new batch each step
-            if not _seed_after_wrap(ctx):
+        drawn_in_run = run is not None and run.loaderless and run.drawn  # the run says otherwise: a new batch each step
+        if drawn_in_run or _drawn_by_objects(ctx, loop or scope):
+            if not _seed_after_wrap(ctx, DRAWN_IN_RUN if drawn_in_run else DRAWN_BY_OBJECTS):
                 ctx.edits.todo(stmt, stmt, DRAWN_TODO)
             return
         ctx.edits.note(stmt, FULL_BATCH)  # nothing changes: a note
@@ -238,7 +239,34 @@ DRAWN_IN_RUN = (
 )
 
 
-def _seed_after_wrap(ctx: Context) -> bool:
+DRAWN_BY_OBJECTS = (
+    "the training step draws its batch through an object's method that samples at random (a replay buffer's "
+    "`sample`): torch is re-seeded with its seed + rank once the model is wrapped, so each process draws its own "
+    "batches and episodes"
+)
+
+
+def _drawn_by_objects(ctx: Context, where: cst.CSTNode) -> bool:
+    """Does `where` call a method (`memory.sample(n)`) that every class of the project defining a
+    method of that name, models aside, implements with a random draw (`random.sample(self.buffer, n)`)?"""
+    script = ctx.script
+    methods: dict[str, list[cst.FunctionDef]] = {}
+    for cls in script.index.classes:
+        if script.optimizer_summaries.is_module(cls):
+            continue  # a policy's own `sample` draws actions, not the data
+        for name, fn in script.methods(cls).items():
+            methods.setdefault(name, []).append(fn)
+    for call in script.calls_in(where):
+        func = call.func
+        if not isinstance(func, cst.Attribute) or N.is_name(func.value, "self"):
+            continue
+        found = methods.get(func.attr.value, [])
+        if found and all(any(_draws(script, c) for c in script.calls_in(fn)) for fn in found):
+            return True
+    return False
+
+
+def _seed_after_wrap(ctx: Context, message: str = "") -> bool:
     """Batches drawn where the static view cannot follow (`convert --run` saw them): re-seed
     torch by rank after the last wrap, offset the other seeds the script sets. False when no
     wrap is known to anchor the seed."""
@@ -249,7 +277,7 @@ def _seed_after_wrap(ctx: Context) -> bool:
     last = max(anchors, key=lambda s: (script.root_of(s) is not script.module, script.line(s) or 0))
     if not any(script.is_call_to(c, N.TORCH_SEED) and D.reads_rank(script, c) for c in script.calls):
         edits.insert_after(last, RESEED_AFTER_WRAP.format(rank=ctx.rank_and_world(last)[0]))
-        edits.change(last, DRAWN_IN_RUN)
+        edits.change(last, message or DRAWN_IN_RUN)
     for call in script.calls:
         generator = script.is_call_to(call, N.SEEDS - N.TORCH_SEED)
         if not (generator or _seeds_environment(script, call)) or len(call.args) != 1 or D.reads_rank(script, call):
