@@ -285,7 +285,7 @@ def _run_and_prove(src: Path, options, steps: int, timeout: float, device: Devic
         proof = run_verify(src, None, dataclasses.replace(verify_options, convert_options=options), observation)
     except VerifyError as exc:
         observation.discard(verify_options)
-        _fail(str(exc), 2)
+        _fail(str(exc), 1 if exc.refused else 2)
     return options, proof
 
 

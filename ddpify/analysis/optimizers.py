@@ -179,14 +179,42 @@ class OptimizerSummaries:
         return builds_optimizer(qnames) or not qnames.isdisjoint(self.optimizer_classes)
 
     def _optimizer_classes(self) -> frozenset[str]:
-        """The qualified names of the project's optimizer classes, through bases of bases."""
+        """The qualified names of the project's optimizer classes, through bases of bases, and of
+        its optimizer wrappers (`Optim(model.parameters(), "adam", lr)`, whose method builds a
+        torch optimizer over the parameters its constructor kept)."""
         found: set[str] = set()
         for _ in range(3):
             for cls in self.index.classes:
                 bases = [self.index.qnames(b.value) for b in cls.bases if b.keyword is None]
-                if any(builds_optimizer(q) or not q.isdisjoint(found) for q in bases):
+                if any(builds_optimizer(q) or not q.isdisjoint(found) for q in bases) or self._wraps_optimizer(cls):
                     found |= self.index.qnames(cls.name)
         return frozenset(found)
+
+    def _wraps_optimizer(self, cls: cst.ClassDef) -> bool:
+        """Does a method build a torch optimizer over `self.x`, which `__init__` binds from one of
+        its parameters (`self.params = list(params)`)?"""
+        methods = [s for s in cls.body.body if isinstance(s, cst.FunctionDef)]
+        init = next((m for m in methods if m.name.value == "__init__"), None)
+        if init is None:
+            return False
+        params = {p.name.value for p in init.params.params[1:]}
+        kept = set()
+        for node in iter_nodes(init):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1:
+                target = node.targets[0].target
+                if isinstance(target, cst.Attribute) and N.is_name(target.value, "self") and any(
+                    isinstance(n, cst.Name) and n.value in params for n in iter_nodes(node.value)
+                ):
+                    kept.add(target.attr.value)
+        for method in methods:
+            for ci in self.index.calls_under(method):
+                first = next(iter(N.positional(ci.node)), None)
+                if builds_optimizer(ci.qnames) and first is not None and any(
+                    isinstance(n, cst.Attribute) and N.is_name(n.value, "self") and n.attr.value in kept
+                    for n in iter_nodes(first.value)
+                ):
+                    return True
+        return False
 
     def is_module(self, cls: cst.ClassDef) -> Optional[bool]:
         """True: an `nn.Module` (a base is one, here or in another module of the project);

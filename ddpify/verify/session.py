@@ -32,7 +32,12 @@ STARTUP_S = 120  # torchrun's start and the interpreters' imports, on top of the
 
 
 class VerifyError(Exception):
-    """Verification cannot run (usage, environment, or an original that fails on its own): exit 2."""
+    """Verification cannot run (usage, environment, or an original that fails on its own): exit 2;
+    `refused`: the conversion itself refused the script (exit 1, as `convert` does)."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass
@@ -249,7 +254,8 @@ def _converted_files(source: Path, converted: Path | None, root: Path, options: 
             return {p: r.code.encode(enc) for p, (r, _, enc) in changed.items()}, "converted in memory (project)", []
         result, encoding = convert_file(source, convert_options)
     except ConvertError as exc:
-        raise VerifyError(f"{exc.path}:{exc.line}: {exc.message}" if exc.line else f"{exc.path}: {exc.message}") from None
+        where = f"{exc.path}:{exc.line}" if exc.line else exc.path
+        raise VerifyError(f"{where}: {exc.message}", refused=True) from None
     if result.already_distributed:
         return {}, "as written (already distributed)", ["the script is already distributed: it is verified as written"]
     lines = f"line numbers in {source.name} are those of the converted script (`ddpify convert {source.name}` prints it)"

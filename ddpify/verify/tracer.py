@@ -361,6 +361,7 @@ def _next(original):
         limit = _config().get("limit")
         if record is not None and limit and record["steps"] >= limit.get("steps", 4):
             record["truncated"] = True
+            _state["ended_pass"] = record
             raise StopIteration
         return original(self)
 
@@ -377,7 +378,8 @@ def _next_index(original):
                 record["complete"] = True
             raise
         if record is not None:
-            _state["current_pass"] = record
+            if torch.is_grad_enabled():  # a pass read under no_grad/inference_mode (evaluation mid-epoch) trains nothing
+                _state["current_pass"] = record
             if isinstance(index, (list, tuple)):
                 record["indices"].extend(_as_index(i) for i in index)
                 record["sizes"].append(len(index))
@@ -1070,6 +1072,13 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
         body()
     except StopRun:
         pass
+    except (StopIteration, RuntimeError) as exc:
+        if not _ended_by_us(exc):
+            traceback.print_exc()
+            _trace["error"] = traceback.format_exc()
+            code, failure = 1, exc
+        else:  # `while i < len(loader): next(it)`: the pass this run cut short ended the script's loop
+            _trace["stopped"] = _trace.get("stopped") or "after a training pass cut short (the script asked for more batches)"
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
@@ -1121,6 +1130,17 @@ def _traced(label, script, args, body, env=None, cwd=None, rank=None, reraise=Fa
     if reraise and failure is not None:
         raise failure
     return code
+
+
+def _ended_by_us(exc: BaseException) -> bool:
+    """Is this the StopIteration the run raised to cut a training pass short, escaping a script
+    that counts its batches (`while i < len(loader): next(it)`), or a generator's wrapping of it?"""
+    ended = _state.get("ended_pass")
+    if ended is None:
+        return False
+    if isinstance(exc, RuntimeError):
+        exc = exc.__cause__ if "StopIteration" in str(exc) else None
+    return isinstance(exc, StopIteration)
 
 
 def _local(p):
