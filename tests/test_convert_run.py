@@ -108,3 +108,25 @@ def test_run_facts_from_a_trace():
     assert [(p, str(s)) for p, s in facts.written] == [(str(Path("out/model.pt")), "train.py:30")]
     assert facts.steps == 3 and not facts.loaderless and facts.drawn
     assert any("data/feeds.py:7" in line for line in facts.summary())
+
+
+def _runs(ddp_inputs, original_inputs):
+    from ddpify.verify.invariants import Runs
+
+    ddp = [{"forward_inputs": i, "passes": [], "loaders": [], "exit_code": 0} for i in ddp_inputs]
+    return Runs(nproc=len(ddp), ddp=ddp, ordered=ddp, original={"forward_inputs": original_inputs}, reference=None, plain=None)
+
+
+def test_verify_judges_the_ranks_inputs_without_a_loader():
+    """Invariant 3 with no DataLoader: ranks fed the same inputs while the original's changed step
+    to step replay one run; full-batch training (the same inputs every step) whose ranks' inputs
+    differ built its data apart; a rank that noted no input gives no verdict, never a PASS."""
+    from ddpify.verify.invariants import FAIL, NA, sharded
+
+    assert sharded(_runs([["a", "b"], ["a", "b"]], ["x", "y", "z"])).status == FAIL
+    assert "replayed" in sharded(_runs([["a", "b"], ["a", "b"]], ["x", "y"])).summary
+    assert sharded(_runs([["a", "b"], ["c", "d"]], ["x", "y"])).status != FAIL  # drawn, and drawn apart
+    assert sharded(_runs([["a", "a"], ["a", "a"]], ["x", "x"])).status != FAIL  # full batch, the same data
+    differs = sharded(_runs([["a", "a"], ["b", "b"]], ["x", "x"]))
+    assert differs.status == FAIL and "full batch" in differs.summary
+    assert sharded(_runs([["a", "a"], []], ["x", "x"])).status == NA  # rank 1 noted nothing: no verdict, never a PASS

@@ -25,6 +25,7 @@ from ddpify.convert import (
     guard_rank_zero,
     launch_with_spawn,
     legacy_local_rank,
+    order_sets_alike,
     place_on_device,
     quiet_progress_bars,
     read_whole_parameters,
@@ -72,6 +73,7 @@ PASSES = (
     skip_sync_on_accumulation,
     flag_double_forward,
     seed_random_split,
+    order_sets_alike,
     share_rank0_values,
     download_once,  # before shard_data: its barriers must enclose a dataset shard_data lifts out of a loader
     shard_data,

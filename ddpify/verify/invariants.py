@@ -222,7 +222,7 @@ def sharded(runs: Runs) -> Result:
         return Result(3, NA, missing)
     loader = train_loader(runs.ddp[0])
     if loader is None:
-        replayed = _replayed(runs)
+        replayed = _replayed(runs) or _full_batch_differs(runs)
         if replayed:
             return Result(3, FAIL, replayed)
         if not runs.ddp[0]["loaders"]:
@@ -273,6 +273,19 @@ def _replayed(runs: Runs) -> str | None:
     return (f"every rank trained on the same batches in its first {len(first)} training forwards (one run replayed "
             f"{runs.nproc} times): the batches come from no sharded DataLoader, and every rank makes or draws the same ones; "
             "seed what draws batches, episodes or environment steps by rank, or shard the data")  # fmt: skip
+
+
+def _full_batch_differs(runs: Runs) -> str | None:
+    """Full-batch training (the original fed its model the same inputs every step) on data that
+    differs between ranks: each rank built its data its own way (a vocabulary from a set's order,
+    which each process's hash seed decides; an unseeded random dataset)."""
+    inputs = [(t.get("forward_inputs") or [])[:1] for t in runs.ddp]
+    own = (runs.original or {}).get("forward_inputs") or []
+    if runs.nproc < 2 or len(own) < 2 or len(set(own)) != 1 or not all(inputs) or len({i[0] for i in inputs}) == 1:
+        return None
+    return ("the original trains on the same data every step (full batch), but the ranks' first training inputs "
+            "differ: each rank built its data its own way (a vocabulary in a set's order, which each process's hash "
+            "seed decides; data made at random without a seed); build it alike on every rank (sorted(set(...)), a seed)")  # fmt: skip
 
 
 def _universe(original: dict | None, info: dict) -> set | None:
