@@ -51,6 +51,21 @@ def test_static_conversion_of_drawn_batches_seeds_by_rank_too():
     assert "+walk.seed(args.seed + " in done.stdout and "+torch.manual_seed(torch.initial_seed() + dist.get_rank())" in done.stdout
 
 
+def test_a_file_read_back_after_rank0_wrote_it_waits_for_it(tmp_path):
+    """The weights saved every epoch under its number and reloaded by the best epoch's: the paths
+    are spelled apart, so only the run tells that the load reads what the save wrote; every rank
+    then reads it after a barrier (without one, rank 1 may read a half-written file)."""
+    out = tmp_path / "out.py"
+    done = ddpify("convert", "train.py", "-o", str(out), "--run", cwd=RUN / "best_epoch_reload")
+    assert done.returncode == 0, done.stdout + done.stderr
+    code = out.read_text()
+    assert 'dist.barrier()  # rank 0 has written this file\nmodel.module.load_state_dict(' in code or (
+        'dist.barrier()  # rank 0 has written this file\nmodel.load_state_dict(' in code
+    ), code
+    static = ddpify("convert", "train.py", cwd=RUN / "best_epoch_reload")
+    assert "rank 0 has written this file" not in static.stdout  # the static view cannot pair them
+
+
 def test_a_conversion_that_fails_verification_says_so(tmp_path):
     """Batches handed out in order by an iterator class: the conversion cannot shard them (a TODO);
     verify's runs see every rank train on the same batches, so convert exits 1 and the output's

@@ -41,6 +41,7 @@ class RunFacts:
     env_set: list[tuple[str, Site]] = field(default_factory=list)
     seeds: list[tuple[str, Site]] = field(default_factory=list)  # (torch | numpy | random | torch.cuda, where)
     written: list[tuple[str, Site]] = field(default_factory=list)  # (path relative to the run's folder, where)
+    read_back: list[tuple[Site, Site]] = field(default_factory=list)  # (where a file was read, where it was written before)
 
     @classmethod
     def from_trace(cls, trace: dict, entry: str, cwd: str = "") -> RunFacts:
@@ -70,7 +71,12 @@ class RunFacts:
         facts.seeds = _sited(at, ((s["kind"], s.get("where")) for s in trace.get("seeds", [])))
         written = ((at.relative(f["path"]), f.get("where")) for f in trace.get("files", []) if "r" not in f["mode"])
         facts.written = _sited(at, ((p, w) for p, w in written if p is not None))
+        facts.read_back = _read_back(at, trace.get("files", []))
         return facts
+
+    def writer_of(self, module: str, line: int) -> Site | None:
+        """Where the file the run read at `module:line` had been written."""
+        return next((w for r, w in self.read_back if r.line == line and _same(r.module, module)), None)
 
     def lines(self, what: str, module: str) -> set[int]:
         """The lines of `module` where the run saw `what`: "train_loader", "pass_start", "loader", "env:NAME",
@@ -79,6 +85,8 @@ class RunFacts:
             sites = [self.train_loader] if self.train_loader else []
         elif what == "pass_start":
             sites = self.pass_starts
+        elif what == "read_back":
+            sites = [r for r, _ in self.read_back]
         elif what == "loader":
             sites = self.loaders
         elif what.startswith("env:"):
@@ -86,7 +94,7 @@ class RunFacts:
         else:
             sites = [s for _, s in {"seed": self.seeds, "optimizer": self.optimizers, "model": self.models,
                                     "write": self.written}[what]]  # fmt: skip
-        return {s.line for s in sites if s.module == module or (module and s.module.endswith("." + module))}
+        return {s.line for s in sites if _same(s.module, module)}
 
     def summary(self) -> list[str]:
         """What the run told the conversion, a line each, for the summary."""
@@ -102,6 +110,25 @@ class RunFacts:
             out.append("the script seeds " + ", ".join(sorted({kind for kind, _ in self.seeds}))
                        + " at " + ", ".join(sorted({str(s) for _, s in self.seeds})))  # fmt: skip
         return out
+
+
+def _same(found: str, module: str) -> bool:
+    """Is a site's module (named from its path under the root) the project's `module`?"""
+    return found == module or bool(module) and found.endswith("." + module)
+
+
+def _read_back(at: _Sites, files: list[dict]) -> list[tuple[Site, Site]]:
+    """Each read of a file the run had written before, with where it was written."""
+    pairs, writers = [], {}
+    for item in files:
+        where = at.site(item.get("where"))
+        if where is None:
+            continue
+        if any(m in item["mode"] for m in "wax"):
+            writers.setdefault(item["path"], where)
+        elif item["path"] in writers and (where, writers[item["path"]]) not in pairs:
+            pairs.append((where, writers[item["path"]]))
+    return pairs
 
 
 def _sited(at: _Sites, items) -> list[tuple[str, Site]]:

@@ -50,11 +50,15 @@ class Context:
         if run is None:
             return False
         script = self.script
+        first, last = self.lines_of(node)
+        return any(first <= line <= last for line in run.lines(what, script.index.roots.get(script.root_of(node), "")))
+
+    def lines_of(self, node: cst.CSTNode) -> tuple[int, int]:
+        """The first and last line of the statement that holds `node` (a run names any of them)."""
+        script = self.script
         stmt = script.statement_line(node) or node
-        lines = run.lines(what, script.index.roots.get(script.root_of(node), ""))
         first = script.line(stmt)
-        last = first + script.root_of(stmt).code_for_node(stmt).strip("\n").count("\n")
-        return any(first <= line <= last for line in lines)
+        return first, first + script.root_of(stmt).code_for_node(stmt).strip("\n").count("\n")
 
     def run_sites(self, what: str, module: cst.Module) -> set[int]:
         """The lines of `module` where the brief run of `convert --run` saw `what`."""

@@ -53,7 +53,7 @@ def run(ctx: Context) -> None:
             reads.append((_key(ctx, args[0].value, call), call))
     waited = set()  # statements that read after a barrier
     for path, call in reads:
-        first_write = written.get(path)
+        first_write = written.get(path) or _written_in_run(ctx, call, written)
         if first_write is None or not script.before(first_write, call) or script.index.exclusive(first_write, call):
             continue
         if _under_existence_test(script, call):
@@ -69,6 +69,22 @@ def run(ctx: Context) -> None:
         edits.change(call, "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():
         _share_temp_dir(ctx, name, stmt)
+
+
+def _written_in_run(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
+    """`convert --run` saw this read take a file the run had written: the writing call at that
+    site (`torch.save(model.state_dict(), f"{epoch}.pkl")` then `torch.load(f"{best}.pkl")`, paths
+    the code spells differently)."""
+    run = ctx.options.run
+    if run is None or not ctx.ran("read_back", call):
+        return None
+    first, last = ctx.lines_of(call)
+    sites = [w for r, w in run.read_back if first <= r.line <= last]
+    for writer in written.values():
+        low, high = ctx.lines_of(writer)
+        if any(low <= site.line <= high for site in sites):
+            return writer
+    return None
 
 
 def _under_existence_test(script, call: cst.Call) -> bool:
