@@ -4,7 +4,7 @@ Output meant once per job is recognised by what a call is, not by a short list o
 
 | kind | recognised |
 | --- | --- |
-| functions that write a file | `torch.save`, `torchvision.utils.save_image`, numpy `save`/`savez`/`savetxt`, `json`/`pickle`/`yaml` dump, `shutil` copies, `matplotlib.pyplot.savefig`, image writers (imageio, cv2, skimage), audio and video writers (`soundfile.write`, `scipy.io.wavfile.write`, `torchaudio.save`, `imageio.mimsave`, `torchvision.io.write_video`) |
+| functions that write a file | removing or moving one (`os.remove`, `os.rename`, `shutil.rmtree`, `shutil.move`: every rank would race to the same file), `torch.save`, `torchvision.utils.save_image`, numpy `save`/`savez`/`savetxt`, `json`/`pickle`/`yaml` dump, `shutil` copies, `matplotlib.pyplot.savefig`, image writers (imageio, cv2, skimage), audio and video writers (`soundfile.write`, `scipy.io.wavfile.write`, `torchaudio.save`, `imageio.mimsave`, `torchvision.io.write_video`) |
 | messages | `tqdm.write` (a print that keeps the bars intact), `sys.stdout.write` (progress bars drawn by hand) |
 | logging set up | `logging.basicConfig`, `logging.config.dictConfig`/`fileConfig`: on rank 0 only, so the other ranks' loggers print warnings and errors alone (Python's last-resort handler) |
 | tracking and logging libraries | every function of TensorBoard (`torch.utils.tensorboard`, tensorboardX, `tensorboard_logger`), W&B, MLflow, Neptune, Comet, ClearML, Aim and visdom |
@@ -35,7 +35,8 @@ WRITE_FUNCTIONS = frozenset(
      "logging.config.fileConfig", "matplotlib.pyplot.imsave", "librosa.output.write_wav", "torch.jit.save",
      "joblib.dump", "torch.onnx.export", "torchvision.io.write_file", "imageio.v2.imsave", "imageio.v2.mimsave",
      "imageio.v3.imwrite", "tifffile.imwrite", "marshal.dump", "plistlib.dump", "toml.dump", "tqdm.write", "tqdm.tqdm.write", "tqdm.auto.tqdm.write",
-     "tqdm.std.tqdm.write", "sys.stdout.write"}
+     "tqdm.std.tqdm.write", "sys.stdout.write", "os.remove", "os.unlink", "os.rename", "os.replace", "shutil.rmtree",
+     "shutil.move"}
 )  # fmt: skip
 TRACKER_MODULES = ("torch.utils.tensorboard", "tensorboardX", "tensorboard_logger", "wandb", "mlflow", "neptune",
                    "comet_ml", "clearml", "aim", "visdom")  # fmt: skip

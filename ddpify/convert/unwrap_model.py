@@ -36,6 +36,7 @@ def run(ctx: Context) -> None:
     _plain_before_wrap(ctx)
     _unwrapped_to_objects(ctx)
     _unwrapped_to_helpers(ctx)
+    _saved_by_helpers(ctx)
     for node in script.nodes_of(cst.Attribute):
         owner = ref_of(node.value)
         if owner is None or node.attr.value in ON_WRAPPER:
@@ -73,6 +74,34 @@ def _returns_itself(value: cst.BaseExpression, model: str) -> bool:
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in SELF_RETURNING:
         value = value.func.value
     return ref_of(value) == model and not isinstance(value, cst.Call)
+
+
+def _saved_by_helpers(ctx: Context) -> None:
+    """`torch.save(model.state_dict(), path)` in a helper that gets the model as a parameter
+    (an early-stopping object's `save_checkpoint(model, path)`), called from where the model may
+    be the DDP wrapper: the state dict is the network's own, whichever it gets at run time
+    (`getattr(model, "module", model)`), so the checkpoint has no `module.` keys and loads into
+    the model the script reloads."""
+    script, edits = ctx.script, ctx.edits
+    if not script.models:
+        return
+    for save in script.calls:
+        if not script.is_call_to(save, N.TORCH_SAVE):
+            continue
+        scope = script.scope_of(save)
+        if not isinstance(scope, cst.FunctionDef) or scope in script.models.values():
+            continue
+        params = {p.name.value for p in scope.params.params} - {"self"}
+        for call in script.calls_in(save):
+            receiver = N.receiver(call)
+            if N.call_name(call) != "state_dict" or not isinstance(receiver, cst.Name) or receiver.value not in params:
+                continue
+            if any(word in receiver.value.lower() for word in ("opt", "sched", "scaler")):
+                continue  # an optimizer's or a scheduler's state
+            if receiver.value in script.ddp_names.get(scope, ()):
+                continue  # the DDP model by name: `.module` below
+            edits.replace(receiver, edits.expression(f'getattr({receiver.value}, "module", {receiver.value})'))
+            edits.change(call, f"saves the network inside a DDP wrapper if `{receiver.value}` is one (no `module.` keys)")
 
 
 def _unwrapped_in_saved_containers(ctx: Context) -> None:
