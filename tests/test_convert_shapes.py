@@ -1963,3 +1963,39 @@ def test_an_import_below_the_first_use_of_its_name_is_not_counted():
     assert any(line == "import os" for line in lines[:first_use]), result.code
     compile(result.code, "train.py", "exec")
     assert convert_source(result.code, "train.py").code == result.code  # converting twice changes nothing
+
+
+def test_a_branch_that_loads_pretrained_parts_from_elsewhere_is_no_resume_gate():
+    """`if args.model == "fused":` loading parts trained apart (paths of their own) is no resume
+    path: pointing it at the checkpoint saved in training would take the branch after a restart
+    and load files that may not exist, never the checkpoint. A gate whose load reads the saved
+    checkpoint (through a name bound before it) still gets its restart line."""
+    source = """
+        import argparse
+        import torch
+        from torch.utils.data import DataLoader
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--model", default="plain")
+        parser.add_argument("--part-path", default="parts/part.pth")
+        args = parser.parse_args()
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        start = 0
+        if args.model == "{gate}":
+            path = {loaded}
+            state = torch.load(path)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            start = state["epoch"]
+        loader = DataLoader([(torch.zeros(2), torch.zeros(1))] * 8, batch_size=4, shuffle=True)
+        for epoch in range(start, 2):
+            for x, y in loader:
+                model(x).sub(y).pow(2).mean().backward()
+                opt.step()
+            torch.save({{"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch}}, "run/last.pth")
+        """
+    pretrained = convert(source.format(gate="fused", loaded="args.part_path"))
+    assert "TORCHELASTIC_RESTART_COUNT" not in pretrained.code
+    resumed = convert(source.format(gate="resume", loaded='"run/last.pth"'))
+    assert 'if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and os.path.exists("run/last.pth"):\n    args.model = "resume"' in resumed.code
