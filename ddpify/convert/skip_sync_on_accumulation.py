@@ -48,6 +48,8 @@ def _accumulation(ctx: Context, loop: cst.For, backward: cst.Call, models: set[s
     step_if = next((s for s in body if isinstance(s, cst.If) and _steps(script, s, optimizers)), None)
     if last is None or step_if is None or body.index(step_if) < body.index(last):
         return
+    if script.inside(backward, step_if):
+        return  # backward runs only when the optimizer steps (`if len(memory) > 40: ... backward(); step()`): no accumulation
     if any(not isinstance(s, cst.If) and _steps_optimizer(script, s, optimizers) for s in body):
         return  # the optimizer steps every iteration: no accumulation (an `if` steps something else)
     first = next((s for s in body if _forward(script, s, models)), None)
