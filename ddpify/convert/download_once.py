@@ -110,7 +110,8 @@ def _caches(ctx: Context) -> list[cst.If]:
         stmt = next((a for a in script.ancestors(call) if isinstance(a, cst.If)), None)
         if stmt is None or stmt in found or not script.inside(call, stmt.test):
             continue
-        if stmt not in getattr(script.parent(stmt), "body", ()) or own.in_pipeline(stmt) or own.prepares_data(stmt):
+        block = getattr(script.parent(stmt), "body", ())  # an `elif` is the orelse of an If: not a block's statement
+        if not isinstance(block, (list, tuple)) or stmt not in block or own.in_pipeline(stmt) or own.prepares_data(stmt):
             continue  # an `elif`, or a Dataset's own files (per_process)
         if not D.guarded_by_rank(script, stmt) and not _under_rank_test(script, stmt) and cache_test(script.index, stmt):
             found.append(stmt)

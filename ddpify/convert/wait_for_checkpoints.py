@@ -11,10 +11,13 @@ The barrier sits right before the read, which every rank executes.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.multinode import file_key
 from ddpify.convert.context import Context
 from ddpify.analysis.script import ref_of
@@ -54,7 +57,9 @@ def run(ctx: Context) -> None:
     waited = set()  # statements that read after a barrier
     for path, call in reads:
         first_write = written.get(path) or _written_in_run(ctx, call, written)
-        if first_write is None or not script.before(first_write, call) or script.index.exclusive(first_write, call):
+        apart = first_write is None and (first_write := _same_file_name(ctx, call, written)) is not None
+        elsewhere = apart and script.scope_of(first_write) is not script.scope_of(call)  # a helper's save: run before, by the calls
+        if first_write is None or not (elsewhere or script.before(first_write, call)) or script.index.exclusive(first_write, call):
             continue
         if _under_existence_test(script, call):
             continue  # `if os.path.exists(cache): load` / `else: build and write`: ranks may take either branch
@@ -85,6 +90,38 @@ def _written_in_run(ctx: Context, call: cst.Call, written: dict) -> cst.Call | N
         if any(low <= site.line <= high for site in sites):
             return writer
     return None
+
+
+def _same_file_name(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
+    """A write whose path ends in the same file name the read's does, spelled apart (an
+    early-stopping helper saves `path + '/' + 'checkpoint.pth'`, the trainer loads
+    `best_model_path = path + '/' + 'checkpoint.pth'`)."""
+    names = _file_names(ctx, _path_arg(ctx, call))
+    if not names:
+        return None
+    return next((w for w in written.values() if names & _file_names(ctx, _path_arg(ctx, w))), None)
+
+
+def _path_arg(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
+    """What a save writes to or a load or open reads, through a name bound just before in its function."""
+    args = N.positional(call)
+    node = args[1].value if ctx.script.is_call_to(call, N.TORCH_SAVE) and len(args) > 1 else args[0].value if args else None
+    if isinstance(node, cst.Name):
+        bound = [a for a in ctx.script.assigns.get(ctx.script.scope_of(call), [])
+                 if N.is_name(a.targets[0].target, node.value) and ctx.script.before(a, call)]  # fmt: skip
+        node = bound[-1].value if bound else node
+    return node
+
+
+def _file_names(ctx: Context, node: cst.BaseExpression | None) -> set[str]:
+    """The file names (`checkpoint.pth`, `best_model.pt`) a path expression spells as literals."""
+    found = set()
+    for n in iter_nodes(node) if node is not None else ():
+        if isinstance(n, cst.SimpleString) and isinstance(n.evaluated_value, str):
+            name = n.evaluated_value.rsplit("/", 1)[-1]
+            if re.fullmatch(r"[\w.-]+\.(pt|pth|ckpt|pkl|tar|bin|safetensors|npy|npz|json|pickle)", name):
+                found.add(name)
+    return found
 
 
 def _under_existence_test(script, call: cst.Call) -> bool:
