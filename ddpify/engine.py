@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 from pathlib import Path
@@ -72,7 +73,8 @@ def _verify(code: str, path: str, options: ConvertOptions, facts=None, driver: b
         quiet_compile(code, path)
         if not options.self_check:
             return
-        planned = replan(cst.parse_module(code), options, facts=facts, driver=driver)
+        # without the run's facts: they name the original's lines, and a user converts the output again without a run
+        planned = replan(cst.parse_module(code), dataclasses.replace(options, run=None), facts=facts, driver=driver)
     except (SyntaxError, cst.ParserSyntaxError, AnalysisError) as exc:  # pragma: no cover - a bug
         raise ConvertError(path, 1, f"internal error: the converted script does not verify ({exc})") from None
     if planned:  # pragma: no cover - a bug

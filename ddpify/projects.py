@@ -120,7 +120,7 @@ def _verify_project(result: ProjectResult, parsed: dict[str, cst.Module], option
         project.modules[path]: parsed[project.modules[path]] if code is None else cst.parse_module(code) for path, code in codes.items()
     }
     entry = modules.pop("__main__")
-    planned = replan_modules(entry, modules, packages, options, facts)
+    planned = replan_modules(entry, modules, packages, dataclasses.replace(options, run=None), facts)  # as engine._verify
     if planned:  # pragma: no cover - a bug
         name, line, what = planned[0]
         raise ConvertError(

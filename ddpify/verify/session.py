@@ -24,7 +24,7 @@ from pathlib import Path
 from ddpify.analysis.run_facts import RunFacts
 from ddpify.verify.invariants import FAIL, Result, Runs, check_all, stack_summary
 from ddpify.verify.launch import Launch, run_plan
-from ddpify.verify.workspace import stage
+from ddpify.verify.workspace import link_parent, stage
 
 PROBE = "import json, torch; print(json.dumps({'torch': torch.__version__, 'gpus': torch.cuda.device_count()}))"
 LABELS = ("original", "reference", "plain", "plain-reference", "ddp", "ordered")
@@ -118,6 +118,7 @@ def observe(original: Path, options: VerifyOptions | None = None) -> Observation
     for label in ("original", "reference"):
         shutil.rmtree(folders[label], ignore_errors=True)
         stage(root, folders[label], {}, None, work.resolve())
+    link_parent(root, work, {*LABELS, "traces"})
     scaled = {"seed": 0, "batch_scale": options.nproc}
     launch = run_plan(
         [
@@ -212,6 +213,7 @@ def verify(
             shutil.rmtree(folders[label], ignore_errors=True)
             replaced = {} if label in ("original", "reference") else texts
             stage(root, folders[label], replaced, linked if label == "ddp" else None, work.resolve())
+        link_parent(root, work, {*LABELS, "traces"})
         runs = _run(options, root, folders, traces, source, runs_at, env, observation)
     finally:
         if options.keep is None:

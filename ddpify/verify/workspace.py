@@ -72,3 +72,35 @@ def stage(
         if target.is_symlink():
             target.unlink()
         target.write_bytes(data)
+
+
+PARENT_ENTRIES = 200  # a parent folder with more entries is not mirrored
+DATA_FOLDERS = frozenset({"data", "dataset", "datasets", "input", "inputs", "raw"})
+DATA_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".jsonl", ".npy", ".npz", ".pkl", ".h5", ".hdf5",
+                           ".parquet", ".mat", ".zip", ".tar", ".gz", ".dat"})  # fmt: skip
+
+
+def link_parent(root: Path, work: Path, own: set[str]) -> None:
+    """The data beside `root` (a script that reads `../data/cora/` or `../ratings.csv`), linked
+    into `work`, the folder that holds the runs' copies of root, so a relative path climbing out
+    of the copy finds it. Only data folders and files are linked (a run reads them; what it would
+    write beside root stays out of the user's files); the runs' own folders (`own`) keep their names."""
+    parent = root.parent
+    if parent == root:
+        return
+    try:
+        entries = sorted(parent.iterdir())
+    except OSError:
+        return
+    if len(entries) > PARENT_ENTRIES:
+        return
+    for entry in entries:
+        target = work / entry.name
+        if not (entry.name.lower() in DATA_FOLDERS and entry.is_dir() or entry.suffix.lower() in DATA_SUFFIXES and entry.is_file()):
+            continue
+        if entry.name in own or entry.name in SKIPPED or entry.resolve() == root or target.exists() or target.is_symlink():
+            continue
+        try:
+            os.symlink(entry.resolve(), target)
+        except OSError:
+            continue
