@@ -1349,6 +1349,8 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
         for attr, init in kept_by_objects(script, model, model_scope, rebound=False):
             for method in script.scopes_for(attr, init):
                 script.ddp_names.setdefault(method, set()).add(attr)
+            for param in _kept_from(script, attr, init):  # `self.width = model.code_width` beside `self.model = model`
+                script.ddp_names.setdefault(init, set()).add(param)
         for scope in script.scopes_for(model, model_scope):
             script.ddp_names.setdefault(scope, set()).add(model)
             for call in script.calls_in(scope):
@@ -1362,6 +1364,17 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                     script.ddp_names.setdefault(fn, set()).add(param)
                 elif isinstance(script.parent(call), cst.Expr) and model == script.model_name and not D.all_reduces(script, fn):
                     script.eval_calls.append(call)  # (a helper that all-reduces, e.g. its gradients, does not evaluate)
+
+
+def _kept_from(script: Script, attr: str, init: ScopeNode) -> list[str]:
+    """The parameters of a constructor that it keeps as `attr` (`self.model = model`)."""
+    if not isinstance(init, cst.FunctionDef):
+        return []
+    params = {p.name.value for p in init.params.params}
+    return [
+        a.value.value for a in _assignments_in(script, init)
+        if isinstance(a.value, cst.Name) and a.value.value in params and ref_of(a.targets[0].target) == attr
+    ]  # fmt: skip
 
 
 def _find_eval_loops(script: Script) -> None:

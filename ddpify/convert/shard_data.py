@@ -53,7 +53,7 @@ def run(ctx: Context) -> None:
             continue
         sampler = _existing_sampler(ctx, loader)
         if sampler is None:
-            sampler = sampler_name(loader.name)
+            sampler = _fresh(ctx, sampler_name(loader.name), loader.name)
             dataset = loader_dataset(ctx, loader, sampler)
             shuffle = _take_shuffle(ctx, loader, sampler)
             if shuffle is None:
@@ -83,6 +83,20 @@ def run(ctx: Context) -> None:
                     f"each rank now holds 1/world_size of `{start.loader_expr}`'s batches: draw at most "
                     f"len({start.loader_expr}) batches from this iterator, or make it again on StopIteration",
                 )
+
+
+def _fresh(ctx: Context, name: str, loader: str) -> str:
+    """The sampler's name, unless the program binds it already (`sampler = Sampler(model)` of its
+    own): then one it does not bind."""
+    taken = set().union(*ctx.script.bound.values()) | {ref_of(a.targets[0].target) for v in ctx.script.assigns.values() for a in v}
+    if name not in taken:
+        return name
+    prefix = name.rpartition(".")[0] + "." if "." in name else ""
+    base = loader.rpartition(".")[2]
+    for candidate in (f"{prefix}{base}_sampler", f"{prefix}distributed_sampler"):
+        if candidate not in taken:
+            return candidate
+    return next(f"{name}_{i}" for i in range(2, 100) if f"{name}_{i}" not in taken)
 
 
 def _sharded(ctx: Context, loader: Loader) -> bool:
