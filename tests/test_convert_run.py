@@ -145,3 +145,30 @@ def test_verify_judges_the_ranks_inputs_without_a_loader():
     differs = sharded(_runs([["a", "a"], ["b", "b"]], ["x", "x"]))
     assert differs.status == FAIL and "full batch" in differs.summary
     assert sharded(_runs([["a", "a"], []], ["x", "x"])).status == NA  # rank 1 noted nothing: no verdict, never a PASS
+
+
+def test_verify_runs_a_package_entry_with_the_users_pythonpath_pointing_into_its_copy(tmp_path, monkeypatch):
+    """`cd pkg && PYTHONPATH=.. python train.py`: the entry imports `pkg.helpers` through the
+    user's PYTHONPATH. The runs copy that folder (above the one the user runs from), and the
+    PYTHONPATH entry points into the copy, so the converted helper runs (its message once), not
+    the user's own file; a data file beside the project (`../points.csv`) is found from the copy."""
+    pkg = tmp_path / "proj" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text(
+        "import torch\n\n\ndef load_points(path):\n    print('reading the points')\n"
+        "    rows = [[float(v) for v in line.split(',')] for line in open(path)]\n    return torch.tensor(rows)\n"
+    )
+    (pkg / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom pkg.helpers import load_points\n\n"
+        "points = load_points('../../points.csv')\nmodel = torch.nn.Linear(1, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(points[:, :1], points[:, 1:]), batch_size=4, shuffle=True)\n"
+        "for epoch in range(2):\n    for x, y in loader:\n        loss = ((model(x) - y) ** 2).mean()\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+    )
+    (tmp_path / "points.csv").write_text("".join(f"{i / 10},{i / 5 + 1}\n" for i in range(16)))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "proj"))
+    done = ddpify("verify", "train.py", cwd=pkg)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 PASS  one voice" in done.stdout

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from ddpify.analysis.index import dotted_name
-from ddpify.analysis.sys_path import added_folders
+from ddpify.analysis.sys_path import added_folders, python_path_roots
 
 if TYPE_CHECKING:
     from ddpify.analysis.summaries import FunctionSummaries
@@ -85,8 +85,8 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None, l
             continue
         project.modules[path] = name
         project.parsed[path] = module
-        if path == entry:  # `sys.path.append(ROOT)`: modules beside the folders it adds are the project's
-            for folder in added_folders(module, entry):
+        if path == entry:  # `sys.path.append(ROOT)`, `PYTHONPATH=..`: modules beside those folders are the project's
+            for folder in [*added_folders(module, entry), *python_path_roots(entry, root)]:
                 if folder not in search:
                     search.append(folder)
                 if root not in (folder, *folder.parents):

@@ -94,3 +94,18 @@ def _value(node: cst.BaseExpression, bound: dict, script: Path, depth: int = 0):
         inner = _value(node.func.value, bound, script, depth + 1)
         return inner.resolve() if isinstance(inner, Path) else None
     return None
+
+
+def python_path_roots(entry: Path, root: Path) -> list[Path]:
+    """The PYTHONPATH entries that hold the entry's folder, at most two levels above it and not
+    above the project's `root` when a marker names one (`cd pkg && PYTHONPATH=.. python train.py`):
+    they hold its package. A PYTHONPATH far above (a home folder) says nothing of the project."""
+    folder = entry.resolve().parent
+    near = [folder, *list(folder.parents)[:2]]
+    marked = root != folder
+    found = []
+    for item in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        path = Path(item).resolve()
+        if path in near and path != folder and not (marked and root not in (path, *path.parents) and path in root.parents):
+            found.append(path)
+    return found

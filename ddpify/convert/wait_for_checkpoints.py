@@ -56,10 +56,11 @@ def run(ctx: Context) -> None:
             reads.append((_key(ctx, args[0].value, call), call))
     waited = set()  # statements that read after a barrier
     for path, call in reads:
-        first_write = written.get(path) or _written_in_run(ctx, call, written)
+        first_write = written.get(path)
+        seen = first_write is None and (first_write := _written_in_run(ctx, call, written)) is not None  # the run saw it first
         apart = first_write is None and (first_write := _same_file_name(ctx, call, written)) is not None
         elsewhere = apart and script.scope_of(first_write) is not script.scope_of(call)  # a helper's save: run before, by the calls
-        if first_write is None or not (elsewhere or script.before(first_write, call)) or script.index.exclusive(first_write, call):
+        if first_write is None or not (seen or elsewhere or script.before(first_write, call)) or script.index.exclusive(first_write, call):
             continue
         if _under_existence_test(script, call):
             continue  # `if os.path.exists(cache): load` / `else: build and write`: ranks may take either branch

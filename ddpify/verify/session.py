@@ -140,7 +140,8 @@ def run_root(source: Path) -> Path:
     """The folder the runs copy: the one the user runs from (the script's, when it lies outside
     it), widened to hold the folders the script puts on sys.path itself (`sys.path.append(ROOT)`
     of an entry in `src/` that imports `utils/`)."""
-    from ddpify.analysis.sys_path import added_folders
+    from ddpify.analysis.project import project_root
+    from ddpify.analysis.sys_path import added_folders, python_path_roots
     from ddpify.engine import parse
     from ddpify.files import read_source
 
@@ -151,10 +152,21 @@ def run_root(source: Path) -> Path:
         folders = added_folders(parse(read_source(source)[0], str(source)), source)
     except Exception:  # noqa: BLE001 - a script that does not parse fails in its own run, with its own message
         folders = []
+    folders += python_path_roots(source, project_root(source))  # `cd pkg && PYTHONPATH=.. python train.py`
     for folder in folders:
         if root not in (folder, *folder.parents):
             root = Path(os.path.commonpath([root, folder]))
     return root
+
+
+def _python_path(folder: Path, root: Path) -> list[str]:
+    """The user's PYTHONPATH for a run in `folder`, a copy of root: entries inside root point into
+    the copy (its modules are the converted ones), the others stay."""
+    found = []
+    for entry in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        path = Path(entry).resolve()
+        found.append(str(folder / path.relative_to(root)) if path == root or root in path.parents else entry)
+    return found
 
 
 def _run_folder(folder: Path, root: Path, source: Path) -> Path:
@@ -192,6 +204,9 @@ def verify(
     else:
         gpus, source, root = observation.gpus, observation.source, observation.root
     texts, what, notes = _converted_files(source, converted, root, options)
+    for path in texts:  # a module of the project above the folder the user runs from (`PYTHONPATH=..`)
+        if root not in path.parents:
+            root = Path(os.path.commonpath([root, path.parent]))
     runs_at = source if converted is None else _placed(converted.resolve(), source, root)
     on_gpus = options.device != "cpu" and gpus >= options.nproc
     device = f"nccl on {options.nproc} GPU{'s' if options.nproc > 1 else ''}" if on_gpus else "gloo on CPU"
@@ -250,9 +265,6 @@ def _converted_files(source: Path, converted: Path | None, root: Path, options: 
     try:
         if is_project(source):
             changed = convert_project(source, convert_options).changed
-            outside = [p for p in changed if root not in p.parents]
-            if outside:
-                raise VerifyError(f"{outside[0]}: a module the conversion changes lies outside {root}; run verify from the project root")
             return {p: r.code.encode(enc) for p, (r, _, enc) in changed.items()}, "converted in memory (project)", []
         result, encoding = convert_file(source, convert_options)
     except ConvertError as exc:
@@ -274,7 +286,7 @@ def _entry(options: VerifyOptions, root: Path, folders: dict, label: str, script
     folder = folders[label]
     return dict(label=label, script=str(folder / script.relative_to(root)), args=list(options.args),
                 cwd=str(_run_folder(folder, root, script)),
-                env={"PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))},
+                env={"PYTHONPATH": os.pathsep.join([str(folder), *_python_path(folder, root)])},
                 limit={"steps": options.steps, "epochs": options.epochs}, timeout=options.timeout, root=str(folder),
                 **extra)  # fmt: skip
 
