@@ -42,6 +42,7 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis.schedule import RANDOM, ScheduleDraws, clock_names_in_place, rank0_values
+from ddpify.analysis.script import ref_of
 
 PYTHON_RANDOM = frozenset(q for q in N.RANDOM_VALUES if q.startswith("random."))
 from ddpify.convert.context import RANK0, Context
@@ -114,7 +115,7 @@ def _draw_alike(ctx: Context, values: ScheduleDraws) -> bool:
     draws, first = [], None
     for stmt in body[:end]:
         found = [c for c in script.calls_in(stmt) if script.is_call_to(c, N.RANDOM_VALUES)]
-        if found and set(_reads_refs(script, stmt)) & set(values.refs) or found and stmt is values.last:
+        if found and (stmt is values.last or set(_bound_by(script, stmt)) & set(values.refs)):
             first = first or stmt
             draws += found
     if not draws or any(not isinstance(c.func, cst.Attribute) or not script.is_call_to(c, PYTHON_RANDOM) for c in draws):
@@ -129,10 +130,8 @@ def _draw_alike(ctx: Context, values: ScheduleDraws) -> bool:
     return True
 
 
-def _reads_refs(script, stmt: cst.CSTNode) -> list[str]:
-    """The names a statement binds (`lr = ...`, `config.lr = ...`)."""
-    from ddpify.analysis.script import ref_of
-
+def _bound_by(script, stmt: cst.CSTNode) -> list[str]:
+    """The names a statement binds (`lr = ...`)."""
     return [r for a in script.nodes_in(stmt, cst.Assign) for t in a.targets if (r := ref_of(t.target))]
 
 
