@@ -1346,11 +1346,18 @@ def _pairs(target: cst.BaseExpression, value: cst.BaseExpression) -> list[tuple[
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
     """Which names hold a DDP model in which function, and which helper calls only evaluate."""
     for model, model_scope in script.models.items():
-        for attr, init in kept_by_objects(script, model, model_scope, rebound=False):
-            for method in script.scopes_for(attr, init):
-                script.ddp_names.setdefault(method, set()).add(attr)
-            for param in _kept_from(script, attr, init):  # `self.width = model.code_width` beside `self.model = model`
-                script.ddp_names.setdefault(init, set()).add(param)
+        holders = [(model, model_scope)]
+        for _ in range(3):  # an object that hands the model on to another's constructor (a visualizer's plotter)
+            found = []
+            for name, where in holders:
+                for attr, init in kept_by_objects(script, name, where, rebound=False):
+                    for method in script.scopes_for(attr, init):
+                        script.ddp_names.setdefault(method, set()).add(attr)
+                for param, init in _given_to_constructors(script, name, where):  # `model.latent_dim` in the constructor
+                    if param not in script.ddp_names.setdefault(init, set()):
+                        script.ddp_names[init].add(param)
+                        found.append((param, init))
+            holders = found
         for scope in script.scopes_for(model, model_scope):
             script.ddp_names.setdefault(scope, set()).add(model)
             for call in script.calls_in(scope):
@@ -1366,15 +1373,20 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                     script.eval_calls.append(call)  # (a helper that all-reduces, e.g. its gradients, does not evaluate)
 
 
-def _kept_from(script: Script, attr: str, init: ScopeNode) -> list[str]:
-    """The parameters of a constructor that it keeps as `attr` (`self.model = model`)."""
-    if not isinstance(init, cst.FunctionDef):
-        return []
-    params = {p.name.value for p in init.params.params}
-    return [
-        a.value.value for a in _assignments_in(script, init)
-        if isinstance(a.value, cst.Name) and a.value.value in params and ref_of(a.targets[0].target) == attr
-    ]  # fmt: skip
+def _given_to_constructors(script: Script, ref: str, scope: ScopeNode) -> list[tuple[str, cst.FunctionDef]]:
+    """(parameter, `__init__`) of each constructor of the project's classes that `scope` calls
+    with `ref` (`Visualizer(model, ...)`), except where `ref` is rebound to the object."""
+    found = []
+    for call in script.calls_in(scope):
+        assign = script.parent(call)
+        if isinstance(assign, cst.Assign) and assign.value is call and ref_of(assign.targets[0].target) == ref:
+            continue  # `model = Wrapper(model)`: the object is the model from then on
+        cls = script.class_called(call)
+        init = script.methods(cls).get("__init__") if cls is not None else None
+        param = param_receiving(init, call, ref) if init is not None and script.scope_of(call) is scope else None
+        if param is not None and param != "self":
+            found.append((param, init))
+    return found
 
 
 def _find_eval_loops(script: Script) -> None:
