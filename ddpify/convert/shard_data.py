@@ -33,6 +33,11 @@ def run(ctx: Context) -> None:
     for call in script.unplaced_loaders:
         if _evaluation_sampler(call):
             continue  # `return DataLoader(sampler=self.valid_sampler, ...)`: a validation split, whole on every rank
+        given = N.keyword(call, "sampler")
+        if given is not None and isinstance(given.value, cst.Call) and script.is_call_to(given.value, D.DISTRIBUTED_SAMPLER):
+            continue  # sharded in place already
+        if not script.train_loaders and ctx.ran("train_loader", call) and _sample_in_place(ctx, call):
+            continue
         stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
         edits.todo(stmt, call, "give the training DataLoader built here a DistributedSampler and call its set_epoch(epoch) every epoch")
     from_run = [] if script.train_loaders else [loader for loader in script.loaders if ctx.ran("train_loader", loader.stmt)]
@@ -97,6 +102,32 @@ def _fresh(ctx: Context, name: str, loader: str) -> str:
         if candidate not in taken:
             return candidate
     return next(f"{name}_{i}" for i in range(2, 100) if f"{name}_{i}" not in taken)
+
+
+def _sample_in_place(ctx: Context, call: cst.Call) -> bool:
+    """`return DataLoader(dataset, shuffle=shuffle, ...)` that `convert --run` saw train: the
+    sampler is made in the call (`sampler=DistributedSampler(dataset, shuffle=shuffle)`), and
+    set_epoch goes where the run began each pass, through the loader's `.sampler`."""
+    script, edits = ctx.script, ctx.edits
+    args = N.positional(call)
+    data = args[0] if args else N.keyword(call, "dataset")
+    stmt = script.statement_line(call)
+    if data is None or stmt is None or N.keyword(call, "sampler"):
+        return False
+    shuffle = N.keyword(call, "shuffle")
+    if N.keyword(call, "batch_sampler") or shuffle is None and any(a.star for a in call.args):
+        return False  # a `**kwargs` that may hold the shuffle: the TODO says what to do
+    extra = "" if ctx.rank0_condition(stmt) == RANK0 else BEFORE_INIT
+    code = script.root_of(call).code_for_node
+    loader = Loader("loader", call, stmt, script.scope_of(call))
+    dataset = loader_dataset(ctx, loader, _fresh(ctx, "train_sampler", "loader"))  # named first where it is made inline
+    sampler = f"DistributedSampler({dataset}, shuffle={code(shuffle.value) if shuffle else 'False'}{extra})"
+    _take_shuffle(ctx, loader, sampler)
+    edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
+    edits.change(call, "the DataLoader made here (the run saw it train) reads this process's shard through its own DistributedSampler")
+    for start in _pass_starts_in_run(ctx):
+        next_epoch(ctx, start.stmt, f"{start.loader_expr}.sampler", shared=True)
+    return True
 
 
 def _sharded(ctx: Context, loader: Loader) -> bool:

@@ -19,11 +19,13 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.multinode import file_key
-from ddpify.convert.context import Context
+from ddpify.convert.context import RANK0, Context
 from ddpify.analysis.script import ref_of
 from ddpify.convert.per_process import PerProcess, before_setup, shared_temp_dirs
 
 BARRIER = "dist.barrier()  # rank 0 has written this file\n"
+# In code that may run without a process group (another module's function other scripts call as one process)
+GUARDED_BARRIER = "if dist.is_initialized():\n    dist.barrier()  # rank 0 has written this file\n"
 SHARE = (
     "{d}_of_rank0 = [{d}]\n"
     "dist.broadcast_object_list({d}_of_rank0)  # one folder for every rank: rank 0's (it writes, every rank reads)\n"
@@ -69,9 +71,9 @@ def run(ctx: Context) -> None:
             continue
         waited.add(stmt)
         previous = D.sibling(script, stmt, -1)
-        if previous in waited or isinstance(previous, cst.SimpleStatementLine) and D.barrier_in(script, previous):
+        if previous in waited or isinstance(previous, (cst.SimpleStatementLine, cst.If)) and D.barrier_in(script, previous):
             continue  # every rank waits there already (or right before the read above)
-        edits.insert_before(stmt, BARRIER)
+        edits.insert_before(stmt, BARRIER if ctx.rank0_condition(stmt) == RANK0 else GUARDED_BARRIER)
         edits.change(call, "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():
         _share_temp_dir(ctx, name, stmt)
