@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -303,26 +304,38 @@ def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source
         entry("plain", runs_at),
         entry("plain-reference", runs_at, reference={**scaled, "train_loader_from": "plain"}, only_if_failed="original"),
     ]
-    if observation is not None:  # the original ran already, and ran
-        plan = [plan[2]]
-    single = run_plan(
-        plan,
-        traces, None, python=options.python, limit_s=4 * options.timeout + STARTUP_S, env=env, keep_going=True,
-    )  # fmt: skip
-    if observation is not None:
+    def launch_multi(reference_label: str):
+        """The torchrun launch: as written, and seeded and unshuffled against the reference."""
+        ordered = {"seed": 0, "batch_scale": 1}
+        compare = str(traces / f"params-{reference_label}-0.pt")
+        return run_plan(
+            [entry("ddp", runs_at), entry("ordered", runs_at, reference=ordered, compare_params=compare)],
+            traces, options.nproc, python=options.python, limit_s=2 * options.timeout + STARTUP_S, env=env, keep_going=True,
+        )  # fmt: skip
+
+    if observation is not None:  # the original ran already, and ran: the plain run goes beside the torchrun launch
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            plain_launch = pool.submit(
+                run_plan, [plan[2]], traces / "plain-launch", None, python=options.python,
+                limit_s=2 * options.timeout + STARTUP_S, env=env, keep_going=True,
+            )  # fmt: skip
+            multi = launch_multi("reference")
+            single = plain_launch.result()
         single.traces.update(observation.launch.traces)
-    original, plain = single.traces.get(("original", 0)), single.traces.get(("plain", 0))
-    original_ok = original is not None and original["exit_code"] == 0
-    if not original_ok and not (plain and plain["exit_code"] == 0):
-        error = (original or {}).get("error") or single.stderr[-4000:]
-        raise VerifyError(f"{source.name} fails on its own as one process, before verification can start:\n{error.rstrip()}")
-    reference_label = "reference" if original_ok else "plain-reference"
-    ordered = {"seed": 0, "batch_scale": 1}
-    compare = traces / f"params-{reference_label}-0.pt"
-    multi = run_plan(
-        [entry("ddp", runs_at), entry("ordered", runs_at, reference=ordered, compare_params=str(compare))],
-        traces, options.nproc, python=options.python, limit_s=2 * options.timeout + STARTUP_S, env=env, keep_going=True,
-    )  # fmt: skip
+        original, plain = single.traces.get(("original", 0)), single.traces.get(("plain", 0))
+        reference_label, original_ok = "reference", True
+    else:
+        single = run_plan(
+            plan,
+            traces, None, python=options.python, limit_s=4 * options.timeout + STARTUP_S, env=env, keep_going=True,
+        )  # fmt: skip
+        original, plain = single.traces.get(("original", 0)), single.traces.get(("plain", 0))
+        original_ok = original is not None and original["exit_code"] == 0
+        if not original_ok and not (plain and plain["exit_code"] == 0):
+            error = (original or {}).get("error") or single.stderr[-4000:]
+            raise VerifyError(f"{source.name} fails on its own as one process, before verification can start:\n{error.rstrip()}")
+        reference_label = "reference" if original_ok else "plain-reference"
+        multi = launch_multi(reference_label)
     hung = {label for (label, _), text in multi.stacks.items() if text.startswith("Timeout (")} | {
         label for label in ("ddp", "ordered") if multi.timed_out and not all((label, r) in multi.traces for r in range(options.nproc))
     }
