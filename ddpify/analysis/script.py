@@ -158,6 +158,16 @@ class Script:
         start, _ = self.index.source_order()
         return start[a] < start[b]
 
+    def value_before(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """What a name holds where it is read: the value of its last plain assignment before it in
+        its function (`ckpt_path = os.path.join(out_dir, "ckpt.pt")`, then `torch.load(ckpt_path)`);
+        any other node as it is."""
+        if not isinstance(node, cst.Name):
+            return node
+        bound = [a for a in self.assigns.get(self.scope_of(node), [])
+                 if N.is_name(a.targets[0].target, node.value) and self.before(a, node)]  # fmt: skip
+        return bound[-1].value if bound else node
+
     def ends_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
         """Is all of `a` before `b` starts?"""
         start, end = self.index.source_order()

@@ -64,7 +64,7 @@ def run(ctx: Context) -> None:
             edits.note(head, f"a worker torchrun restarts (--max-restarts) trains from the start: `{_code(ctx, target)}` "
                              f"is not this function's own name; set it from {path_code} when TORCHELASTIC_RESTART_COUNT > 0")  # fmt: skip
             continue
-        value = value_of(path_code, _loaded_code(ctx, load))
+        value = value_of(path_code, _code(ctx, ctx.script.value_before(load)))  # through `ckpt_path = ...`
         if value is None:
             edits.note(head, f"a worker torchrun restarts (--max-restarts) trains from the start: this resume gate "
                              f"loads {_code(ctx, load)}, not the checkpoint saved in training ({path_code})")  # fmt: skip
@@ -172,18 +172,6 @@ def _gate(test: cst.BaseExpression | None, path: cst.BaseExpression):
             # `model == "NeuMF-pre"` loading pretrained parts from elsewhere is no resume
             return test.left, lambda saved, loaded: literal if saved == loaded else None
     return None
-
-
-def _loaded_code(ctx: Context, path: cst.BaseExpression) -> str:
-    """The code of the path a load reads, through a name bound just before it in its function
-    (`ckpt_path = os.path.join(out_dir, "ckpt.pt")`, then `torch.load(ckpt_path)`)."""
-    script = ctx.script
-    if isinstance(path, cst.Name):
-        bound = [a for a in script.assigns.get(script.scope_of(path), [])
-                 if N.is_name(a.targets[0].target, path.value) and script.before(a, path)]  # fmt: skip
-        if bound:
-            return _code(ctx, bound[-1].value)
-    return _code(ctx, path)
 
 
 def _chain_head(script, node: cst.If) -> cst.If:

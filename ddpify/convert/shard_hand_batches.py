@@ -220,12 +220,7 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
         seeds_module = {name.split(".")[0] for name in script.names(call.func) & N.SEEDS} - {"torch"}
         if not seeds_module & draws or len(call.args) != 1 or call in seeded_by_rank:
             continue
-        value = call.args[0].value
-        code = script.module.code_for_node(value)
-        if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
-            code = f"({code})"
-        edits.replace(value, edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
-        edits.change(call, "the seed is offset by the rank: each process draws its own random batches")
+        _offset_by_rank(ctx, call, "the seed is offset by the rank: each process draws its own random batches")
 
 
 RESEED_AFTER_WRAP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches and episodes\n"
@@ -284,14 +279,18 @@ def _seed_after_wrap(ctx: Context, message: str = "") -> bool:
             continue
         if not generator and _passed_on(script, call):
             continue  # `def seed(self, value): self.rng.seed(value)`: its caller's seed is offset
-        value = call.args[0].value
-        code = script.module.code_for_node(value) if script.root_of(call) is script.module else None
-        code = code if code is not None else script.root_of(call).code_for_node(value)
-        if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
-            code = f"({code})"
-        edits.replace(value, edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
-        edits.change(call, "the seed is offset by the rank: each process draws its own batches and episodes")
+        _offset_by_rank(ctx, call, "the seed is offset by the rank: each process draws its own batches and episodes")
     return True
+
+
+def _offset_by_rank(ctx: Context, call: cst.Call, message: str) -> None:
+    """`np.random.seed(s)` -> `np.random.seed(s + rank)`, in whichever module of the project it is."""
+    value = call.args[0].value
+    code = ctx.script.root_of(call).code_for_node(value)
+    if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
+        code = f"({code})"
+    ctx.edits.replace(value, ctx.edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
+    ctx.edits.change(call, message)
 
 
 def _passed_on(script, call: cst.Call) -> bool:

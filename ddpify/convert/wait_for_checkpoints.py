@@ -109,11 +109,7 @@ def _path_arg(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
     """What a save writes to or a load or open reads, through a name bound just before in its function."""
     args = N.positional(call)
     node = args[1].value if ctx.script.is_call_to(call, N.TORCH_SAVE) and len(args) > 1 else args[0].value if args else None
-    if isinstance(node, cst.Name):
-        bound = [a for a in ctx.script.assigns.get(ctx.script.scope_of(call), [])
-                 if N.is_name(a.targets[0].target, node.value) and ctx.script.before(a, call)]  # fmt: skip
-        node = bound[-1].value if bound else node
-    return node
+    return ctx.script.value_before(node) if node is not None else None
 
 
 def _file_names(ctx: Context, node: cst.BaseExpression | None) -> set[str]:
