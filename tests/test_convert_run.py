@@ -162,6 +162,18 @@ def test_verify_judges_the_ranks_inputs_without_a_loader():
     assert sharded(_runs([["a", "a"], []], ["x", "x"])).status == NA  # rank 1 noted nothing: no verdict, never a PASS
 
 
+def test_verify_fails_disjoint_indices_that_feed_every_rank_the_same_items():
+    """A dataset whose items are drawn at random from a seed the ranks share: the sampler splits
+    the indices, yet every rank's first batch is the same one. Constant data (the original's
+    inputs never change) and a rank that noted nothing give no verdict."""
+    from ddpify.verify.invariants import _same_items
+
+    assert "same first batch" in _same_items(_runs([["a", "b"], ["a", "c"]], ["x", "y"]))
+    assert _same_items(_runs([["a", "b"], ["c", "d"]], ["x", "y"])) is None
+    assert _same_items(_runs([["a"], ["a"]], ["x", "x"])) is None
+    assert _same_items(_runs([["a"], []], ["x", "y"])) is None
+
+
 def test_verify_runs_a_package_entry_with_the_users_pythonpath_pointing_into_its_copy(tmp_path, monkeypatch):
     """`cd pkg && PYTHONPATH=.. python train.py`: the entry imports `pkg.helpers` through the
     user's PYTHONPATH. The runs copy that folder (above the one the user runs from), and the

@@ -858,6 +858,8 @@ def _find_loaders(script: Script) -> None:
             script.loaders.append(Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call)))
         elif (returned := _returned_loader(script, call)) is not None:
             script.loaders.append(returned)
+        elif (handed := _handed_to_generator(script, call)) is not None:
+            script.loaders.append(handed)
         else:
             script.unplaced_loaders.append(call)
     _named_splits(script)
@@ -873,6 +875,7 @@ def _find_loaders(script: Script) -> None:
             if more is not None:
                 loops = (loops or []) + more
             starts += _pass_starts(script, name, scope)
+        starts += _generator_pass_starts(script, loader)
         if loops is not None or starts:
             script.train_loaders.append(loader)
             script.epoch_loops[loader.name] = loops or []
@@ -894,6 +897,40 @@ def _returned_loader(script: Script, call: cst.Call) -> Loader | None:
     if not (isinstance(assign, cst.Assign) and assign.value is callers[0] and isinstance(assign.targets[0].target, cst.Name)):
         return None  # a factory for several loaders (train and test) cannot get one sampler
     return Loader(assign.targets[0].target.value, call, line, fn)
+
+
+def _handed_to_generator(script: Script, call: cst.Call) -> Loader | None:
+    """`batches = endless(DataLoader(...))`: a loader made inline as the first argument of a
+    generator of the script, named as the statement names the generator (its sampler is
+    `batches_sampler`); each pass of the generator's own loop is a new pass over it."""
+    arg = script.parent(call)
+    outer = script.parent(arg) if isinstance(arg, cst.Arg) else None
+    assign = script.parent(outer) if isinstance(outer, cst.Call) else None
+    line = script.parent(assign) if assign is not None else None
+    if not (
+        isinstance(assign, cst.Assign)
+        and assign.value is outer
+        and len(assign.targets) == 1
+        and ref_of(assign.targets[0].target)
+        and isinstance(line, cst.SimpleStatementLine)
+        and outer.args[0] is arg
+    ):
+        return None
+    fn = script.local_function(outer)
+    if fn is None or not script.nodes_in(fn, cst.Yield) or not fn.params.params:
+        return None
+    return Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call))
+
+
+def _generator_pass_starts(script: Script, loader: Loader) -> list[PassStart]:
+    """The passes of the generator a loader made inline is handed to (`_handed_to_generator`),
+    when the training loop draws from it with `next(...)`."""
+    outer = script.parent(script.parent(loader.call))
+    fn = script.local_function(outer) if isinstance(outer, cst.Call) else None
+    if fn is None or script.parent(outer) is not loader.stmt.body[0] or not _drawn_in_training(script, outer, loader.scope):
+        return []
+    param = fn.params.params[0].name.value
+    return [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
 
 
 def _add_to_split(script: Script, call: cst.Call) -> bool:
@@ -1209,6 +1246,8 @@ def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool
         for draw in script.calls_in(where):
             if not (N.is_name(draw.func, "next") and draw.args and ref_of(draw.args[0].value) == name):
                 continue
+            if any(isinstance(a, cst.With) and script.index.is_no_grad(a) for a in _ancestors_in(script, draw, where)):
+                continue  # an evaluation batch drawn mid-training
             if script.in_training_loop(draw, where):
                 return True
             if isinstance(where, cst.FunctionDef) and _method_called_in_training(script, where):

@@ -80,7 +80,8 @@ def run(ctx: Context) -> None:
             if start.stmt in started:
                 continue  # one helper trains several loaders: `loader.sampler` serves them all
             started.add(start.stmt)
-            next_epoch(ctx, start.stmt, _sampler_in(ctx, start.scope, loader, sampler, start.loader_expr), shared=loader in from_run)
+            shared = loader in from_run or _serves_other_loaders(ctx, start)
+            next_epoch(ctx, start.stmt, _sampler_in(ctx, start.scope, loader, sampler, start.loader_expr), shared=shared)
             if not start.restarts:
                 edits.todo(
                     start.stmt,
@@ -102,6 +103,13 @@ def _fresh(ctx: Context, name: str, loader: str) -> str:
         if candidate not in taken:
             return candidate
     return next(f"{name}_{i}" for i in range(2, 100) if f"{name}_{i}" not in taken)
+
+
+def _serves_other_loaders(ctx: Context, start: PassStart) -> bool:
+    """Is the pass start in a function the script calls from more than one place (a generator
+    that cycles the training and the validation loader alike)?"""
+    fn = start.scope
+    return isinstance(fn, cst.FunctionDef) and sum(ctx.script.local_function(c) is fn for c in ctx.script.calls) > 1
 
 
 def _sample_in_place(ctx: Context, call: cst.Call) -> bool:
@@ -353,6 +361,8 @@ def _sampler_in(ctx: Context, scope, loader: Loader, sampler: str, loader_expr: 
     module, or an attribute of the same class's object), else `<loader>.sampler`
     (`self.data.train_loader.sampler` where another class's object holds the loader)."""
     script = ctx.script
+    if isinstance(scope, cst.FunctionDef) and scope is not loader.scope and loader_expr in {p.name.value for p in scope.params.params}:
+        return f"{loader_expr}.sampler"  # `def endless(loader)`: whichever loader it is handed
     module_global = isinstance(loader.scope, cst.Module) and script.root_of(scope) is loader.scope
     same_object = sampler.startswith("self.") and script.class_of(scope) is script.class_of(loader.scope)
     visible = scope is loader.scope or same_object or module_global

@@ -31,6 +31,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes, names_in
 from ddpify.analysis.script import ScopeNode, ref_of
 from ddpify.convert.context import Context
+from ddpify.convert.reseed import offset_by_rank, seed_after_wrap
 
 TODO = (
     "the data is not read through a DataLoader, so every process trains on all of it: give each "
@@ -79,7 +80,7 @@ def run(ctx: Context) -> None:
         run = ctx.options.run
         drawn_in_run = run is not None and run.loaderless and run.drawn  # the run says otherwise: a new batch each step
         if drawn_in_run or _drawn_by_objects(ctx, loop or scope):
-            if not _seed_after_wrap(ctx, DRAWN_IN_RUN if drawn_in_run else DRAWN_BY_OBJECTS):
+            if not seed_after_wrap(ctx, DRAWN_IN_RUN if drawn_in_run else DRAWN_BY_OBJECTS):
                 ctx.edits.todo(stmt, stmt, DRAWN_TODO)
             return
         ctx.edits.note(stmt, FULL_BATCH)  # nothing changes: a note
@@ -220,10 +221,9 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
         seeds_module = {name.split(".")[0] for name in script.names(call.func) & N.SEEDS} - {"torch"}
         if not seeds_module & draws or len(call.args) != 1 or call in seeded_by_rank:
             continue
-        _offset_by_rank(ctx, call, "the seed is offset by the rank: each process draws its own random batches")
+        offset_by_rank(ctx, call, "the seed is offset by the rank: each process draws its own random batches")
 
 
-RESEED_AFTER_WRAP = "torch.manual_seed(torch.initial_seed() + {rank})  # each process draws its own batches and episodes\n"
 DRAWN_TODO = (
     "the run drew a new batch each step without a DataLoader, and no model wrap was found to seed each process "
     "after: seed what draws the batches and episodes with seed + rank once the model is wrapped"
@@ -259,57 +259,6 @@ def _drawn_by_objects(ctx: Context, where: cst.CSTNode) -> bool:
         if found and all(any(_draws(script, c) for c in script.calls_in(fn)) for fn in found):
             return True
     return False
-
-
-def _seed_after_wrap(ctx: Context, message: str = "") -> bool:
-    """Batches drawn where the static view cannot follow (`convert --run` saw them): re-seed
-    torch by rank after the last wrap, offset the other seeds the script sets. False when no
-    wrap is known to anchor the seed."""
-    script, edits = ctx.script, ctx.edits
-    anchors = list(ctx.wrap_after.values())
-    if not anchors:
-        return False
-    last = max(anchors, key=lambda s: (script.root_of(s) is not script.module, script.line(s) or 0))
-    if not any(script.is_call_to(c, N.TORCH_SEED) and D.reads_rank(script, c) for c in script.calls):
-        edits.insert_after(last, RESEED_AFTER_WRAP.format(rank=ctx.rank_and_world(last)[0]))
-        edits.change(last, message or DRAWN_IN_RUN)
-    for call in script.calls:
-        generator = script.is_call_to(call, N.SEEDS - N.TORCH_SEED)
-        if not (generator or _seeds_environment(script, call)) or len(call.args) != 1 or D.reads_rank(script, call):
-            continue
-        if not generator and _passed_on(script, call):
-            continue  # `def seed(self, value): self.rng.seed(value)`: its caller's seed is offset
-        _offset_by_rank(ctx, call, "the seed is offset by the rank: each process draws its own batches and episodes")
-    return True
-
-
-def _offset_by_rank(ctx: Context, call: cst.Call, message: str) -> None:
-    """`np.random.seed(s)` -> `np.random.seed(s + rank)`, in whichever module of the project it is."""
-    value = call.args[0].value
-    code = ctx.script.root_of(call).code_for_node(value)
-    if not isinstance(value, (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)):
-        code = f"({code})"
-    ctx.edits.replace(value, ctx.edits.expression(f"{code} + {ctx.rank_and_world(call)[0]}"))
-    ctx.edits.change(call, message)
-
-
-def _passed_on(script, call: cst.Call) -> bool:
-    """Is the seed a parameter of the function that makes the call (the caller chooses it)?"""
-    value, scope = call.args[0].value, script.scope_of(call)
-    return isinstance(value, cst.Name) and isinstance(scope, cst.FunctionDef) and any(
-        p.name.value == value.value for p in scope.params.params
-    )
-
-
-def _seeds_environment(script, call: cst.Call) -> bool:
-    """`env.seed(s)`, `env.action_space.seed(s)`: an object of the script's own seeding its draws
-    (not torch's, numpy's or random's module-level seed, nor a module's function)."""
-    func = call.func
-    if not (isinstance(func, cst.Attribute) and func.attr.value == "seed"):
-        return False
-    return not any(q.startswith(N.RANDOM_MODULES) for q in script.names(func)) and not (
-        isinstance(func.value, cst.Name) and f"{func.value.value}." in N.RANDOM_MODULES
-    )
 
 
 def _made_at_random_unseeded(ctx: Context, start: cst.CSTNode) -> list[str]:

@@ -258,7 +258,22 @@ def sharded(runs: Runs) -> Result:
                 return Result(3, FAIL, f"{left} of {len(universe)} training samples are read by no rank in epoch {e + 1}", evidence)
         sizes = "/".join(str(len(s)) for s in sets)
         evidence.append(f"epoch {e + 1}: ranks read {sizes} samples{', disjoint, together all of them' if known else ', disjoint so far'}")
+    if same := _same_items(runs):
+        return Result(3, FAIL, same, evidence)
     return _order(runs, epochs, n_epochs, evidence)
+
+
+def _same_items(runs: Runs) -> str | None:
+    """The ranks read their own indices, yet fed their models the same first inputs, while the
+    original's inputs changed from step to step: the items are drawn at random from a seed every
+    rank shares (a dataset whose `__getitem__` ignores the index)."""
+    firsts = [(t.get("forward_inputs") or [])[:1] for t in runs.ddp]
+    own = (runs.original or {}).get("forward_inputs") or []
+    if runs.nproc < 2 or len(set(own)) < 2 or not all(firsts) or len({f[0] for f in firsts}) > 1:
+        return None
+    return ("the ranks read their own indices, yet fed their models the same first batch: the dataset draws its "
+            "items at random from a seed every rank shares; seed each process differently once the model is wrapped "
+            "(torch.manual_seed(seed + rank))")
 
 
 def _replayed(runs: Runs) -> str | None:
