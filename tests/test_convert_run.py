@@ -68,14 +68,16 @@ def test_a_file_read_back_after_rank0_wrote_it_waits_for_it(tmp_path):
 
 def test_a_loader_handed_back_by_a_factory_is_sharded_where_it_is_made(tmp_path):
     """`return DataLoader(..., shuffle=shuffle, **options)` passed straight into the training
-    function: the static view leaves a TODO; the run saw it train, so its sampler is made in the
-    call, and verify's runs prove the shards."""
+    function, the same factory making the evaluation loader (no shuffle): the static view leaves a
+    TODO; the run saw it train, so the loaders it makes that shuffle get their sampler in the call,
+    the evaluation one reads everything, and verify's runs prove the shards."""
     out = tmp_path / "out"
     done = ddpify("convert", "train.py", "-o", f"{out}/", "--run", cwd=RUN / "returned_loader")
     assert done.returncode == 0, done.stdout + done.stderr
     data = (out / "data.py").read_text()
     assert "train_dataset = TensorDataset(x, x * x)" in data
-    assert "sampler=DistributedSampler(train_dataset, shuffle=shuffle, num_replicas=" in data
+    assert "sampler=DistributedSampler(train_dataset, shuffle=True, num_replicas=" in data
+    assert ") if shuffle else None" in data
     assert "TODO(ddpify)" not in data and "ddpify verify: PASS" in done.stdout
     static = ddpify("convert", "train.py", "-o", f"{tmp_path / 'static'}/", cwd=RUN / "returned_loader")
     assert "TODO(ddpify)" in (tmp_path / "static" / "data.py").read_text()

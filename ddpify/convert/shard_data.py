@@ -34,8 +34,9 @@ def run(ctx: Context) -> None:
         if _evaluation_sampler(call):
             continue  # `return DataLoader(sampler=self.valid_sampler, ...)`: a validation split, whole on every rank
         given = N.keyword(call, "sampler")
-        if given is not None and isinstance(given.value, cst.Call) and script.is_call_to(given.value, D.DISTRIBUTED_SAMPLER):
-            continue  # sharded in place already
+        value = given.value.body if given is not None and isinstance(given.value, cst.IfExp) else given and given.value
+        if isinstance(value, cst.Call) and script.is_call_to(value, D.DISTRIBUTED_SAMPLER):
+            continue  # sharded in place already (`DistributedSampler(ds, shuffle=True) if shuffle else None`)
         if not script.train_loaders and ctx.ran("train_loader", call) and _sample_in_place(ctx, call):
             continue
         stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
@@ -129,10 +130,17 @@ def _sample_in_place(ctx: Context, call: cst.Call) -> bool:
     code = script.root_of(call).code_for_node
     loader = Loader("loader", call, stmt, script.scope_of(call))
     dataset = loader_dataset(ctx, loader, _fresh(ctx, "train_sampler", "loader"))  # named first where it is made inline
-    sampler = f"DistributedSampler({dataset}, shuffle={code(shuffle.value) if shuffle else 'False'}{extra})"
+    if shuffle is not None and not (isinstance(shuffle.value, cst.Name) and shuffle.value.value in ("True", "False")):
+        # The factory makes evaluation loaders too, which do not shuffle: only the shuffled ones are split.
+        sampler = f"DistributedSampler({dataset}, shuffle=True{extra}) if {code(shuffle.value)} else None"
+        said = ("the DataLoaders made here that shuffle (the run saw this one train) read this process's shard through "
+                "their own DistributedSampler; those that do not (evaluation) read all of the data on every rank")
+    else:
+        sampler = f"DistributedSampler({dataset}, shuffle={code(shuffle.value) if shuffle else 'False'}{extra})"
+        said = "the DataLoader made here (the run saw it train) reads this process's shard through its own DistributedSampler"
     _take_shuffle(ctx, loader, sampler)
     edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
-    edits.change(call, "the DataLoader made here (the run saw it train) reads this process's shard through its own DistributedSampler")
+    edits.change(call, said)
     for start in _pass_starts_in_run(ctx):
         next_epoch(ctx, start.stmt, f"{start.loader_expr}.sampler", shared=True)
     return True
