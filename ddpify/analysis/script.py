@@ -46,6 +46,7 @@ class Loader:
     call: cst.Call
     stmt: cst.SimpleStatementLine
     scope: ScopeNode
+    shuffle_picks: bool = False  # made by a factory for training and evaluation alike: only shuffled ones train
 
 
 @dataclass
@@ -321,21 +322,25 @@ class Script:
 
     def _method_of_object(self, call: cst.Call) -> cst.FunctionDef | None:
         func = call.func
-        if not isinstance(func, cst.Attribute) or N.is_name(func.value, "self"):
+        if isinstance(func, cst.Name):  # `trainer(loader, epochs=3)`: the object's `__call__`
+            obj, name = func, "__call__"
+        elif isinstance(func, cst.Attribute) and not N.is_name(func.value, "self"):
+            obj, name = func.value, func.attr.value
+        else:
             return None
-        if isinstance(func.value, cst.Call):
-            made = [func.value]  # `Trainer(model, optimizer).fit(loader)`: made and used at once
-        elif isinstance(func.value, cst.Name):
+        if isinstance(obj, cst.Call):
+            made = [obj]  # `Trainer(model, optimizer).fit(loader)`: made and used at once
+        elif isinstance(obj, cst.Name):
             made = [
                 a.value for a in self.assigns.get(self.scope_of(call), [])
-                if ref_of(a.targets[0].target) == func.value.value
+                if ref_of(a.targets[0].target) == obj.value
             ]  # fmt: skip
         else:
             return None
         for value in made:  # `trainer = Plain(8)` or, in another branch, `trainer = Momentum(8)`: the first
             cls = self.class_called(value) if isinstance(value, cst.Call) else None
             while cls is not None:
-                method = self.methods(cls).get(func.attr.value)
+                method = self.methods(cls).get(name)
                 if method is not None:
                     return method
                 cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
@@ -894,9 +899,30 @@ def _returned_loader(script: Script, call: cst.Call) -> Loader | None:
         return None
     callers = [c for c in script.calls if script.local_function(c) is fn]
     assign = script.parent(callers[0]) if len(callers) == 1 else None
-    if not (isinstance(assign, cst.Assign) and assign.value is callers[0] and isinstance(assign.targets[0].target, cst.Name)):
-        return None  # a factory for several loaders (train and test) cannot get one sampler
-    return Loader(assign.targets[0].target.value, call, line, fn)
+    if isinstance(assign, cst.Assign) and assign.value is callers[0] and isinstance(assign.targets[0].target, cst.Name):
+        return Loader(assign.targets[0].target.value, call, line, fn)
+    return _factory_of_splits(script, call, line, fn, callers)
+
+
+def _factory_of_splits(script: Script, call: cst.Call, line, fn: cst.FunctionDef, callers: list[cst.Call]) -> Loader | None:
+    """`def get_loader(name, shuffle=True): return DataLoader(..., shuffle=shuffle)`, called for
+    the training loader and for others (`get_loader(name, shuffle=False)` to evaluate): one caller's
+    loader trains, and the factory's shuffle parameter tells it apart. The loaders it makes that
+    shuffle get the sampler; named as the training caller names it."""
+    shuffle = N.keyword(call, "shuffle")
+    params = {p.name.value for p in fn.params.params}
+    if shuffle is None or not (isinstance(shuffle.value, cst.Name) and shuffle.value.value in params):
+        return None
+    training = []
+    for caller in callers:
+        assign = script.parent(caller)
+        if isinstance(assign, cst.Assign) and assign.value is caller and isinstance(assign.targets[0].target, cst.Name):
+            name, where = assign.targets[0].target.value, script.scope_of(caller)
+            if _epoch_loops(script, name, where, depth=0) is not None or _pass_starts(script, name, where):
+                training.append(name)
+    if len(training) != 1:
+        return None
+    return Loader(training[0], call, line, fn, shuffle_picks=True)
 
 
 def _handed_to_generator(script: Script, call: cst.Call) -> Loader | None:
@@ -1300,7 +1326,7 @@ def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
 def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None:
     """The parameter of `fn` that receives `ref` at this call."""
     params = [p.name.value for p in fn.params.params]
-    if params[:1] == ["self"] and (isinstance(call.func, cst.Attribute) or fn.name.value == "__init__"):
+    if params[:1] == ["self"] and (isinstance(call.func, cst.Attribute) or fn.name.value in ("__init__", "__call__")):
         params = params[1:]
     for index, arg in enumerate(N.positional(call)):
         if _passes(arg.value, ref) and index < len(params):

@@ -18,6 +18,12 @@ from ddpify.convert.edits import append_arg, keyword_arg
 from ddpify.convert.samplers import BEFORE_INIT, loader_dataset, next_epoch, sampler_name, set_epoch, split_batch
 
 SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle}{extra})\n"
+# A factory that makes the training loader and evaluation ones (`shuffle=False`) alike.
+SAMPLER_IF_SHUFFLED = "{sampler} = DistributedSampler({dataset}, shuffle=True{extra}) if {shuffle} else None\n"
+SPLIT_IF_SHUFFLED = (
+    "this factory makes the training loader and others: the loaders it makes that shuffle are split between the "
+    "ranks, those that do not (evaluation) read all of the data on every rank"
+)
 # Before the process group exists the sampler reads its place from torchrun's environment.
 
 
@@ -33,10 +39,8 @@ def run(ctx: Context) -> None:
     for call in script.unplaced_loaders:
         if _evaluation_sampler(call):
             continue  # `return DataLoader(sampler=self.valid_sampler, ...)`: a validation split, whole on every rank
-        given = N.keyword(call, "sampler")
-        value = given.value.body if given is not None and isinstance(given.value, cst.IfExp) else given and given.value
-        if isinstance(value, cst.Call) and script.is_call_to(value, D.DISTRIBUTED_SAMPLER):
-            continue  # sharded in place already (`DistributedSampler(ds, shuffle=True) if shuffle else None`)
+        if _sharded(ctx, Loader("loader", call, script.statement_line(call), script.scope_of(call))):
+            continue  # sharded already (`sampler=DistributedSampler(ds, shuffle=True) if shuffle else None`)
         if not script.train_loaders and ctx.ran("train_loader", call) and _sample_in_place(ctx, call):
             continue
         stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
@@ -65,7 +69,10 @@ def run(ctx: Context) -> None:
             if shuffle is None:
                 continue
             extra = "" if ctx.rank0_condition(loader.stmt) == RANK0 else BEFORE_INIT
-            edits.insert_before(loader.stmt, SAMPLER.format(sampler=sampler, dataset=dataset, shuffle=shuffle, extra=extra))
+            made = SAMPLER_IF_SHUFFLED if loader.shuffle_picks else SAMPLER
+            edits.insert_before(loader.stmt, made.format(sampler=sampler, dataset=dataset, shuffle=shuffle, extra=extra))
+            if loader.shuffle_picks:
+                edits.change(loader.stmt, SPLIT_IF_SHUFFLED)
         elif not sampler:
             continue
         edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
@@ -369,7 +376,8 @@ def _sampler_in(ctx: Context, scope, loader: Loader, sampler: str, loader_expr: 
     module, or an attribute of the same class's object), else `<loader>.sampler`
     (`self.data.train_loader.sampler` where another class's object holds the loader)."""
     script = ctx.script
-    if isinstance(scope, cst.FunctionDef) and scope is not loader.scope and loader_expr in {p.name.value for p in scope.params.params}:
+    generator = isinstance(scope, cst.FunctionDef) and scope is not loader.scope and script.nodes_in(scope, cst.Yield)
+    if generator and loader_expr in {p.name.value for p in scope.params.params}:
         return f"{loader_expr}.sampler"  # `def endless(loader)`: whichever loader it is handed
     module_global = isinstance(loader.scope, cst.Module) and script.root_of(scope) is loader.scope
     same_object = sampler.startswith("self.") and script.class_of(scope) is script.class_of(loader.scope)

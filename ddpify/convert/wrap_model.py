@@ -53,8 +53,27 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         if script.uses_gpu and not moved_before(script, statements_up_to(script, last, scope), model):  # `Trainer(model, ...)` moves it later
             wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
         edits.insert_after(last, wrap)
+    for alias in _aliases_before(script, model, scope, last):
+        edits.insert_after(last, f"{alias} = {model}  # the object trains the wrapped model\n")
     edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
     edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
+
+
+def _aliases_before(script, model: str, scope, last: cst.CSTNode) -> list[str]:
+    """`self.net = net` in the function that wraps `net`, before the wrap: the object would keep
+    the plain model (a trainer's constructor handed the model), so it takes the wrapped one."""
+    found = []
+    for assign in script.assigns.get(scope, []):
+        target = assign.targets[0].target
+        if (
+            isinstance(target, cst.Attribute)
+            and N.is_name(target.value, "self")
+            and N.is_name(assign.value, model)
+            and script.before(assign, last)
+            and not script.inside(assign, last)
+        ):
+            found.append(ref_of(target))
+    return found
 
 
 def _existing_wrap(ctx: Context, model: str, scope) -> cst.CSTNode | None:
