@@ -38,6 +38,9 @@ class AnalysisError(Exception):
         self.message = message
 
 
+CATCHES_STOP = {"StopIteration", "Exception", "BaseException"}
+
+
 @dataclass
 class Loader:
     """A `name = DataLoader(...)` statement."""
@@ -959,6 +962,23 @@ def _generator_pass_starts(script: Script, loader: Loader) -> list[PassStart]:
     return [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
 
 
+def _kept_from_argument(script: Script, arg: cst.Arg) -> list[tuple[str, cst.FunctionDef]]:
+    """The `self.` attributes in which the constructor of the script's class that `arg` is given
+    to keeps it (`Trainer(data.loader(), config)` keeps `self.data_loader`)."""
+    ctor = script.parent(arg)
+    cls = script.class_called(ctor) if isinstance(ctor, cst.Call) else None
+    init = script.methods(cls).get("__init__") if cls is not None else None
+    if init is None:
+        return []
+    params = [p.name.value for p in init.params.params][1:]
+    if arg.keyword is not None:
+        param = arg.keyword.value if arg.keyword.value in params else None
+    else:
+        index = N.positional(ctor).index(arg)
+        param = params[index] if index < len(params) else None
+    return _kept_by_init(script, init, param) if param is not None else []
+
+
 def _add_to_split(script: Script, call: cst.Call) -> bool:
     """Record a DataLoader built per split in a dict (comprehension or literal)."""
     holder = script.parent(call)
@@ -1062,9 +1082,12 @@ def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
         return []
     found = []
     for call in script.calls:
-        if script.local_function(call) is not fn:
+        if (script.local_function(call) or script.method_of_object(call)) is not fn:
             continue
         assign = script.parent(call)
+        if position[1] == 1 and isinstance(assign, cst.Arg):  # `Trainer(data.loader(), config)`: kept by the object
+            found += _kept_from_argument(script, assign)
+            continue
         if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
             continue
         target = assign.targets[0].target
@@ -1243,8 +1266,8 @@ def _restarts(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
         for draw in script.calls_in(where):
             if not (N.is_name(draw.func, "next") and draw.args and ref_of(draw.args[0].value) == name):
                 continue
-            caught = any(
-                isinstance(a, cst.Try) and any("StopIteration" in names_in(h.type) for h in a.handlers if h.type)
+            caught = any(  # `except StopIteration:`, or a handler that catches it too (`except:`, `except Exception:`)
+                isinstance(a, cst.Try) and any(h.type is None or CATCHES_STOP & set(names_in(h.type)) for h in a.handlers)
                 for a in _ancestors_in(script, draw, where)
             )
             if len(draw.args) == 1 and not caught:
