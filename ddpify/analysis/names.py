@@ -76,6 +76,9 @@ CURRENT_ACCELERATOR = frozenset({"torch.accelerator.current_accelerator"})
 TORCH_SAVE = spelled({"torch.save"})
 TORCH_LOAD = spelled({"torch.load"})
 OPEN = frozenset({"builtins.open", "open"})
+# Commands a script runs (a scorer that reads the predictions it just wrote).
+COMMANDS = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+                      "subprocess.check_output", "subprocess.Popen"})
 DATA_PARALLEL = spelled({"torch.nn.DataParallel"})
 SET_DEVICE = frozenset({"torch.cuda.set_device"})
 PRINT = frozenset({"builtins.print", "print"})

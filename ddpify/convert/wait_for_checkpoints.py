@@ -56,13 +56,12 @@ def run(ctx: Context) -> None:
                 reads.append((_key(ctx, args[0].value, call), call))
         elif script.is_call_to(call, N.TORCH_LOAD) and args and not _is_handle(args[0].value, handles):
             reads.append((_key(ctx, args[0].value, call), call))
+        elif script.is_call_to(call, N.COMMANDS):
+            reads.append((None, call))
     waited = set()  # statements that read after a barrier
     for path, call in reads:
-        first_write = written.get(path)
-        seen = first_write is None and (first_write := _written_in_run(ctx, call, written)) is not None  # the run saw it first
-        apart = first_write is None and (first_write := _same_file_name(ctx, call, written)) is not None
-        elsewhere = apart and script.scope_of(first_write) is not script.scope_of(call)  # a helper's save: run before, by the calls
-        if first_write is None or not (seen or elsewhere or script.before(first_write, call)) or script.index.exclusive(first_write, call):
+        first_write, anywhere = _writer_of(ctx, path, call, written)
+        if first_write is None or not (anywhere or script.before(first_write, call)) or script.index.exclusive(first_write, call):
             continue
         if _under_existence_test(script, call):
             continue  # `if os.path.exists(cache): load` / `else: build and write`: ranks may take either branch
@@ -77,6 +76,18 @@ def run(ctx: Context) -> None:
         edits.change(call, "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():
         _share_temp_dir(ctx, name, stmt)
+
+
+def _writer_of(ctx: Context, path: tuple | None, call: cst.Call, written: dict) -> tuple[cst.Call | None, bool]:
+    """The write a read (`path` None: a command) waits for, and whether it counts wherever it is
+    (the run saw it first; a helper elsewhere writes it, run before by the calls) rather than only
+    before the read."""
+    if path is not None and (writer := written.get(path)) is not None:
+        return writer, False
+    if path is not None and (writer := _written_in_run(ctx, call, written)) is not None:
+        return writer, True
+    writer = _same_file_name(ctx, call, written) if path is not None else _named_in_command(ctx, call, written)
+    return writer, writer is not None and ctx.script.scope_of(writer) is not ctx.script.scope_of(call)
 
 
 def _written_in_run(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
@@ -103,6 +114,47 @@ def _same_file_name(ctx: Context, call: cst.Call, written: dict) -> cst.Call | N
     if not names:
         return None
     return next((w for w in written.values() if names & _file_names(ctx, _path_arg(ctx, w))), None)
+
+
+def _named_in_command(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
+    """A command the script runs (`os.system(f"perl score.pl {d}/answers.txt")`, the string bound
+    just before) that names a file the script writes: the command reads it."""
+    script = ctx.script
+    words = set()
+    for arg in call.args:
+        for n in iter_nodes(script.value_before(arg.value)):
+            if isinstance(n, cst.SimpleString) and isinstance(n.evaluated_value, str):
+                words |= {w.rsplit("/", 1)[-1] for w in re.findall(r"[\w./{}-]+\.\w+", n.evaluated_value)}
+    for writer in written.values():
+        names = {
+            n.evaluated_value.rsplit("/", 1)[-1]
+            for path in _spellings(ctx, writer)
+            for n in iter_nodes(path)
+            if isinstance(n, cst.SimpleString) and isinstance(n.evaluated_value, str)
+        }
+        if names & words:
+            return writer
+    return None
+
+
+def _spellings(ctx: Context, writer: cst.Call) -> list[cst.BaseExpression]:
+    """The path a write takes, or, where it is a parameter of the writing function
+    (`def write_prediction(output_file, preds)`), what the function's callers hand it."""
+    script, path = ctx.script, _path_arg(ctx, writer)
+    fn = script.scope_of(writer)
+    if not (isinstance(path, cst.Name) and isinstance(fn, cst.FunctionDef)):
+        return [path] if path is not None else []
+    params = [p.name.value for p in fn.params.params]
+    params = params[1:] if params[:1] == ["self"] else params  # `obj.write(path)`: self is not passed
+    if path.value not in params:
+        return [path]
+    index = params.index(path.value)
+    found = []
+    for call in script.calls:
+        if script.local_function(call) is fn:
+            given = N.keyword(call, path.value) or (N.positional(call)[index] if index < len(N.positional(call)) else None)
+            found += [given.value] if given is not None else []
+    return found
 
 
 def _path_arg(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
