@@ -76,6 +76,8 @@ CURRENT_ACCELERATOR = frozenset({"torch.accelerator.current_accelerator"})
 TORCH_SAVE = spelled({"torch.save"})
 TORCH_LOAD = spelled({"torch.load"})
 OPEN = frozenset({"builtins.open", "open"})
+# Library calls that print as they work, and the keyword that silences them.
+PRINTING_CALLS = {"thop.profile": "verbose", "torchinfo.summary": "verbose", "ptflops.get_model_complexity_info": "print_per_layer_stat"}
 # Commands a script runs (a scorer that reads the predictions it just wrote).
 COMMANDS = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
                       "subprocess.check_output", "subprocess.Popen"})
