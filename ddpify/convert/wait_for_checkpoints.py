@@ -109,7 +109,7 @@ def _written_in_run(ctx: Context, call: cst.Call, written: dict) -> cst.Call | N
 def _same_file_name(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
     """A write whose path ends in the same file name the read's does, spelled apart (an
     early-stopping helper saves `path + '/' + 'checkpoint.pth'`, the trainer loads
-    `best_model_path = path + '/' + 'checkpoint.pth'`)."""
+    `best_model_path = path + '/' + 'checkpoint.pth'`; a `filename=MODEL_FILE` default on both)."""
     names = _file_names(ctx, _path_arg(ctx, call))
     if not names:
         return None
@@ -119,60 +119,63 @@ def _same_file_name(ctx: Context, call: cst.Call, written: dict) -> cst.Call | N
 def _named_in_command(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
     """A command the script runs (`os.system(f"perl score.pl {d}/answers.txt")`, the string bound
     just before) that names a file the script writes: the command reads it."""
-    script = ctx.script
-    words = set()
-    for arg in call.args:
-        for n in iter_nodes(script.value_before(arg.value)):
-            if isinstance(n, cst.SimpleString) and isinstance(n.evaluated_value, str):
-                words |= {w.rsplit("/", 1)[-1] for w in re.findall(r"[\w./{}-]+\.\w+", n.evaluated_value)}
+    words = {
+        w.rsplit("/", 1)[-1] for arg in call.args for text in _strings(ctx, arg.value) for w in re.findall(r"[\w./{}-]+\.\w+", text)
+    }
     for writer in written.values():
-        names = {
-            n.evaluated_value.rsplit("/", 1)[-1]
-            for path in _spellings(ctx, writer)
-            for n in iter_nodes(path)
-            if isinstance(n, cst.SimpleString) and isinstance(n.evaluated_value, str)
-        }
-        if names & words:
+        if words & {text.rsplit("/", 1)[-1] for text in _strings(ctx, _path_arg(ctx, writer))}:
             return writer
     return None
 
 
-def _spellings(ctx: Context, writer: cst.Call) -> list[cst.BaseExpression]:
-    """The path a write takes, or, where it is a parameter of the writing function
-    (`def write_prediction(output_file, preds)`), what the function's callers hand it."""
-    script, path = ctx.script, _path_arg(ctx, writer)
-    fn = script.scope_of(writer)
-    if not (isinstance(path, cst.Name) and isinstance(fn, cst.FunctionDef)):
-        return [path] if path is not None else []
-    params = [p.name.value for p in fn.params.params]
-    params = params[1:] if params[:1] == ["self"] else params  # `obj.write(path)`: self is not passed
-    if path.value not in params:
-        return [path]
-    index = params.index(path.value)
-    found = []
-    for call in script.calls:
-        if script.local_function(call) is fn:
-            given = N.keyword(call, path.value) or (N.positional(call)[index] if index < len(N.positional(call)) else None)
-            found += [given.value] if given is not None else []
-    return found
-
-
 def _path_arg(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
-    """What a save writes to or a load or open reads, through a name bound just before in its function."""
+    """What a save writes to or a load or open reads."""
     args = N.positional(call)
-    node = args[1].value if ctx.script.is_call_to(call, N.TORCH_SAVE) and len(args) > 1 else args[0].value if args else None
-    return ctx.script.value_before(node) if node is not None else None
+    return args[1].value if ctx.script.is_call_to(call, N.TORCH_SAVE) and len(args) > 1 else args[0].value if args else None
 
 
 def _file_names(ctx: Context, node: cst.BaseExpression | None) -> set[str]:
     """The file names (`checkpoint.pth`, `best_model.pt`) a path expression spells as literals."""
+    names = {text.rsplit("/", 1)[-1] for text in _strings(ctx, node)}
+    return {n for n in names if re.fullmatch(r"[\w.-]+\.(pt|pth|ckpt|pkl|tar|bin|safetensors|npy|npz|json|pickle)", n)}
+
+
+def _strings(ctx: Context, node: cst.BaseExpression | None, depth: int = 0) -> set[str]:
+    """The string literals an expression spells, through the names in it: the value bound just
+    before in its function, a parameter's default and what the function's callers hand it
+    (`def save(model, filename=MODEL_FILE)`), a module's constant (`MODEL_FILE = "model.pt"`)."""
     found = set()
-    for n in iter_nodes(node) if node is not None else ():
+    if node is None or depth > 5:
+        return found
+    for n in iter_nodes(node):
         if isinstance(n, cst.SimpleString) and isinstance(n.evaluated_value, str):
-            name = n.evaluated_value.rsplit("/", 1)[-1]
-            if re.fullmatch(r"[\w.-]+\.(pt|pth|ckpt|pkl|tar|bin|safetensors|npy|npz|json|pickle)", name):
-                found.add(name)
+            found.add(n.evaluated_value)
+        elif isinstance(n, cst.Name):
+            for value in _values_of_name(ctx, n):
+                found |= _strings(ctx, value, depth + 1)
     return found
+
+
+def _values_of_name(ctx: Context, name: cst.Name) -> list[cst.BaseExpression]:
+    """What a name may hold where it is read (see `_strings`)."""
+    script = ctx.script
+    bound = script.value_before(name)
+    if bound is not name:
+        return [bound]
+    fn = script.scope_of(name)
+    params = [p for p in fn.params.params] if isinstance(fn, cst.FunctionDef) else []
+    named = [p for p in params if p.name.value == name.value]
+    if named:
+        passed = [p.name.value for p in params]
+        index = passed.index(name.value) - (1 if passed[:1] == ["self"] else 0)  # `obj.save(path)`: self is not passed
+        found = [named[0].default] if named[0].default is not None else []
+        for call in script.calls:
+            if script.local_function(call) is fn:
+                given = N.keyword(call, name.value) or (N.positional(call)[index] if 0 <= index < len(N.positional(call)) else None)
+                found += [given.value] if given is not None else []
+        return found
+    module = script.root_of(name)
+    return [a.value for a in script.assigns.get(module, []) if N.is_name(a.targets[0].target, name.value) and isinstance(a.value, cst.SimpleString)]
 
 
 def _under_existence_test(script, call: cst.Call) -> bool:
