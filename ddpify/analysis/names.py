@@ -171,6 +171,7 @@ CLOCK = frozenset(
      "time.time", "time.strftime", "time.localtime", "time.gmtime", "time.ctime", "time.time_ns"}
 )  # fmt: skip
 # Calls that take a path to write or make (a clock-named value reaching one names files).
+UUIDS = frozenset({"uuid.uuid1", "uuid.uuid4"})
 PATH_SINKS = MAKEDIRS | MKDIR | TORCH_SAVE | OPEN | SUMMARY_WRITERS | {"os.path.join", "pathlib.Path", "shutil.copyfile"}
 TORCH_SEED = spelled({"torch.manual_seed"})
 RANDOM_SPLIT = spelled({"torch.utils.data.random_split"})

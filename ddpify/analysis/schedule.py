@@ -1,5 +1,5 @@
 """Values every rank computes differently but must agree on: schedules drawn at random, and
-names read from the clock (a per-run folder).
+names read from the clock or drawn at random (a per-run folder).
 
 `lr = random.random() * 0.0005` or `epochs = random.choice([100, 150, 200])` in `main()` draw
 a different value in every process (Python's and NumPy's generators are seeded from the OS), so
@@ -69,7 +69,8 @@ def clock_names(script: Script) -> list[ScheduleDraws]:
             if script.top_statement(stmt, scope) is not stmt:
                 continue
             maker = _folder_maker(script, assign.value)
-            if maker is None and not (_clock_text(script, assign.value) and _names_a_path(script, scope, stmt)):
+            drawn = maker is None and _drawn(script, assign.value) and _names_a_path(script, scope, stmt)
+            if maker is None and not drawn and not (_clock_text(script, assign.value) and _names_a_path(script, scope, stmt)):
                 continue
             ref = _target(stmt)
             elsewhere = any(where is not scope and _reads(where, ref) for where in script.scopes_for(ref, scope))
@@ -79,8 +80,14 @@ def clock_names(script: Script) -> list[ScheduleDraws]:
             elif first_use is None:
                 continue
             shared = first_use is not None and _broadcast(script, scope, [ref], first_use)
-            found.append(ScheduleDraws(scope, [ref], stmt, first_use, shared, CLOCK, maker, made_at))
+            found.append(ScheduleDraws(scope, [ref], stmt, first_use, shared, RANDOM if drawn else CLOCK, maker, made_at))
     return found
+
+
+def _drawn(script: Script, value: cst.BaseExpression) -> bool:
+    """A run id drawn at random (`random.randint(1, 100000)`, `uuid.uuid4().hex`, `str()` of one)."""
+    calls = [value, *script.calls_in(value)] if isinstance(value, cst.Call) else script.calls_in(value)
+    return any(script.is_call_to(c, N.RANDOM_VALUES) and _scalar(script, c) or script.is_call_to(c, N.UUIDS) for c in calls)
 
 
 def _makes_then_uses(script: Script, scope: ScopeNode, ref: str, stmt: cst.BaseStatement):
