@@ -216,7 +216,7 @@ def _state(pid: int) -> str | None:
 
 def _entry(run: dict, prefix: str) -> dict:
     """A case's run as an entry of the batch's plan: its label, and the labels it names
-    (only_if_ok, only_if_failed, reference.train_loader_from), prefixed by the case's name."""
+    (only_if_ok, only_if_failed, reference.train_loader_from, resume.after), prefixed by the case's name."""
     entry = dict(
         run,
         label=f"{prefix}.{run['label']}",
@@ -226,6 +226,8 @@ def _entry(run: dict, prefix: str) -> dict:
     for name in ("only_if_ok", "only_if_failed"):
         if run.get(name):
             entry[name] = f"{prefix}.{run[name]}"
+    if run.get("resume"):
+        entry["resume"] = dict(run["resume"], after=f"{prefix}.{run['resume']['after']}")
     if (run.get("reference") or {}).get("train_loader_from"):
         entry["reference"] = dict(run["reference"], train_loader_from=f"{prefix}.{run['reference']['train_loader_from']}")
     return entry

@@ -70,6 +70,8 @@ def verifications(tmp_path_factory, probe_once):
     jobs = {"converted": (TRAIN, None, VerifyOptions(timeout=60), {}), "hand_written": (TRAIN, DDP_TRAIN, VerifyOptions(timeout=60), {})}
     for name, _, _ in BROKEN:
         jobs[name] = (TRAIN, DDP_TRAIN, VerifyOptions(timeout=60), {"BREAK": name})
+    for name, (original, converted) in RESUMING.items():
+        jobs[name] = (RESUME / original, converted and RESUME / converted, VerifyOptions(timeout=60), {})
     work = tmp_path_factory.mktemp("verify")
     before = sorted(p.name for p in DATA.iterdir())
     with pytest.MonkeyPatch.context() as patch:
@@ -89,7 +91,8 @@ def verified(verifications, name):
 def test_the_conversion_of_train_py_passes_every_invariant(verifications):
     result = verified(verifications, "converted")
     assert result.converted == "converted in memory"
-    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
+    assert statuses(result) == {**{n: PASS for n in range(1, 11)}, 11: NA}, [(r.number, r.summary) for r in result.results]
+    assert result.results[10].summary.startswith("the script has no load code (no torch.load)")
     three = result.results[2]
     assert "epoch 2: ranks read 128/128 samples, disjoint, together all of them" in three.evidence
     assert result.exit_code == 0
@@ -97,8 +100,82 @@ def test_the_conversion_of_train_py_passes_every_invariant(verifications):
 
 def test_a_hand_written_ddp_script_passes_every_invariant(verifications):
     result = verified(verifications, "hand_written")
-    assert statuses(result) == {n: PASS for n in range(1, 11)}, [(r.number, r.summary) for r in result.results]
+    assert statuses(result) == {**{n: PASS for n in range(1, 11)}, 11: NA}, [(r.number, r.summary) for r in result.results]
     assert "equal one process at 2x the batch" in result.results[4].summary
+
+
+# fixtures/run/resume_checkpoint: name -> (original, DDP version or None: converted in memory)
+RESUME = Path(__file__).resolve().parent.parent / "fixtures" / "run" / "resume_checkpoint"
+RESUMING = {
+    "resume_option": ("train.py", None),
+    "resume_exists": ("warm_start.py", None),
+    "resume_rank0": ("train.py", "ddp_rank0_resume.py"),
+}
+
+
+def test_a_checkpoint_saved_in_training_loads_back_through_the_scripts_own_resume_option(verifications):
+    """`--resume PATH` (and the restart line convert writes above it): a second torchrun run
+    takes it with the file rank 0 saved, and every rank ends with the same parameters."""
+    result = verified(verifications, "resume_option")
+    eleven = result.results[10]
+    assert eleven.status == PASS and not result.failures, [(r.number, r.status, r.summary) for r in result.results]
+    assert "--resume <checkpoint>" in eleven.summary and "loads last.pt (train.py:" in eleven.summary, eleven.summary
+
+
+def test_a_checkpoint_loaded_when_it_exists_loads_back_on_a_second_run(verifications):
+    result = verified(verifications, "resume_exists")
+    eleven = result.results[10]
+    assert eleven.status == PASS and not result.failures, [(r.number, r.status, r.summary) for r in result.results]
+    assert "the existence test at line" in eleven.summary and "loads weights.pt" in eleven.summary, eleven.summary
+
+
+def test_a_resume_that_loads_on_rank_0_after_wrapping_fails(verifications):
+    """Rank 0 alone takes the weights, after DDP broadcast its initial ones: the ranks part."""
+    result = verified(verifications, "resume_rank0")
+    assert failed(result) == [11], [(r.number, r.status, r.summary) for r in result.results]
+    assert "the ranks' parameters differ: load the checkpoint on every rank" in result.results[10].summary
+
+
+def test_the_resume_run_is_planned_from_the_scripts_load_code():
+    """An option that holds the path gets the checkpoint; a flag, a literal or an existence test
+    as written; an option that only loads weights (`--weights PRETRAINED`), a torch.load with no
+    gate around it, or none at all, gets no second run."""
+    from ddpify.verify.resume import resume_plan
+
+    head = "import os, argparse, torch\np = argparse.ArgumentParser()\nopt = torch.optim.SGD([], lr=1)\n"
+    cases = {
+        "p.add_argument('--resume', default='')\na = p.parse_args()\nif a.resume:\n    opt.load_state_dict(torch.load(a.resume))\n": ["--resume", "{checkpoint}"],
+        "p.add_argument('--weights', default='')\na = p.parse_args()\nif a.weights:\n    torch.load(a.weights)\n": None,
+        "p.add_argument('--resume', action='store_true')\na = p.parse_args()\nif not a.resume:\n    pass\nelse:\n    opt.load_state_dict(torch.load('c.pt'))\n": ["--resume"],
+        "p.add_argument('--init-from', default='scratch')\na = p.parse_args()\nif a.init_from == 'resume':\n    opt.load_state_dict(torch.load('c.pt'))\n": ["--init-from", "resume"],
+        "if os.path.isfile('c.pt'):\n    torch.load('c.pt')\n": [],
+        "torch.load('pretrained.pt')\n": None,
+        "torch.save({}, 'c.pt')\n": None,
+    }
+    for body, args in cases.items():
+        assert resume_plan(head + body, "t.py").args == args, body
+    assert "no resume gate" in resume_plan(head + "torch.load('pretrained.pt')\n", "t.py").how
+
+
+def test_the_resume_invariant_never_passes_without_every_ranks_word():
+    """A rank with no trace, a run that loaded another file, or a rank that reported no
+    parameters: never a PASS."""
+    from ddpify.verify.invariants import Runs, resumes
+
+    ddp = {"exit_code": 0, "saves": [{"keys": ["w"], "file": "/r/ddp/c.pt"}], "cwd": "/r/ddp"}
+    def rank(loads, checksums):
+        return {"exit_code": 0, "loads": [{"file": f} for f in loads], "final_checksums": checksums, "ddp_final": [],
+                "optimizer_steps": [], "ddp_forwards": []}
+    def runs(*resume):
+        return Runs(nproc=2, ddp=[ddp, dict(ddp, saves=[])], ordered=[], original=None, reference=None, plain=None,
+                    resume=list(resume), resume_how="--resume <checkpoint>")
+    assert resumes(runs(rank(["/r/ddp/c.pt"], ["a"]), rank(["/r/ddp/c.pt"], ["a"]))).status == PASS
+    assert resumes(runs(rank(["/r/ddp/c.pt"], ["a"]), None)).status == FAIL
+    assert resumes(runs(rank(["/r/ddp/c.pt"], ["a"]), rank(["/r/ddp/c.pt"], []))).status == FAIL
+    assert resumes(runs(rank(["/r/ddp/c.pt"], ["a"]), rank(["/r/ddp/c.pt"], ["b"]))).status == FAIL
+    assert resumes(runs(rank(["/r/ddp/other.pt"], ["a"]), rank([], ["a"]))).status == NA
+    assert resumes(Runs(nproc=2, ddp=[ddp, ddp], ordered=[], original=None, reference=None, plain=None, resume=None,
+                        resume_how="no load code")).summary == "no load code"
 
 
 @pytest.mark.parametrize("name,number,message", BROKEN, ids=[b[0] for b in BROKEN])

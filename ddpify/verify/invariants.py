@@ -1,4 +1,4 @@
-"""The ten invariants of a DDP conversion, judged from the traces of the verification runs.
+"""The eleven invariants of a DDP conversion, judged from the traces of the verification runs.
 
 Every check reads traces (JSON written by tracer.py) only, so nothing here imports torch. Each
 returns a Result: PASS, FAIL or N/A, a one-line summary a user can act on, and the evidence.
@@ -24,6 +24,7 @@ TITLES = {
     8: "evaluation adds up",
     9: "no hang, no crash",
     10: "runs as one process",
+    11: "resumes from its checkpoint",
 }
 
 
@@ -54,6 +55,8 @@ class Runs:
     hung: set = field(default_factory=set)  # labels of runs stopped at the timeout
     stderr: str = ""  # torchrun's stderr, for a crash without a trace
     original_error: str | None = None  # why the original failed here (stand_in)
+    resume: list | None = None  # trace per rank of the resume run (None: no resume run was planned)
+    resume_how: str = ""  # how the resume run takes the script's load code, or why there is none
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -658,16 +661,65 @@ def plain_python(runs: Runs) -> Result:
     return Result(10, PASS, f"`python converted.py` trains as one process ({steps} optimizer steps)")
 
 
+# --- 11. resumes from its checkpoint -------------------------------------------------------------
+
+
+def resumes(runs: Runs) -> Result:
+    """A second torchrun run that takes the script's own load code (session.py, resume.py) loads
+    the checkpoint rank 0 saved, and every rank ends with the same parameters. Whether that
+    checkpoint holds the unwrapped model's keys is 7's."""
+    if runs.resume is None:
+        return Result(11, NA, runs.resume_how)
+    missing = _missing(runs, runs.ddp, "torchrun")
+    if missing:
+        return Result(11, NA, missing)
+    saved = [s for s in runs.ddp[0]["saves"] if s.get("keys") and s.get("file")]
+    if not saved or runs.ddp[0]["exit_code"] != 0:
+        stopped = f" (the run was stopped {runs.ddp[0]['stopped']})" if runs.ddp[0].get("stopped") else ""
+        why = "the torchrun run failed (see 9)" if runs.ddp[0]["exit_code"] else f"rank 0 saved no state_dict{stopped}"
+        return Result(11, NA, f"{why}: nothing to resume from")
+    checkpoint, traces = saved[-1], runs.resume
+    name = _relative(checkpoint["file"], runs.ddp[0])
+    if "resume" in runs.hung or any(t is None for t in traces):
+        lost = [r for r, t in enumerate(traces) if t is None]
+        how = "hung and was stopped" if "resume" in runs.hung else "left no trace"
+        stacks = [f"rank {r}: {stack_summary(runs.stacks[('resume', r)])}" for r in lost if ("resume", r) in runs.stacks]
+        return Result(11, FAIL, f"resuming from {name} ({runs.resume_how}): rank {_ranks(lost)} {how}", stacks)
+    for rank, trace in enumerate(traces):
+        if trace["exit_code"] != 0:
+            return Result(11, FAIL, f"rank {rank} fails to resume from {name} ({runs.resume_how}): {_last_line(trace)}",
+                          (trace.get("error") or "").splitlines()[-8:])  # fmt: skip
+    loaded = {r: next((x for x in t["loads"] if x["file"] == checkpoint["file"]), None) for r, t in enumerate(traces)}
+    readers = [r for r, x in loaded.items() if x]
+    if not readers:
+        read = sorted({_relative(x["file"], traces[0]) for t in traces for x in t["loads"]})
+        return Result(11, NA, f"the resume run ({runs.resume_how}) did not load {name}"
+                      + (f"; it loaded {', '.join(read[:3])}" if read else ""))  # fmt: skip
+    checksums = [t["final_checksums"] + t["ddp_final"] for t in traces]
+    if not any(checksums):
+        return Result(11, NA, f"the resume run loaded {name} but trained no parameters to compare")
+    parted = [f"rank 0 vs rank {r}: {p}" for r in range(1, len(traces)) for p in step_differences(traces[0], traces[r])]
+    parted += [f"rank {r} reported {len(c)} parameter checksums, rank 0 {len(checksums[0])}"
+               for r, c in enumerate(checksums) if len(c) != len(checksums[0])]  # fmt: skip
+    if parted:
+        return Result(11, FAIL, f"after resuming from {name} (loaded by rank {_ranks(readers)}), the ranks' parameters "
+                      "differ: load the checkpoint on every rank before wrapping in DDP, or into model.module on every rank",
+                      parted[:8])  # fmt: skip
+    where = _at(loaded[readers[0]].get("where"))
+    return Result(11, PASS, f"a second run ({runs.resume_how}) loads {name}{where} on rank {_ranks(readers)}; every "
+                  "rank then holds the same parameters")  # fmt: skip
+
+
 # A failure that follows from an earlier one is reported there: a script without one process
 # group also reads all the data and prints on every rank, an unwrapped model also parts the ranks.
-FOLLOWS = {2: (1,), 3: (1,), 4: (1, 2), 5: (1, 2, 4), 6: (1,), 7: (1,), 8: (1, 2, 4, 5)}
+FOLLOWS = {2: (1,), 3: (1,), 4: (1, 2), 5: (1, 2, 4), 6: (1,), 7: (1,), 8: (1, 2, 4, 5), 11: (1, 2, 4, 7)}
 
 
 def check_all(runs: Runs) -> list[Result]:
-    """The ten verdicts, in order; a failure that follows from an earlier one is N/A, naming it."""
+    """The eleven verdicts, in order; a failure that follows from an earlier one is N/A, naming it."""
     five = same_math(runs)
     results = [process_group(runs), wrapped(runs), sharded(runs), in_sync(runs), five, one_voice(runs),
-               checkpoints(runs), evaluation(runs, five), finished(runs), plain_python(runs)]  # fmt: skip
+               checkpoints(runs), evaluation(runs, five), finished(runs), plain_python(runs), resumes(runs)]  # fmt: skip
     for result in results:
         cause = next((n for n in FOLLOWS.get(result.number, ()) if results[n - 1].status == FAIL), None)
         if result.status == FAIL and cause is not None:

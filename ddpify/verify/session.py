@@ -5,7 +5,8 @@ Runs, each in its own copy of the working folder (launch.py, workspace.py):
   unshuffled with the training batch times N (``reference``), and the converted script
   (``plain``; ``plain-reference`` stands in for the reference when the original cannot run here);
 * torchrun with N processes: the converted script as written (``ddp``), and seeded and
-  unshuffled (``ordered``, compared with ``reference``).
+  unshuffled (``ordered``, compared with ``reference``), and, when the converted script has
+  resume code (resume.py), once more in the ``ddp`` run's folder, taking that code (``resume``).
 Every run stops itself after K optimizer steps per epoch and two epochs (tracer.py).
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from ddpify.analysis.run_facts import RunFacts
 from ddpify.verify.invariants import FAIL, Result, Runs, check_all, stack_summary
 from ddpify.verify.launch import Launch, run_plan
+from ddpify.verify.resume import ResumePlan, resume_plan
 from ddpify.verify.workspace import link_parent, stage
 
 PROBE = "import json, torch; print(json.dumps({'torch': torch.__version__, 'gpus': torch.cuda.device_count()}))"
@@ -190,7 +192,7 @@ def verify(
     original: Path, converted: Path | None = None, options: VerifyOptions | None = None,
     observation: Observation | None = None,
 ) -> Verification:  # fmt: skip
-    """Run the verification and judge the ten invariants; raise VerifyError when it cannot run.
+    """Run the verification and judge the eleven invariants; raise VerifyError when it cannot run.
     `observation`: the original's runs, made already (`convert --run`); then the conversion is
     the one `options.convert_options` gives, with the facts of that run."""
     options = options or VerifyOptions()
@@ -230,7 +232,7 @@ def verify(
             replaced = {} if label in ("original", "reference") else texts
             stage(root, folders[label], replaced, linked if label == "ddp" else None, work.resolve())
         link_parent(root, work, {*LABELS, "traces"})
-        runs = _run(options, root, folders, traces, source, runs_at, env, observation)
+        runs = _run(options, root, folders, traces, source, runs_at, env, observation, texts)
     finally:
         if options.keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -293,10 +295,11 @@ def _entry(options: VerifyOptions, root: Path, folders: dict, label: str, script
 
 
 def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source: Path, runs_at: Path, env: dict,
-         observation: Observation | None = None) -> Runs:  # fmt: skip
+         observation: Observation | None = None, texts: dict | None = None) -> Runs:  # fmt: skip
     def entry(label: str, script: Path, **extra) -> dict:
         return _entry(options, root, folders, label, script, **extra)
 
+    resume = resume_plan(_read_text(runs_at, texts or {}), runs_at.name)
     scaled = {"seed": 0, "batch_scale": options.nproc}
     plan = [
         entry("original", source),
@@ -308,9 +311,12 @@ def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source
         """The torchrun launch: as written, and seeded and unshuffled against the reference."""
         ordered = {"seed": 0, "batch_scale": 1}
         compare = str(traces / f"params-{reference_label}-0.pt")
+        multi_plan = [entry("ddp", runs_at), entry("ordered", runs_at, reference=ordered, compare_params=compare)]
+        if resume.args is not None:
+            multi_plan.append(_resume_entry(entry("ddp", runs_at), resume, options))
         return run_plan(
-            [entry("ddp", runs_at), entry("ordered", runs_at, reference=ordered, compare_params=compare)],
-            traces, options.nproc, python=options.python, limit_s=2 * options.timeout + STARTUP_S, env=env, keep_going=True,
+            multi_plan, traces, options.nproc, python=options.python,
+            limit_s=len(multi_plan) * options.timeout + STARTUP_S, env=env, keep_going=True,
         )  # fmt: skip
 
     if observation is not None:  # the original ran already, and ran: the plain run goes beside the torchrun launch
@@ -351,8 +357,23 @@ def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source
         hung=hung,
         stderr=multi.stderr,
         original_error=(original or {}).get("error"),
+        resume=[multi.traces.get(("resume", r)) for r in range(options.nproc)] if resume.args is not None else None,
+        resume_how=resume.how,
     )
     return runs
+
+
+def _resume_entry(ddp: dict, resume: ResumePlan, options: VerifyOptions) -> dict:
+    """The resume run (invariant 11): the converted script again, in the ddp run's folder, after it,
+    taking its own load code (resume.py); brief: one epoch of at most 2 steps."""
+    return dict(ddp, label="resume", resume={"after": "ddp", "args": resume.args}, env={**ddp["env"], **dict(resume.env)},
+                limit={"steps": min(2, options.steps), "epochs": 1})  # fmt: skip
+
+
+def _read_text(script: Path, texts: dict) -> str:
+    """The converted script's code: converted in memory, or as it is on disk."""
+    data = texts.get(script)
+    return (data if data is not None else script.read_bytes()).decode("utf-8", errors="replace")
 
 
 def _last_error(error: str | None) -> str:

@@ -56,6 +56,9 @@ steps; the run stops at the start of pass E+1, or after E*K steps without a load
 loader workers, random_split seeded, no shuffling, DistributedSamplers too; the training loader, found in
 the earlier run ``train_loader_from``, gets ``batch_scale`` times its batch), ``compare_params``
 (a params file of an earlier run: ``reference_diff`` says how far this run ends from it),
+``resume`` ``{"after", "args"}`` (run only when rank 0 of the earlier run ``after`` ended well and saved a
+state_dict to a file; ``{checkpoint}`` in ``args``, added to the run's, is that file; ``loads`` lists the
+files each ``torch.load`` read),
 ``root`` (the project's folder, when the script runs below it: its modules' lines count as the script's),
 ``timeout`` (seconds: then every thread's stack goes to ``stacks-<tag>.txt`` and the process
 exits), ``only_if_ok`` / ``only_if_failed`` (run only if that earlier run did / did not succeed). ``--keep-going`` runs the rest
@@ -144,6 +147,8 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         loaders=[],
         passes=[],
         saves=[],
+        loads=[],
+        checkpoint=(config or {}).get("checkpoint"),
         files=[],
         collectives=0,
         optimizers=0,
@@ -543,6 +548,7 @@ def _save(original):
         _trace["saves"].append(
             dict(
                 path=os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__,
+                file=_absolute(f),
                 obj_type=type(obj).__name__,
                 keys=list(state) if state is not None else None,
                 shapes={k: list(v.shape) for k, v in state.items()} if state is not None else None,
@@ -563,9 +569,20 @@ def _load(original):
     def load(f, *args, **kwargs):
         if isinstance(f, (str, os.PathLike)):
             _note_file(f, "r")
+            if _state.get("active"):
+                _trace["loads"].append(dict(file=_absolute(f), where=_user_frame()))
         return original(f, *args, **kwargs)
 
     return load
+
+
+def _absolute(f) -> str | None:
+    """A path the script named, absolute and normalised (None for a file object)."""
+    if not isinstance(f, (str, os.PathLike)):
+        return None
+    name = os.fspath(f)
+    name = name.decode(errors="replace") if isinstance(name, bytes) else name
+    return os.path.normpath(os.path.abspath(name))
 
 
 def _open(original):
@@ -1224,6 +1241,19 @@ def fresh_rendezvous(run_index: int) -> dict:
     return {"MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "False"}
 
 
+def _saved_checkpoint(label: str) -> str | None:
+    """The file of the last state_dict rank 0 saved in the run `label` of this plan, if it ran
+    to its end (read from its trace file, so every rank finds the same)."""
+    path = os.path.join(os.environ.get("DDPIFY_TRACE_DIR", os.getcwd()), f"trace-{label}-0.json")
+    try:
+        with _original_open(path) as fh:
+            trace = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    saved = [s["file"] for s in trace.get("saves", []) if s.get("keys") and s.get("file")]
+    return saved[-1] if trace.get("exit_code") == 0 and saved and os.path.exists(saved[-1]) else None
+
+
 CONFIG_KEYS = ("limit", "reference", "compare_params", "timeout", "root")
 
 
@@ -1244,9 +1274,15 @@ def main(argv: list[str]) -> int:
                 continue
             if run.get("only_if_ok") and not ok.get(run["only_if_ok"], False):
                 continue
-            env = {**run.get("env", {}), **fresh_rendezvous(index)}
+            env = {**run.get("env", {}), **fresh_rendezvous(index)}  # rank 0 has finished the runs before
             config = {k: run[k] for k in CONFIG_KEYS if k in run}
-            code = run_one(run["script"], run.get("args", []), run["label"], env, run.get("cwd"), config)
+            args = run.get("args", [])
+            if run.get("resume"):
+                config["checkpoint"] = _saved_checkpoint(run["resume"]["after"])
+                if config["checkpoint"] is None:
+                    continue  # every rank reads the same trace: every rank skips
+                args = [*args, *(a.replace("{checkpoint}", config["checkpoint"]) for a in run["resume"].get("args", []))]
+            code = run_one(run["script"], args, run["label"], env, run.get("cwd"), config)
             status = status or code
             if code and not keep_going:
                 return code
