@@ -2,8 +2,11 @@
 
 The wrap goes right after the last top-level statement that touches the model (builds,
 moves, loads, freezes or re-heads it) before anything runs or trains it (inside the
-if/with/try that both builds and trains it), and after the process group exists;
-`device_ids` is passed only for CUDA. A wrapper module of the project built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
+if/with/try that both builds and trains it), and after the process group exists.
+`device_ids` follows where the model's parameters are at run time (`next(model.parameters()).is_cuda`),
+not the device the script names: a model left on the CPU on a GPU node gets none (DDP refuses
+`device_ids` for a CPU module); a model this pass moves itself (`DDP(model.to(device), ...)`) is on
+`device`. A wrapper module of the project built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
 module whose forward the training step calls, after its last rebinding.
 """
 
@@ -18,7 +21,8 @@ from ddpify.convert.context import Context
 from ddpify.convert.wrap_point import moved_before, runs_model, statements_up_to, wrap_point
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
-WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
+WRAP = "{model} = DDP({model}, device_ids=[{index}] if next({model}.parameters()).is_cuda else None)\n"
+MOVE_AND_WRAP = '{model} = DDP({model}.to({device}), device_ids=[{index}] if {device_type} == "cuda" else None)\n'
 
 
 def run(ctx: Context) -> None:
@@ -49,10 +53,10 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
     else:
         index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device_type.removesuffix('.type')}.index"
-        wrap = WRAP.format(model=model, index=index, device_type=ctx.device_type)
+        wrap = WRAP
         if script.uses_gpu and not moved_before(script, statements_up_to(script, last, scope), model):  # `Trainer(model, ...)` moves it later
-            wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
-        edits.insert_after(last, wrap)
+            wrap = MOVE_AND_WRAP
+        edits.insert_after(last, wrap.format(model=model, index=index, device=ctx.device, device_type=ctx.device_type))
     edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
     edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
