@@ -80,7 +80,7 @@ def train(gpu, args):
     net = ConvNet().to(device)
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr)
-    net = DDP(net, device_ids=[local_rank] if device.type == "cuda" else None)
+    net = DDP(net, device_ids=[local_rank] if next(net.parameters()).is_cuda else None)
     samples = training_set(args)
     sampler = DistributedSampler(samples, shuffle=not args.no_shuffle)
     loader = DataLoader(samples, batch_size=args.batch_size, sampler=sampler, pin_memory=True)

@@ -169,7 +169,7 @@ def main():
 
     model = DigitNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    model = DDP(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     accuracy = 0.0
     for epoch in range(1, args.epochs + 1):

@@ -140,8 +140,8 @@ def test_the_test_would_catch_the_old_shortcut():
 PARTIAL = {
     # what is taken out of the converted example -> what convert must put back
     "no DDP wrap": (
-        '    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n',
-        '    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n',
+        '    model = DDP(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)\n',
+        '    model = DDP(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)\n',
     ),
     "no sampler": (
         "    train_sampler = DistributedSampler(train_set, shuffle=fit_opts.get(\"shuffle\", False))\n"

@@ -393,6 +393,16 @@ FSDP_MODULE_API = frozenset(
      "set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch", "set_requires_all_reduce"}
 )  # fmt: skip
 
+# nn.Module methods that return the module itself (`model = model.eval()` keeps what `model` was).
+SELF_RETURNING = frozenset({"train", "eval", "to", "cuda", "cpu", "float", "half", "double", "bfloat16", "requires_grad_"})
+
+
+def module_itself(value):
+    """`model` in `model.eval()`, `model.to(device).train()`: the object such a chain returns."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in SELF_RETURNING:
+        value = value.func.value
+    return value
+
 # nn.Module API that DistributedDataParallel answers for the wrapped module.
 DDP_ATTRIBUTES = frozenset(
     {

@@ -18,6 +18,7 @@ from libcst.metadata import MetadataWrapper
 
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
+from ddpify.analysis.frozen import frozen
 from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes, last_name, names_in, remember
 from ddpify.analysis.optimizers import OptimizerSummaries, builds_optimizer, parameter_owners
 from ddpify.analysis.project import ProjectFacts, names_cuda
@@ -113,6 +114,8 @@ class Script:
     model_name: str = ""  # the first trained model (setup goes where it is built)
     model_scope: ScopeNode | None = None
     models: dict[str, ScopeNode] = field(default_factory=dict)  # every trained model -> its scope
+    maybe_frozen: set[str] = field(default_factory=set)  # models of `models` frozen on some runs only (analysis/frozen.py)
+    frozen_models: dict[str, ScopeNode] = field(default_factory=dict)  # handed to an optimizer, but frozen: never wrapped
     optimizer_stmt: cst.BaseStatement | None = None
     loaders: list[Loader] = field(default_factory=list)
     unplaced_loaders: list[cst.Call] = field(default_factory=list)  # e.g. built in a list comprehension
@@ -124,6 +127,8 @@ class Script:
     eval_calls: list[cst.Call] = field(default_factory=list)
     eval_loops: dict[str, list[cst.For]] = field(default_factory=dict)  # loader -> loops over it
     ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
+    maybe_wrapped: dict[ScopeNode, set[str]] = field(default_factory=dict)  # of ddp_names: held by a model of maybe_frozen
+    ddp_aliases: dict[cst.Assign, str] = field(default_factory=dict)  # `scorer = model.eval()` -> "model"
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
     data_parallel_imports: list[tuple[str, str, str | None]] = field(default_factory=list)  # from-imports of it
     iterable_datasets: set[str] = field(default_factory=set)  # the script's IterableDataset classes
@@ -703,6 +708,11 @@ def _find_model(script: Script) -> None:
                 (owner, scope), built_here = taken, False  # `dataset, model, optimizer = load_train_objs()`
             if (outer := _wrapper_module(script, owner, scope)) is not None:
                 owner = outer  # `net = LossWrapper(backbone)`: the training runs `net`
+            if (state := frozen(script, owner, _binding_scope(script, owner, scope))) is True:
+                script.frozen_models[owner] = _binding_scope(script, owner, scope)
+                continue  # nothing in it trains: DDP refuses it (a frozen backbone handed over with its head)
+            if state is None:
+                script.maybe_frozen.add(owner)
             if owner in script.models:
                 first = script.models[owner]
                 if owner.startswith("self.") and script.class_of(first) is not script.class_of(scope):
@@ -733,6 +743,7 @@ def _find_model(script: Script) -> None:
             and ref_of(owner)
             and _may_be_model(script, ref_of(owner), scope)
             and _updates_by_hand(script, call, scope)
+            and frozen(script, ref_of(owner), _binding_scope(script, ref_of(owner), scope)) is not True  # an EMA copy
         ):
             script.model_name = ref_of(owner)
             script.model_scope = _binding_scope(script, script.model_name, scope)
@@ -1442,22 +1453,35 @@ def _pairs(target: cst.BaseExpression, value: cst.BaseExpression) -> list[tuple[
 
 
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
-    """Which names hold a DDP model in which function, and which helper calls only evaluate."""
+    """Which names hold a DDP model in which function (and which of them only on some runs: a
+    model frozen on others is not wrapped there), and which helper calls only evaluate."""
     for model, model_scope in script.models.items():
+
+        def hold(scope: ScopeNode, name: str, model: str = model) -> None:
+            script.ddp_names.setdefault(scope, set()).add(name)
+            if model in script.maybe_frozen:
+                script.maybe_wrapped.setdefault(scope, set()).add(name)
+
         holders = [(model, model_scope)]
         for _ in range(3):  # an object that hands the model on to another's constructor (a visualizer's plotter)
             found = []
             for name, where in holders:
                 for attr, init in kept_by_objects(script, name, where, rebound=False):
                     for method in script.scopes_for(attr, init):
-                        script.ddp_names.setdefault(method, set()).add(attr)
+                        hold(method, attr)
                 for param, init in _given_to_constructors(script, name, where):  # `model.latent_dim` in the constructor
-                    if param not in script.ddp_names.setdefault(init, set()):
-                        script.ddp_names[init].add(param)
+                    if param not in script.ddp_names.get(init, set()):
+                        hold(init, param)
                         found.append((param, init))
             holders = found
         for scope in script.scopes_for(model, model_scope):
-            script.ddp_names.setdefault(scope, set()).add(model)
+            hold(scope, model)
+            for assign in script.assigns.get(scope, []):  # `scorer = model.eval()`: the same object
+                alias = ref_of(assign.targets[0].target)
+                value = N.module_itself(assign.value)
+                if alias not in (None, model) and value is not assign.value and ref_of(value) == model:
+                    hold(scope, alias)
+                    script.ddp_aliases[assign] = model
             for call in script.calls_in(scope):
                 fn = script.local_function(call)
                 if fn is None or script.scope_of(call) is not scope:
@@ -1466,7 +1490,7 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                 if param is None:
                     continue
                 if fn in script.training_functions:
-                    script.ddp_names.setdefault(fn, set()).add(param)
+                    hold(fn, param)
                 elif isinstance(script.parent(call), cst.Expr) and model == script.model_name and not D.all_reduces(script, fn):
                     script.eval_calls.append(call)  # (a helper that all-reduces, e.g. its gradients, does not evaluate)
 

@@ -163,17 +163,30 @@ class Context:
     def plain(self, node: cst.CSTNode, model: str) -> str | None:
         """How `node` reads the network inside `model`: `model.module` where every path to it
         has wrapped the model, `unwrap(model)` where some path has not (a method of a trainer
-        that may run before the method that wraps its model, or without it), None where the model
+        that may run before the method that wraps its model, or without it, or a model frozen on
+        some runs, which is wrapped only where it trains), None where the model
         is still plain (or sharded with FSDP2, which keeps the model itself). `unwrap` is the
         module's helper (defined where it is used)."""
-        if self.fsdp2 or not self.after_wrap(node, model):
+        if self.fsdp2 or not self.after_wrap(node, model) or not self._alias_of_wrapped(node, model):
             return None
-        if self._wrapped_on_every_path(node, model):
+        frozen_on_some_runs = model in self.script.maybe_wrapped.get(self.script.scope_of(node), ())
+        if not frozen_on_some_runs and self._wrapped_on_every_path(node, model):
             return f"{model}.module"
         from ddpify.convert.emit import define_function
 
         define_function(self, "unwrap", UNWRAP, node)
         return f"unwrap({model})"
+
+    def _alias_of_wrapped(self, node: cst.CSTNode, name: str) -> bool:
+        """Where `name` was last bound before `node` to `model.eval()` (or another method that
+        returns the module itself), was `model` wrapped there already? True for any other name."""
+        script = self.script
+        bound = [a for a in script.assigns.get(script.scope_of(node), [])
+                 if ref_of(a.targets[0].target) == name and script.ends_before(a, node)]  # fmt: skip
+        if not bound or bound[-1] not in script.ddp_aliases:
+            return not any(a in script.ddp_aliases for a in bound)  # rebound to something else since
+        model = script.ddp_aliases[bound[-1]]
+        return not self.fsdp2 and self.after_wrap(bound[-1], model) and self._alias_of_wrapped(bound[-1], model)
 
     def _wrapped_on_every_path(self, node: cst.CSTNode, model: str) -> bool:
         """A `self.` model wrapped in a method other than `__init__` is wrapped only once that

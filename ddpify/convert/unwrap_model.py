@@ -10,7 +10,9 @@ prefix, loadable by the single-GPU script), the model's own methods and attribut
 model, and the model handed to an object that keeps or saves it (`early_stopping(loss,
 model)`). What DDP itself provides (`train()`, `eval()`, `parameters()`, `to()`, ...) and
 calling the model stay on the wrapper. `model = model.eval()` (or `.train()`, `.to(...)`,
-`.float()`: nn.Module's methods that return the module itself) after the wrap keeps the DDP model.
+`.float()`: nn.Module's methods that return the module itself) after the wrap keeps the DDP model,
+and `scorer = model.eval()` names it too (`scorer.latent_dim` -> `scorer.module.latent_dim`);
+bound before the wrap, `scorer` is the plain network and stays as it is.
 Only what was wrapped gets `.module`: the network a wrapper module keeps (`model =
 LossWrapper(model)`, then DDP around the wrapper) is never wrapped itself.
 """
@@ -24,7 +26,6 @@ from ddpify.analysis.script import data_parallel_modules, ref_of
 from ddpify.convert.context import Context
 
 ON_WRAPPER = N.DDP_ATTRIBUTES
-SELF_RETURNING = frozenset({"train", "eval", "to", "cuda", "cpu", "float", "half", "double", "bfloat16", "requires_grad_"})
 
 
 def run(ctx: Context) -> None:
@@ -71,8 +72,7 @@ def _plain(ctx: Context, node: cst.CSTNode, model: str) -> str | None:
 
 def _returns_itself(value: cst.BaseExpression, model: str) -> bool:
     """`model.eval()`, `model.to(device).train()`: `model` itself, whatever it is."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in SELF_RETURNING:
-        value = value.func.value
+    value = N.module_itself(value)
     return ref_of(value) == model and not isinstance(value, cst.Call)
 
 

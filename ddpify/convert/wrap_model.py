@@ -2,8 +2,14 @@
 
 The wrap goes right after the last top-level statement that touches the model (builds,
 moves, loads, freezes or re-heads it) before anything runs or trains it (inside the
-if/with/try that both builds and trains it), and after the process group exists;
-`device_ids` is passed only for CUDA. A wrapper module of the project built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
+if/with/try that both builds and trains it), and after the process group exists.
+`device_ids` follows where the model's parameters are at run time (`next(model.parameters()).is_cuda`),
+not the device the script names: a model left on the CPU on a GPU node gets none (DDP refuses
+`device_ids` for a CPU module); a model this pass moves itself (`DDP(model.to(device), ...)`) is on
+`device`. A model frozen on some runs only (`if args.freeze_encoder: encoder.requires_grad_(False)`,
+analysis/frozen.py) is wrapped only where it has a parameter that trains, and a model frozen on
+every run is never wrapped; unwrapped, its weights are rank 0's (`dist.broadcast`), as DDP's wrap
+would make them. A wrapper module of the project built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
 module whose forward the training step calls, after its last rebinding.
 """
 
@@ -18,12 +24,33 @@ from ddpify.convert.context import Context
 from ddpify.convert.wrap_point import moved_before, runs_model, statements_up_to, wrap_point
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
-WRAP = '{model} = DDP({model}, device_ids=[{index}] if {device_type} == "cuda" else None)\n'
+WRAP = "{model} = DDP({model}, device_ids=[{index}] if next({model}.parameters()).is_cuda else None)\n"
+TRAINS = "if any(p.requires_grad for p in {model}.parameters()):  # frozen on some runs: DDP refuses a module with nothing to train\n"
+SEND_FROZEN = (
+    "for tensor in [*{model}.parameters(), *{model}.buffers()]:  # frozen, not wrapped: rank 0's weights, as DDP sends them\n"
+    "    dist.broadcast(tensor, src=0)\n"
+)
+MOVE_AND_WRAP = '{model} = DDP({model}.to({device}), device_ids=[{index}] if {device_type} == "cuda" else None)\n'
 
 
 def run(ctx: Context) -> None:
     for model, scope in ctx.script.models.items():
         _wrap(ctx, model, scope)
+    for model, scope in ctx.script.frozen_models.items():
+        _send_frozen(ctx, model, scope)
+
+
+def _send_frozen(ctx: Context, model: str, scope) -> None:
+    """A model an optimizer names but nothing in it trains (a probe's frozen backbone): no DDP,
+    but every rank starts from rank 0's weights, as the wrap would have made it."""
+    script = ctx.script
+    if any(mentions(loop.iter, model) and any(N.call_name(c) == "broadcast" for c in script.calls_in(loop.body))
+           for loop in script.nodes_in(script.block_of(scope), cst.For)):  # fmt: skip
+        return  # sent already (a converted script)
+    last = wrap_point(ctx, model, scope, list(script.block_of(scope).body), into_blocks=True)
+    ctx.edits.insert_after(last, SEND_FROZEN.format(model=model))
+    ctx.edits.need_import(N.DIST_MODULE, asname="dist")
+    ctx.edits.change(last, f"`{model}` is frozen (no parameter requires a gradient): not wrapped in DDP, its weights are rank 0's")
 
 
 def _wrap(ctx: Context, model: str, scope) -> None:
@@ -49,10 +76,12 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
     else:
         index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device_type.removesuffix('.type')}.index"
-        wrap = WRAP.format(model=model, index=index, device_type=ctx.device_type)
+        wrap = WRAP
         if script.uses_gpu and not moved_before(script, statements_up_to(script, last, scope), model):  # `Trainer(model, ...)` moves it later
-            wrap = wrap.replace(f"DDP({model},", f"DDP({model}.to({ctx.device}),", 1)
-        edits.insert_after(last, wrap)
+            wrap = MOVE_AND_WRAP
+        if model in script.maybe_frozen:
+            wrap = TRAINS + "    " + wrap + "else:\n" + "".join("    " + line + "\n" for line in SEND_FROZEN.splitlines())
+        edits.insert_after(last, wrap.format(model=model, index=index, device=ctx.device, device_type=ctx.device_type))
     for alias in _aliases_before(script, model, scope, last):
         edits.insert_after(last, f"{alias} = {model}  # the object trains the wrapped model\n")
     edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
