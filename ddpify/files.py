@@ -42,6 +42,10 @@ def write_atomic(target: Path, data: bytes, make_parents: bool = False) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_dir():
         raise IsADirectoryError(21, "is a directory", str(target))
+    if target.exists() and not target.is_file():  # /dev/null, a FIFO: written to, never replaced
+        with open(target, "wb") as handle:
+            handle.write(data)
+        return
     mode = target.stat().st_mode if target.exists() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:

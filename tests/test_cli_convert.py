@@ -140,6 +140,24 @@ def test_a_write_killed_midway_leaves_the_old_file_whole(tmp_path: Path) -> None
     assert target.read_text() == "the old script\n"
 
 
+def test_an_output_that_is_no_regular_file_is_written_to_never_replaced(tmp_path: Path) -> None:
+    """`-o` naming a FIFO (as `-o /dev/null` names a device): the converted script goes through it
+    and the FIFO stays a FIFO; the atomic rename would have put a regular file in its place."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    done = ddpify("convert", str(FLAT), "-o", str(fifo))
+    reader.join(timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert received and b"DistributedDataParallel" in received[0]
+
+
 def test_stdout_keeps_the_source_encoding(tmp_path: Path) -> None:
     latin = tmp_path / "latin.py"
     latin.write_bytes(("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + FLAT.read_text()).encode("latin-1"))
