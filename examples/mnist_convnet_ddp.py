@@ -72,7 +72,7 @@ def train(gpu, args):
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"  # NCCL for GPU tensors, gloo for CPU ones
     if "WORLD_SIZE" in os.environ:  # launched by torchrun
         dist.init_process_group(backend)
     else:  # plain `python`: a process group of one

@@ -25,7 +25,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 def all_reduce_sum(value):
     """Sum a metric over all processes (each one saw its own part of the data)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else "cpu"
     total = torch.as_tensor(value, dtype=torch.float64, device=device).clone()
     dist.all_reduce(total)
     if isinstance(value, torch.Tensor):
@@ -151,7 +151,7 @@ def main():
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"  # NCCL for GPU tensors, gloo for CPU ones
     if "WORLD_SIZE" in os.environ:  # launched by torchrun
         dist.init_process_group(backend)
     else:  # plain `python`: a process group of one

@@ -16,7 +16,7 @@ ALL_REDUCE_SUM = '''
 
 def all_reduce_sum(value):
     """Sum a metric over all processes (each one saw its own part of the data)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else "cpu"
     total = torch.as_tensor(value, dtype=torch.float64, device=device).clone()
     dist.all_reduce(total)
     if isinstance(value, torch.Tensor):

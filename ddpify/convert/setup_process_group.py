@@ -34,7 +34,7 @@ DEVICE_OPTION = """if {option}.startswith("cuda"):  # --device names a GPU: this
 
 INIT = """if {device_type} == "cuda":
     torch.cuda.set_device({device})
-backend = "nccl" if {device_type} == "cuda" else "gloo"
+backend = "cpu:gloo,cuda:nccl" if {device_type} == "cuda" else "gloo"  # NCCL for GPU tensors, gloo for CPU ones
 if "WORLD_SIZE" in os.environ:  # launched by torchrun
     dist.init_process_group(backend)
 else:  # plain `python`: a process group of one
@@ -43,7 +43,7 @@ else:  # plain `python`: a process group of one
 # In a method (a trainer's constructor): every object made runs it, the group is made once.
 INIT_ONCE = """if {device_type} == "cuda":
     torch.cuda.set_device({device})
-backend = "nccl" if {device_type} == "cuda" else "gloo"
+backend = "cpu:gloo,cuda:nccl" if {device_type} == "cuda" else "gloo"  # NCCL for GPU tensors, gloo for CPU ones
 if not dist.is_initialized():  # else an earlier object of this class made it
     if "WORLD_SIZE" in os.environ:  # launched by torchrun
         dist.init_process_group(backend)

@@ -24,7 +24,7 @@ from ddpify.analysis.script import mentions, ref_of, returns
 from ddpify.convert.context import Context
 from ddpify.convert.wrap_point import wrap_point
 
-BACKEND_DEVICE = '"cuda" if dist.get_backend() == "nccl" else "cpu"'  # where the setup's device is not in sight
+BACKEND_DEVICE = '"cuda" if "nccl" in dist.get_backend() else "cpu"'  # where the setup's device is not in sight
 CONTAINERS = frozenset({"ModuleList", "Sequential"})
 POLICY = "mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
 
