@@ -140,8 +140,7 @@ def _sample_in_place(ctx: Context, call: cst.Call) -> bool:
     if shuffle is not None and not (isinstance(shuffle.value, cst.Name) and shuffle.value.value in ("True", "False")):
         # The factory makes evaluation loaders too, which do not shuffle: only the shuffled ones are split.
         sampler = f"DistributedSampler({dataset}, shuffle=True{extra}) if {code(shuffle.value)} else None"
-        said = ("the DataLoaders made here that shuffle (the run saw this one train) read this process's shard through "
-                "their own DistributedSampler; those that do not (evaluation) read all of the data on every rank")
+        said = SPLIT_IF_SHUFFLED
     else:
         sampler = f"DistributedSampler({dataset}, shuffle={code(shuffle.value) if shuffle else 'False'}{extra})"
         said = "the DataLoader made here (the run saw it train) reads this process's shard through its own DistributedSampler"
