@@ -751,7 +751,7 @@ class FileIndex:
             scope = self._root_of(scope)
         prefix = self._qualname[scope]
         if isinstance(scope, (cst.FunctionDef, cst.Lambda)):
-            prefix += ".<locals>."
+            prefix += ".<locals>." if prefix else "<locals>."  # a lambda of the module: `<locals>.p`, as libcst has it
         elif prefix:
             prefix += "."
         return prefix + dotted
