@@ -879,6 +879,8 @@ def _find_loaders(script: Script) -> None:
             script.loaders.append(returned)
         elif (handed := _handed_to_generator(script, call)) is not None:
             script.loaders.append(handed)
+        elif (iterated := _iterated_inline(script, call)) is not None:
+            script.loaders.append(iterated)
         else:
             script.unplaced_loaders.append(call)
     _named_splits(script)
@@ -895,6 +897,8 @@ def _find_loaders(script: Script) -> None:
                 loops = (loops or []) + more
             starts += _pass_starts(script, name, scope)
         starts += _generator_pass_starts(script, loader)
+        if isinstance(loader.stmt, cst.For):  # `for x, y in DataLoader(...)`: its epoch loop, if any
+            loops = [] if loader.stmt is _for_of(script, loader.call) else [EpochLoop(loader.stmt, loader.scope, loader.name)]
         if loops is not None or starts:
             script.train_loaders.append(loader)
             script.epoch_loops[loader.name] = loops or []
@@ -960,6 +964,30 @@ def _handed_to_generator(script: Script, call: cst.Call) -> Loader | None:
     if fn is None or not script.nodes_in(fn, cst.Yield) or not fn.params.params:
         return None
     return Loader(ref_of(assign.targets[0].target), call, line, script.scope_of(call))
+
+
+def _iterated_inline(script: Script, call: cst.Call) -> Loader | None:
+    """`for x, y in DataLoader(data, shuffle=True):` (or in `enumerate(...)`/`tqdm(...)` of one)
+    in a loop that trains: a loader made anew each pass. Its sampler is made once, before the
+    epoch loop around it (`Loader.stmt`, a `for`, where `set_epoch` goes), or before the pass
+    itself when nothing loops around it."""
+    loop = _for_of(script, call)
+    if loop is None or not _has_backward(script, loop.body):
+        return None
+    scope = script.scope_of(call)
+    outer = script.enclosing_loop(loop, scope)
+    where = outer if isinstance(outer, cst.For) else loop if outer is None else None
+    if where is None or script.top_statement(where, scope) is not where and script.enclosing_loop(where, scope) is not None:
+        return None
+    return Loader("loader", call, where, scope)
+
+
+def _for_of(script: Script, call: cst.Call) -> cst.For | None:
+    """The `for` whose iterable is `call`, itself or wrapped first in `enumerate(...)`/`tqdm(...)`."""
+    node, parent = call, script.parent(call)
+    while isinstance(parent, cst.Arg) and isinstance(script.parent(parent), cst.Call) and script.parent(parent).args[0] is parent:
+        node, parent = script.parent(parent), script.parent(script.parent(parent))
+    return parent if isinstance(parent, cst.For) and parent.iter is node else None
 
 
 def _generator_pass_starts(script: Script, loader: Loader) -> list[PassStart]:
