@@ -105,6 +105,9 @@ def run(ctx: Context) -> None:
             ctx.setup_scope = script.module
             body = list(block.body)
             edits.change(anchor, "the process group is set up before this line: it shares a name read from the clock")
+        if isinstance(ctx.setup_scope, cst.Module) and (constant := _module_device_constant(script)) is not None:
+            ctx.device = constant  # `DEVICE = torch.device("cuda:0")` above the main block: rebound there, per process
+            edits.change(anchor, f"`{constant}` (the module's device) is rebound to this process's GPU where the script runs")
         ctx.device_type = f"{ctx.device}.type"
         on_gpu = script.uses_gpu
         device_line = DEVICE if on_gpu else CPU_DEVICE
@@ -295,6 +298,16 @@ def _device_statement(script: Script, scope: ScopeNode) -> tuple[cst.BaseStateme
                 continue  # `device = args.device` counts where the project names CUDA: a value set elsewhere
             is_torch_device = all(_is_torch_device(script, v) for v in values)
             return stmt, targets.pop(), is_torch_device
+    return None
+
+
+def _module_device_constant(script: Script) -> str | None:
+    """A device the module binds at its top (`DEVICE = torch.device("cuda:0" if ... else "cpu")`),
+    which its functions read as a global."""
+    for stmt in script.module.body:
+        pairs = _assignments(stmt) if isinstance(stmt, cst.SimpleStatementLine) else []
+        if len(pairs) == 1 and isinstance(pairs[0][1], cst.Call) and _is_device_value(script, pairs[0][1]) and "." not in pairs[0][0]:
+            return pairs[0][0]
     return None
 
 
