@@ -533,8 +533,8 @@ def _note_file(path, mode: str) -> None:
         return
     if isinstance(name, bytes):
         name = name.decode(errors="replace")
-    if name.startswith(("/dev/", "/proc/", "/sys/")) or "site-packages" in name:
-        return
+    if name.startswith(("/dev/", "/proc/", "/sys/")) or "site-packages" in name or os.path.isdir(name):
+        return  # a folder a library opens (a cache probing /tmp) is no file the script writes
     _trace["files"].append(
         dict(path=os.path.normpath(os.path.abspath(name)), mode=mode, sync=_trace["collectives"], where=_user_frame())
     )
