@@ -116,8 +116,8 @@ def _full_batch(ctx: Context, loop: cst.For | None, scope: ScopeNode) -> bool:
 def _picks_nothing(ctx: Context, loop: cst.For, body: cst.CSTNode, skip: cst.FunctionDef | None = None) -> bool:
     script = ctx.script
     targets = names_in(loop.target)
-    if _indexes_with(body, targets) or any(N.is_call_of(n, "next") for n in iter_nodes(body)):
-        return False
+    if _indexes_with(body, targets) or any(N.is_call_of(n, "next") or _dunder_next(n) for n in iter_nodes(body)):
+        return False  # `next(batches)`, `batches.__next__()`: a batch drawn each step
     calls = script.calls_in(body)
     if any(script.is_call_to(c, N.RANDOM_DRAWS) for c in calls):
         return False
@@ -125,6 +125,10 @@ def _picks_nothing(ctx: Context, loop: cst.For, body: cst.CSTNode, skip: cst.Fun
         return False  # `for x, y in batches`: the loop itself hands out data
     helpers = [c for c in calls if script.local_function(c) not in (None, skip)]
     return not any(names_in(arg) & targets for call in helpers for arg in call.args)
+
+
+def _dunder_next(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "__next__"
 
 
 def _indexes_with(node: cst.CSTNode, names: set[str]) -> bool:
