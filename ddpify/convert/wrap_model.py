@@ -21,7 +21,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, kept_by_objects, mentions, ref_of
 from ddpify.convert.context import Context
-from ddpify.convert.wrap_point import moved_before, runs_model, statements_up_to, wrap_point
+from ddpify.convert.wrap_point import branch_points, moved_before, runs_model, statements_up_to, wrap_point
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
 WRAP = "{model} = DDP({model}, device_ids=[{index}] if next({model}.parameters()).is_cuda else None)\n"
@@ -63,15 +63,28 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         return
     _returned_model(ctx, model, scope, body)
     last = wrap_point(ctx, model, scope, body, into_blocks=True)
-    ctx.wrap_after[model] = last
+    points = branch_points(script, model, last) or [last]  # built and trained in several branches: in each
+    last = ctx.wrap_after[model] = points[0]
     synced = any(
         script.is_call_to(c, D.SYNC_BATCHNORM) and c.args and mentions(c.args[0].value, model) for c in script.calls
     )
-    if ctx.options.sync_batchnorm and not synced:
-        edits.insert_after(last, SYNC_BN.format(model=model))
+    sync = ctx.options.sync_batchnorm and not synced
+    if sync:
         edits.change(last, "BatchNorm layers become SyncBatchNorm (statistics over all processes)")
     elif _has_batchnorm(script):
         edits.change(last, "BatchNorm statistics stay per process: --sync-batchnorm syncs them")
+    for point in points:
+        if sync:
+            edits.insert_after(point, SYNC_BN.format(model=model))
+        _insert_wrap(ctx, model, scope, point)
+    edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
+    edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
+
+
+def _insert_wrap(ctx: Context, model: str, scope, last: cst.CSTNode) -> None:
+    """`model = DDP(model, ...)` right after `last` (and the object that kept the plain model
+    before it takes the wrapped one)."""
+    script, edits = ctx.script, ctx.edits
     if ctx.gpus_per_process > 1:
         edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
     else:
@@ -84,8 +97,6 @@ def _wrap(ctx: Context, model: str, scope) -> None:
         edits.insert_after(last, wrap.format(model=model, index=index, device=ctx.device, device_type=ctx.device_type))
     for alias in _aliases_before(script, model, scope, last):
         edits.insert_after(last, f"{alias} = {model}  # the object trains the wrapped model\n")
-    edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
-    edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
 
 def _aliases_before(script, model: str, scope, last: cst.CSTNode) -> list[str]:

@@ -45,6 +45,24 @@ def _last_before_run(script, model: str, body, into_blocks: bool) -> cst.CSTNode
     return last
 
 
+def branch_points(script, model: str, stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    """Where an if/elif/else builds and trains `model` in several branches (`if args.small:
+    model = Small(); fit(model)` `else: model = Big(); fit(model)`): the point in each branch
+    after which it is wrapped. Empty when `stmt` is no such `if`."""
+    if not (isinstance(stmt, cst.If) and runs_model(script, stmt, model)):
+        return []
+    points, branch = [], stmt
+    while branch is not None:
+        body = branch.body.body if isinstance(branch, (cst.If, cst.Else)) else ()
+        if mentions(branch.body, model):
+            found = _last_before_run(script, model, list(body), True)
+            if found is None:
+                return []
+            points.append(found)
+        branch = branch.orelse if isinstance(branch, cst.If) else None
+    return points if len(points) > 1 else []
+
+
 def _block_building(stmt: cst.CSTNode, model: str) -> list[cst.CSTNode] | None:
     """The statements of the one branch of an if/with/try that names `model` (None: a loop,
     or several branches do)."""
