@@ -235,3 +235,14 @@ def test_a_decision_on_validation_data_every_rank_reads_whole_passes(tmp_path):
     done = ddpify("convert", "train.py", "-o", str(tmp_path / "out.py"), "--run", cwd=RUN / "plateau_on_validation")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ddpify verify: PASS" in done.stdout
+
+
+def test_the_tracer_notes_files_not_folders(tmp_path, monkeypatch):
+    """A library probing a folder (a cache opening /tmp) writes no file: only the file counts."""
+    from ddpify.verify import tracer
+
+    monkeypatch.setattr(tracer, "_trace", {"files": [], "collectives": 0})
+    monkeypatch.setattr(tracer, "_state", {"active": True})
+    tracer._note_file(str(tmp_path), "w")
+    tracer._note_file(str(tmp_path / "out.txt"), "w")
+    assert [f["path"] for f in tracer._trace["files"]] == [str(tmp_path / "out.txt")]
