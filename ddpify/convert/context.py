@@ -36,6 +36,7 @@ class Context:
     wrap_after: dict[str, cst.CSTNode] = field(default_factory=dict)  # model -> statement wrapping it
     reloads: set[cst.CSTNode] = field(default_factory=set)
     _before_init: set[cst.FunctionDef] | None = None  # `model = torch.load(...)` turned into loads
+    _after_setup: set[cst.FunctionDef] | None = None  # the functions the setting-up function calls
     device: str = "device"
     device_type: str = "device.type"  # expression giving "cuda" or "cpu"
     local_rank: str = "local_rank"
@@ -116,7 +117,7 @@ class Context:
             return RANK0_BEFORE_INIT  # a project's other module: its other callers may have no group
         if isinstance(scope, cst.Module) and scope is not self.setup_scope:
             return RANK0_BEFORE_INIT  # module code runs at import, before setup
-        if scope in self.called_before_init():
+        if scope in self.called_before_init() or self.off_the_setup_path(scope):
             return RANK0_BEFORE_INIT
         if scope is not self.setup_scope and self._before_the_call_that_sets_up(stmt, scope):
             return RANK0_BEFORE_INIT
@@ -314,6 +315,26 @@ class Context:
             if names and self.script.index.qnames(cls.name) & names:
                 return self.script.methods(cls).get("__init__")
         return None
+
+    def off_the_setup_path(self, scope) -> bool:
+        """Is `scope` a function the function that sets up never calls, itself or through the
+        functions it calls (`test()` where only `train()` sets up: a mode with no group)?"""
+        setup = self.setup_scope
+        if not (isinstance(scope, cst.FunctionDef) and isinstance(setup, cst.FunctionDef)) or scope is setup:
+            return False
+        if self.script.class_of(setup) is not None or self.script.root_of(scope) is not self.script.root_of(setup):
+            return False  # a trainer's constructor sets up: its object's other methods run after it
+        if self._after_setup is None:
+            script, found, todo = self.script, set(), [setup]
+            while todo:
+                fn = todo.pop()
+                for call in script.calls_in(fn):
+                    callee = script.local_function(call) or script.method_of_object(call)
+                    if callee is not None and callee not in found:
+                        found.add(callee)
+                        todo.append(callee)
+            self._after_setup = found
+        return scope not in self._after_setup and self.script.class_of(scope) is None
 
     def called_before_init(self) -> set[cst.FunctionDef]:
         """The script's functions that may run before the process group exists."""
