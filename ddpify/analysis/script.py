@@ -1157,8 +1157,24 @@ def data_parallel_loads(script: Script) -> list[cst.Call]:
     return [
         call for call in script.calls
         if N.call_name(call) == "load_state_dict" and (N.positional(call) or N.keyword(call, "state_dict"))
-        and _holds_data_parallel(script, bound, N.receiver(call), call)
+        and (_holds_data_parallel(script, bound, N.receiver(call), call) or _handed_data_parallel(script, bound, call))
     ]  # fmt: skip
+
+
+def _handed_data_parallel(script: Script, bound: dict, call: cst.Call) -> bool:
+    """`def load_checkpoint(path, model): model.load_state_dict(...)`, which a caller hands an
+    `nn.DataParallel` model (`load_checkpoint("teacher.pt", teacher)`)."""
+    receiver, fn = N.receiver(call), script.scope_of(call)
+    if not (isinstance(receiver, cst.Name) and isinstance(fn, cst.FunctionDef)):
+        return False
+    if receiver.value not in {p.name.value for p in fn.params.params}:
+        return False
+    for caller in script.calls:
+        if script.local_function(caller) is fn:
+            given = next((a.value for a in caller.args if param_receiving(fn, caller, ref_of(a.value) or "") == receiver.value), None)
+            if given is not None and _holds_data_parallel(script, bound, given, caller):
+                return True
+    return False
 
 
 def data_parallel_modules(script: Script) -> list[cst.Attribute]:
