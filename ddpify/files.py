@@ -38,6 +38,8 @@ def write_atomic(target: Path, data: bytes, make_parents: bool = False) -> None:
     """Write `data` to `target` through a temporary file beside it, then rename. An existing target
     keeps its permissions, a new one gets the usual ones (0666 less the umask). OSError on failure,
     with the target untouched."""
+    if target.is_symlink():
+        target = target.resolve()  # the file the link names is written; the link stays a link
     if make_parents:
         target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_dir():

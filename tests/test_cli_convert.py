@@ -158,6 +158,18 @@ def test_an_output_that_is_no_regular_file_is_written_to_never_replaced(tmp_path
     assert received and b"DistributedDataParallel" in received[0]
 
 
+def test_an_output_that_is_a_link_writes_the_file_it_names(tmp_path: Path) -> None:
+    """`-o` naming a symbolic link: the file the link names gets the script, the link stays."""
+    real = tmp_path / "kept" / "train_ddp.py"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "train_ddp.py"
+    link.symlink_to(real)
+    done = ddpify("convert", str(FLAT), "-o", str(link))
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and "DistributedDataParallel" in real.read_text()
+
+
 def test_stdout_keeps_the_source_encoding(tmp_path: Path) -> None:
     latin = tmp_path / "latin.py"
     latin.write_bytes(("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + FLAT.read_text()).encode("latin-1"))
