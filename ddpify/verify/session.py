@@ -184,8 +184,18 @@ def _why_failed(source: Path, trace: dict | None, launch: Launch, options: Verif
     if stacks.startswith("Timeout (") or launch.timed_out:
         where = stack_summary(stacks) if stacks else "no stack was written"
         return f"{source.name} ran past --timeout {options.timeout:g}s as one process; where it stood: {where}"
-    error = (trace or {}).get("error") or launch.stderr[-4000:]
+    error = _own_failure(trace, launch.stderr)
     return f"{source.name} fails on its own as one process, before verification can start:\n{error.rstrip()}"
+
+
+def _own_failure(trace: dict | None, stderr: str) -> str:
+    """The original's error: its traceback; for an exit of its own (`SystemExit(2)` from argparse)
+    what it printed before, its usage error."""
+    error = (trace or {}).get("error") or stderr[-4000:]
+    printed = "\n".join(line for line in stderr.strip().splitlines() if not line.startswith(("W1", "I1", "E1")))
+    if error.strip().startswith("SystemExit") and printed:
+        error = f"{printed[-2000:]}\n{error}"
+    return error
 
 
 def verify(
@@ -338,7 +348,7 @@ def _run(options: VerifyOptions, root: Path, folders: dict, traces: Path, source
         original, plain = single.traces.get(("original", 0)), single.traces.get(("plain", 0))
         original_ok = original is not None and original["exit_code"] == 0
         if not original_ok and not (plain and plain["exit_code"] == 0):
-            error = (original or {}).get("error") or single.stderr[-4000:]
+            error = _own_failure(original, single.stderr)
             raise VerifyError(f"{source.name} fails on its own as one process, before verification can start:\n{error.rstrip()}")
         reference_label = "reference" if original_ok else "plain-reference"
         multi = launch_multi(reference_label)
