@@ -110,8 +110,7 @@ def test_an_original_that_fails_on_its_own_writes_nothing(tmp_path):
 def test_an_original_that_exits_on_its_own_shows_what_it_printed(tmp_path):
     """An argparse usage error (SystemExit(2)): the script's own message, not only the exit."""
     script = tmp_path / "needs_args.py"
-    script.write_text("import argparse\nimport torch\nargparse.ArgumentParser().add_argument('--logdir', required=True)\n"
-                      "p = argparse.ArgumentParser()\np.add_argument('--logdir', required=True)\np.parse_args()\n")
+    script.write_text("import argparse\nimport torch\np = argparse.ArgumentParser()\np.add_argument('--logdir', required=True)\np.parse_args()\n")
     done = ddpify("convert", str(script), "-o", str(tmp_path / "out.py"), "--run", cwd=tmp_path)
     assert done.returncode == 2
     assert "the following arguments are required: --logdir" in done.stderr, done.stderr
