@@ -70,3 +70,16 @@ def test_never_leaves_the_project(tmp_path):
     _tree(tmp_path, {"outside.py": "", "proj/.git/HEAD": "", "proj/train.py": "import outside\nimport torch\nimport os\n"})
     project = find_project(tmp_path / "proj" / "train.py")
     assert project.files == [(tmp_path / "proj" / "train.py").resolve()]
+
+
+def test_an_entry_inside_a_package_with_no_marker_has_the_folder_above_it_as_root(tmp_path):
+    """`toolkit/run.py` imports `toolkit.layers` (an unpacked archive: no .git, no pyproject):
+    the root is the folder above the package, so `-o DIR/` keeps `DIR/toolkit/`."""
+    package = tmp_path / "unpacked" / "toolkit"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "layers.py").write_text("def make():\n    return 1\n")
+    (package / "run.py").write_text("from toolkit.layers import make\nmake()\n")
+    assert project_root(package / "run.py") == (tmp_path / "unpacked").resolve()
+    project = find_project(package / "run.py")
+    assert {p.relative_to(project.root).as_posix() for p in project.files} >= {"toolkit/run.py", "toolkit/layers.py"}

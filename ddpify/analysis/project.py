@@ -47,11 +47,15 @@ class Project:
 
 
 def project_root(entry: Path) -> Path:
-    """The nearest folder at or above the entry's with a project marker (else the entry's folder)."""
+    """The nearest folder at or above the entry's with a project marker; else the folder above the
+    packages the entry sits in (`toolkit/run.py` beside `toolkit/__init__.py`: its siblings are
+    imported as `toolkit.layers`), or the entry's own folder."""
     folder = entry.resolve().parent
     for candidate in (folder, *folder.parents):
         if any((candidate / marker).exists() for marker in ROOT_MARKERS):
             return candidate
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
     return folder
 
 
