@@ -1001,6 +1001,50 @@ def _generator_pass_starts(script: Script, loader: Loader) -> list[PassStart]:
     return [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
 
 
+def _picks(script: Script, fn: cst.FunctionDef, call: cst.Call, name: str, aliases: set[str]) -> bool:
+    """Does this call of `fn` get the loader `name`: its constant arguments (`fetch("train")`)
+    decide every `if` above an assignment of `name` to one of `aliases` (`if kind == "train":
+    chosen = train_loader`)? False where a test cannot be decided."""
+    params = [p.name.value for p in fn.params.params]
+    given = {params[i]: a.value for i, a in enumerate(N.positional(call)) if i < len(params)}
+    given |= {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    for assign in script.assigns.get(fn, []):
+        if ref_of(assign.targets[0].target) not in aliases or not N.is_name(assign.value, name):
+            continue
+        child, decided = assign, True
+        for anc in script.ancestors(assign):
+            if anc is fn:
+                break
+            if isinstance(anc, cst.If):
+                holds = _constant_test(anc.test, given)
+                taken = holds if script.inside(child, anc.body) else (None if holds is None else not holds)
+                decided = decided and bool(taken)
+            child = anc
+        if decided:
+            return True
+    return False
+
+
+def _constant_test(test: cst.BaseExpression, given: dict) -> bool | None:
+    """`kind == "train"` (or `!=`) with `kind` given a constant: its value; None otherwise."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, cst.Name)):
+        return None
+    op, right = test.comparisons[0].operator, test.comparisons[0].comparator
+    value = given.get(test.left.value)
+    if not (isinstance(value, cst.SimpleString) and isinstance(right, cst.SimpleString)):
+        return None
+    same = value.evaluated_value == right.evaluated_value
+    return same if isinstance(op, cst.Equal) else (not same if isinstance(op, cst.NotEqual) else None)
+
+
+def _aliases_of(script: Script, fn: ScopeNode, name: str) -> set[str]:
+    """The names `fn` binds to the loader `name` (`dl = trainloader`, or one side of an `if` expression)."""
+    return {
+        ref_of(a.targets[0].target) for a in script.assigns.get(fn, [])
+        if N.is_name(a.value, name) or isinstance(a.value, cst.IfExp) and name in (ref_of(a.value.body), ref_of(a.value.orelse))
+    }  # fmt: skip
+
+
 def _kept_from_argument(script: Script, arg: cst.Arg) -> list[tuple[str, cst.FunctionDef]]:
     """The `self.` attributes in which the constructor of the script's class that `arg` is given
     to keeps it (`Trainer(data.loader(), config)` keeps `self.data_loader`)."""
@@ -1111,11 +1155,14 @@ def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
     if not isinstance(fn, cst.FunctionDef):
         return []
     position = None
+    aliases = {loader.name} | _aliases_of(script, fn, loader.name)  # `dl = trainloader`, then `return dl`
+    others = [o for o in script.loaders if o.scope is fn and o.name != loader.name]
+    chosen = any(_aliases_of(script, fn, o.name) & aliases for o in others)  # `if split == "train": dl = trainloader`
     for ret in returns(fn):
         values = ret.value.elements if isinstance(ret.value, cst.Tuple) else [ret.value]
         for index, element in enumerate(values):
             value = element.value if isinstance(element, cst.Element) else element
-            if (isinstance(value, cst.Name) and value.value == loader.name) or value is loader.call:
+            if (isinstance(value, cst.Name) and value.value in aliases) or value is loader.call:
                 position = (index, len(values))
     if position is None:
         return []
@@ -1123,6 +1170,8 @@ def _returned_to(script: Script, loader: Loader) -> list[tuple[str, ScopeNode]]:
     for call in script.calls:
         if (script.local_function(call) or script.method_of_object(call)) is not fn:
             continue
+        if chosen and not _picks(script, fn, call, loader.name, aliases - {loader.name}):
+            continue  # this caller's argument picks another loader (or ddpify cannot tell which)
         assign = script.parent(call)
         if position[1] == 1 and isinstance(assign, cst.Arg):  # `Trainer(data.loader(), config)`: kept by the object
             found += _kept_from_argument(script, assign)
