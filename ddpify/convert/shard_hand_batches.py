@@ -76,6 +76,8 @@ def run(ctx: Context) -> None:
             _global_batch_todo(ctx, loop)
             return
     stmt = loop or script.statement_line(backward)
+    if loop is None and _drawn_by_helpers(ctx, scope) and seed_after_wrap(ctx, DRAWN_BY_HELPERS):
+        return
     if _full_batch(ctx, loop, scope):
         run = ctx.options.run
         drawn_in_run = run is not None and run.loaderless and run.drawn  # the run says otherwise: a new batch each step
@@ -105,12 +107,35 @@ def _full_batch(ctx: Context, loop: cst.For | None, scope: ScopeNode) -> bool:
         return True
     if _indexes_with(scope.body, {p.name.value for p in scope.params.params}):
         return False  # `def train(i): x = data[i]`
+    return all(_picks_nothing(ctx, outer, outer.body, skip=scope) for outer in _driving_loops(ctx, scope))
+
+
+def _driving_loops(ctx: Context, scope: ScopeNode) -> list[cst.For]:
+    """The loops that call the function holding backward: as a function (`train(i)`), or as the
+    forward or a method of an object of its class (`learner(*draw())`, `learner.step(x)`)."""
+    script = ctx.script
+    cls = script.class_of(scope)
+    owners = {name for name, kind in script.objects().items() if kind is cls} if cls is not None else set()
+    found = []
     for call in script.calls:
-        if script.local_function(call) is scope:
+        by_object = isinstance(call.func, cst.Name) and call.func.value in owners
+        by_method = isinstance(call.func, cst.Attribute) and ref_of(call.func.value) in owners
+        if script.local_function(call) is scope or by_object or by_method:
             outer = script.enclosing_loop(call, script.scope_of(call))
-            if outer is not None and not _picks_nothing(ctx, outer, outer.body, skip=scope):
-                return False
-    return True
+            if isinstance(outer, cst.For):
+                found.append(outer)
+    return found
+
+
+def _drawn_by_helpers(ctx: Context, scope: ScopeNode) -> bool:
+    """Does a loop that drives the training call a helper of the script that draws at random
+    (`learner(*draw())`, `draw()` picking classes and shots with `np.random.choice`)?"""
+    script = ctx.script
+    for loop in _driving_loops(ctx, scope):
+        helpers = [fn for c in script.calls_in(loop.body) if (fn := script.local_function(c)) not in (None, scope)]
+        if any(_draws(script, c) for fn in helpers for c in script.calls_in(fn)):
+            return True
+    return False
 
 
 def _picks_nothing(ctx: Context, loop: cst.For, body: cst.CSTNode, skip: cst.FunctionDef | None = None) -> bool:
@@ -124,6 +149,8 @@ def _picks_nothing(ctx: Context, loop: cst.For, body: cst.CSTNode, skip: cst.Fun
     if not N.is_call_of(loop.iter, "range"):
         return False  # `for x, y in batches`: the loop itself hands out data
     helpers = [c for c in calls if script.local_function(c) not in (None, skip)]
+    if any(_draws(script, c) for h in helpers for c in script.calls_in(script.local_function(h))):
+        return False  # `draw()`: a helper that draws the batch at random
     return not any(names_in(arg) & targets for call in helpers for arg in call.args)
 
 
@@ -238,6 +265,11 @@ DRAWN_IN_RUN = (
 )
 
 
+DRAWN_BY_HELPERS = (
+    "each step draws its batch or episode through a helper that samples at random (`np.random.choice`): torch is "
+    "re-seeded with its seed + rank once the model is wrapped, and the seeds the script sets are offset by the rank, "
+    "so each process draws its own"
+)
 DRAWN_BY_OBJECTS = (
     "the training step draws its batch through an object's method that samples at random (a replay buffer's "
     "`sample`): torch is re-seeded with its seed + rank once the model is wrapped, so each process draws its own "
