@@ -42,6 +42,10 @@ SHARD_ROWS = (
     "{rows} = len({data}) // {world}  # the same number of steps on every process\n"
     "{data} = {data}[{rank} * {rows} : ({rank} + 1) * {rows}]\n"
 )
+SHARD_COLUMNS = (
+    "{cols} = {data}.size(1) // {world}  # the same number of steps on every process\n"
+    "{data} = {data}[:, {rank} * {cols} : ({rank} + 1) * {cols}]\n"
+)
 FULL_BATCH = (
     "full-batch training: every process takes the same step on all the data (DDP averages identical "
     "gradients), which is correct but no faster with more processes"
@@ -172,9 +176,10 @@ def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
     if not N.is_call_of(steps, "range"):
         return False
     names = {N.length_of(node) for node in iter_nodes(steps)} - {None}  # `x.size(0)`, `len(x)`, `x.shape[0]`
-    if len(names) != 1:
+    columns = {_columns_of(node) for node in iter_nodes(steps)} - {None}  # `x.size(1)`: time steps of (batch, time)
+    if len(names) + len(columns) != 1:
         return False
-    data = names.pop()
+    by_columns, data = bool(columns), next(iter(names or columns))
     bound = _last_binding(ctx, data, scope, loop)
     if bound is None:
         return False
@@ -182,6 +187,11 @@ def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
         return True  # `data = data[rank * rows : (rank + 1) * rows]` already
     rank, world = ctx.rank_and_world(bound)
     taken = set().union(*script.bound.values())
+    if by_columns:  # `inputs = data[:, i : i + steps]`: each rank walks its own stretch of every row
+        cols = next(n for n in ("steps_per_rank", f"{data}_steps_per_rank", f"_{data}_steps") if n not in taken)
+        edits.insert_after(bound, SHARD_COLUMNS.format(cols=cols, data=data, rank=rank, world=world))
+        edits.change(bound, f"`{data}`'s columns are cut into one stretch per rank, all the same length (the remainder is dropped)")
+        return True
     rows = next(n for n in ("rows_per_rank", f"{data}_rows_per_rank", f"_{data}_rows") if n not in taken)
     edits.insert_after(bound, SHARD_ROWS.format(rows=rows, data=data, rank=rank, world=world))
     edits.change(
@@ -189,6 +199,18 @@ def _shard_rows(ctx: Context, loop: cst.For, scope: ScopeNode) -> bool:
         f"`{data}` is cut into one block per rank, all the same length (the remainder is dropped)",
     )
     return True
+
+
+def _columns_of(node: cst.CSTNode) -> str | None:
+    """The name `x` whose second dimension `x.size(1)` or `x.shape[1]` reads; else None."""
+    if isinstance(node, cst.Call) and N.is_method_call(node, "size") and len(node.args) == 1:
+        x = N.receiver(node) if isinstance(node.args[0].value, cst.Integer) and node.args[0].value.value == "1" else None
+    elif isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+        index = N.sole_index(node)
+        x = node.value.value if isinstance(index, cst.Integer) and index.value == "1" else None
+    else:
+        return None
+    return x.value if isinstance(x, cst.Name) else None
 
 
 def _last_binding(ctx: Context, name: str, scope: ScopeNode, loop: cst.For) -> cst.SimpleStatementLine | None:
