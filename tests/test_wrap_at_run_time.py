@@ -8,12 +8,12 @@ kept on the CPU. The whole conversions run under torchrun in test_unseen_shapes.
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 from conftest import ROOT
 
 from ddpify.projects import convert_project
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
 UNSEEN = ROOT / "fixtures" / "unseen"
 
 
