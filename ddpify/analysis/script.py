@@ -1220,7 +1220,7 @@ def _handed_data_parallel(script: Script, bound: dict, call: cst.Call) -> bool:
         return False
     for caller in script.calls:
         if script.local_function(caller) is fn:
-            given = next((a.value for a in caller.args if param_receiving(fn, caller, ref_of(a.value) or "") == receiver.value), None)
+            given = argument_for(fn, caller, receiver.value)
             if given is not None and _holds_data_parallel(script, bound, given, caller):
                 return True
     return False
@@ -1448,6 +1448,19 @@ def _picks_split(loop: cst.For, outer: cst.For) -> bool:
 
 def _loops_in(script: Script, scope: ScopeNode) -> list[cst.For]:
     return script.loops.get(scope, [])
+
+
+def argument_for(fn: cst.FunctionDef, call: cst.Call, param: str) -> cst.BaseExpression | None:
+    """What this call of `fn` hands its parameter `param` (by keyword or by position)."""
+    given = N.keyword(call, param)
+    if given is not None:
+        return given.value
+    params = [p.name.value for p in fn.params.params]
+    if params[:1] == ["self"] and (isinstance(call.func, cst.Attribute) or fn.name.value in ("__init__", "__call__")):
+        params = params[1:]
+    positional = N.positional(call)
+    index = params.index(param) if param in params else len(positional)
+    return positional[index].value if index < len(positional) else None
 
 
 def param_receiving(fn: cst.FunctionDef, call: cst.Call, ref: str) -> str | None:

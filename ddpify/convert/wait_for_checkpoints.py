@@ -20,7 +20,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.multinode import file_key
 from ddpify.convert.context import RANK0, Context
-from ddpify.analysis.script import ref_of
+from ddpify.analysis.script import argument_for, ref_of
 from ddpify.convert.per_process import PerProcess, before_setup, shared_temp_dirs
 
 BARRIER = "dist.barrier()  # rank 0 has written this file\n"
@@ -166,14 +166,9 @@ def _values_of_name(ctx: Context, name: cst.Name) -> list[cst.BaseExpression]:
     params = [p for p in fn.params.params] if isinstance(fn, cst.FunctionDef) else []
     named = [p for p in params if p.name.value == name.value]
     if named:
-        passed = [p.name.value for p in params]
-        index = passed.index(name.value) - (1 if passed[:1] == ["self"] else 0)  # `obj.save(path)`: self is not passed
         found = [named[0].default] if named[0].default is not None else []
-        for call in script.calls:
-            if script.local_function(call) is fn:
-                given = N.keyword(call, name.value) or (N.positional(call)[index] if 0 <= index < len(N.positional(call)) else None)
-                found += [given.value] if given is not None else []
-        return found
+        calls = [c for c in script.calls if script.local_function(c) is fn]
+        return found + [given for c in calls if (given := argument_for(fn, c, name.value)) is not None]
     module = script.root_of(name)
     return [a.value for a in script.assigns.get(module, []) if N.is_name(a.targets[0].target, name.value) and isinstance(a.value, cst.SimpleString)]
 
