@@ -1999,3 +1999,72 @@ def test_a_branch_that_loads_pretrained_parts_from_elsewhere_is_no_resume_gate()
     assert "TORCHELASTIC_RESTART_COUNT" not in pretrained.code
     resumed = convert(source.format(gate="resume", loaded='"run/last.pth"'))
     assert 'if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and os.path.exists("run/last.pth"):\n    args.model = "resume"' in resumed.code
+
+
+def test_what_reads_the_parameters_without_running_the_model_on_them_keeps_the_ddp_wrap():
+    """A dtype taken from one parameter, an optimizer over a list of them, and autograd.grad over
+    them in a function that runs after training: the model is wrapped as ever."""
+    result = convert(
+        """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        params = list(model.parameters())
+        optimizer = torch.optim.SGD(params, lr=0.1)
+        dtype = next(model.parameters()).dtype
+        for step in range(3):
+            loss = model(torch.randn(8, 4).to(dtype)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        def saliency(net):
+            return torch.autograd.grad(net(torch.randn(2, 4)).sum(), net.parameters())
+
+        saliency(model)
+        """
+    )
+    assert "model = DDP(model" in result.code
+    assert "average_gradients" not in result.code
+
+
+def test_a_model_run_with_weights_passed_in_is_not_wrapped_and_averages_by_hand():
+    """`functional_call(model, fast, ...)` on weights computed from `named_parameters()`, and
+    autograd.grad over the parameters for a penalty on the gradient's norm: no DDP wrap (it could
+    follow neither), rank 0's weights sent where it would go, gradients averaged after backward."""
+    functional = convert(
+        """
+        import torch
+        from torch.func import functional_call
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            params = dict(model.named_parameters())
+            fast = {k: v - 0.1 for k, v in params.items()}
+            loss = functional_call(model, fast, (torch.randn(8, 4),)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    penalty = convert(
+        """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            grads = torch.autograd.grad(loss, model.parameters(), create_graph=True)
+            optimizer.zero_grad()
+            (loss + 0.1 * sum(g.pow(2).sum() for g in grads)).backward()
+            optimizer.step()
+        """
+    )
+    for result in (functional, penalty):
+        assert "DDP(" not in result.code and "model.module" not in result.code
+        assert "for tensor in model.state_dict().values():" in result.code
+        assert "backward()\n    average_gradients(model)" in result.code
+        assert not result.todos, [t.message for t in result.todos]
+    summary = [c.message for c in functional.changes]
+    assert any("`model` is run with weights passed in" in line and "not wrapped in DDP" in line for line in summary), summary
+    summary = [c.message for c in penalty.changes]
+    assert any("`model`'s parameters are differentiated with autograd.grad: not wrapped in DDP; gradients averaged by hand after backward" in line for line in summary), summary

@@ -178,6 +178,24 @@ def test_the_resume_invariant_never_passes_without_every_ranks_word():
                         resume_how="no load code")).summary == "no load code"
 
 
+def test_parameters_outside_ddp_pass_only_where_their_gradients_are_averaged_by_hand():
+    """A model run with weights passed in is never wrapped: invariant 2 passes where every step of
+    its optimizer all-reduced its gradients after the backward (the tracer's `hand_averaged`),
+    and fails where a step did not (an all_reduce of a loss is too little)."""
+    from ddpify.verify.invariants import Runs, wrapped
+
+    def runs(averaged):
+        trace = {"exit_code": 0, "ddp_models": [], "optimizers": 1, "hand_averaged": [averaged],
+                 "uncovered": [{"optimizer": 0, "missing": 4, "of": 4}], "optimizer_info": [{"type": "Adam", "where": "t.py:9"}],
+                 "unwrapped_forwards": [{"module": "Meta", "where": "t.py:20", "optimizers": [0]}]}
+        return Runs(nproc=2, ddp=[trace, trace], ordered=[], original=None, reference=None, plain=None)
+
+    assert wrapped(runs(True)).status == PASS, wrapped(runs(True)).summary
+    for averaged in (False, None):
+        result = wrapped(runs(averaged))
+        assert result.status == FAIL and "outside DDP" in result.summary, result.summary
+
+
 @pytest.mark.parametrize("name,number,message", BROKEN, ids=[b[0] for b in BROKEN])
 def test_each_broken_ddp_script_fails_exactly_its_invariant(verifications, name, number, message):
     result = verified(verifications, name)

@@ -220,6 +220,12 @@ CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
 DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | FULLY_SHARD | DISTRIBUTED_SAMPLER | SPAWN
 AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
 AUTOGRAD_GRAD = frozenset({"torch.autograd.grad"})
+# Calls that run (or patch for running) the module they are given with weights of their own
+# (analysis/functional.py: such a model is not wrapped in DDP).
+FUNCTIONAL_CALL = frozenset(
+    {"torch.func.functional_call", "torch.nn.utils.stateless.functional_call", "torch.nn.utils._stateless.functional_call",
+     "higher.innerloop_ctx", "higher.monkeypatch", "higher.patch.monkeypatch"}
+)  # fmt: skip
 DEEPCOPY = frozenset({"copy.deepcopy"})
 SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.

@@ -19,6 +19,7 @@ from libcst.metadata import MetadataWrapper
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.frozen import frozen
+from ddpify.analysis.functional import run_with_weights
 from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes, last_name, names_in, remember
 from ddpify.analysis.optimizers import OptimizerSummaries, builds_optimizer, parameter_owners
 from ddpify.analysis.project import ProjectFacts, names_cuda
@@ -128,6 +129,10 @@ class Script:
     eval_loops: dict[str, list[cst.For]] = field(default_factory=dict)  # loader -> loops over it
     ddp_names: dict[ScopeNode, set[str]] = field(default_factory=dict)
     maybe_wrapped: dict[ScopeNode, set[str]] = field(default_factory=dict)  # of ddp_names: held by a model of maybe_frozen
+    # models of `models` run with weights handed to them (analysis/functional.py) -> the call that
+    # shows it: never wrapped in DDP; rank 0's weights, gradients averaged by hand after backward
+    run_with_weights: dict[str, cst.Call] = field(default_factory=dict)
+    synced_by_hand: dict[ScopeNode, dict[str, str]] = field(default_factory=dict)  # their names per scope -> the model
     ddp_aliases: dict[cst.Assign, str] = field(default_factory=dict)  # `scorer = model.eval()` -> "model"
     data_parallel: list[cst.CSTNode] = field(default_factory=list)  # references to nn.DataParallel
     data_parallel_imports: list[tuple[str, str, str | None]] = field(default_factory=list)  # from-imports of it
@@ -1560,13 +1565,16 @@ def _pairs(target: cst.BaseExpression, value: cst.BaseExpression) -> list[tuple[
 
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
     """Which names hold a DDP model in which function (and which of them only on some runs: a
-    model frozen on others is not wrapped there), and which helper calls only evaluate."""
+    model frozen on others is not wrapped there), and which helper calls only evaluate. A model
+    its training runs with weights handed to it (analysis/functional.py) is never wrapped: its
+    names go to `synced_by_hand` instead."""
     for model, model_scope in script.models.items():
+        held: list[tuple[ScopeNode, str]] = []
+        aliases: list[cst.Assign] = []
 
-        def hold(scope: ScopeNode, name: str, model: str = model) -> None:
-            script.ddp_names.setdefault(scope, set()).add(name)
-            if model in script.maybe_frozen:
-                script.maybe_wrapped.setdefault(scope, set()).add(name)
+        def hold(scope: ScopeNode, name: str) -> None:
+            if (scope, name) not in held:
+                held.append((scope, name))
 
         holders = [(model, model_scope)]
         for _ in range(3):  # an object that hands the model on to another's constructor (a visualizer's plotter)
@@ -1576,7 +1584,7 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                     for method in script.scopes_for(attr, init):
                         hold(method, attr)
                 for param, init in _given_to_constructors(script, name, where):  # `model.latent_dim` in the constructor
-                    if param not in script.ddp_names.get(init, set()):
+                    if (init, param) not in held:
                         hold(init, param)
                         found.append((param, init))
             holders = found
@@ -1587,7 +1595,7 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                 value = N.module_itself(assign.value)
                 if alias not in (None, model) and value is not assign.value and ref_of(value) == model:
                     hold(scope, alias)
-                    script.ddp_aliases[assign] = model
+                    aliases.append(assign)
             for call in script.calls_in(scope):
                 fn = script.local_function(call)
                 if fn is None or script.scope_of(call) is not scope:
@@ -1599,6 +1607,18 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                     hold(fn, param)
                 elif isinstance(script.parent(call), cst.Expr) and model == script.model_name and not D.all_reduces(script, fn):
                     script.eval_calls.append(call)  # (a helper that all-reduces, e.g. its gradients, does not evaluate)
+        evidence = run_with_weights(script, held)
+        if evidence is not None:
+            script.run_with_weights[model] = evidence
+        for scope, name in held:
+            if evidence is not None:
+                script.synced_by_hand.setdefault(scope, {})[name] = model
+                continue
+            script.ddp_names.setdefault(scope, set()).add(name)
+            if model in script.maybe_frozen:
+                script.maybe_wrapped.setdefault(scope, set()).add(name)
+        if evidence is None:
+            script.ddp_aliases.update((assign, model) for assign in aliases)
 
 
 def _given_to_constructors(script: Script, ref: str, scope: ScopeNode) -> list[tuple[str, cst.FunctionDef]]:

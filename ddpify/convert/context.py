@@ -168,7 +168,9 @@ class Context:
         some runs, which is wrapped only where it trains), None where the model
         is still plain (or sharded with FSDP2, which keeps the model itself). `unwrap` is the
         module's helper (defined where it is used)."""
-        if self.fsdp2 or not self.after_wrap(node, model) or not self._alias_of_wrapped(node, model):
+        if self.fsdp2 or model in self.script.run_with_weights:
+            return None  # the model itself: sharded in place, or never wrapped (run with weights passed in)
+        if not self.after_wrap(node, model) or not self._alias_of_wrapped(node, model):
             return None
         frozen_on_some_runs = model in self.script.maybe_wrapped.get(self.script.scope_of(node), ())
         if not frozen_on_some_runs and self._wrapped_on_every_path(node, model):

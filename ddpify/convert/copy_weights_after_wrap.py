@@ -18,7 +18,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 
-COPY = "{copy}.load_state_dict({model}.module.state_dict())  # the copy takes the weights DDP sent from rank 0\n"
+COPY = "{copy}.load_state_dict({model}.state_dict())  # the copy takes the weights DDP sent from rank 0\n"
 DEEPCOPY = frozenset({"copy.deepcopy"})
 
 
@@ -36,11 +36,17 @@ def run(ctx: Context) -> None:
                 break
             copies += [c for c in _copies_of(script, stmt, model) if c not in copies]
         later = _after(script, scope, wrapped)
+        sent = model in script.run_with_weights  # never wrapped: rank 0's weights were sent to it
+        if sent:
+            later = [s for s in later if not script.loops_around(s, scope)]  # (a copy the loop makes comes later)
         for copy in copies:
-            if any(_copies_of(script, stmt, model, copy, unwrapped=True) for stmt in later):
+            if any(_copies_of(script, stmt, model, copy, unwrapped=not sent) for stmt in later):
                 continue  # re-copied after the wrap already (a converted script)
-            edits.insert_after(wrapped, COPY.format(copy=copy, model=model))
-            edits.change(wrapped, f"`{copy}`, copied from `{model}` before the wrap, takes the weights DDP sent from rank 0")
+            edits.insert_after(wrapped, COPY.format(copy=copy, model=model if sent else f"{model}.module"))
+            if sent:
+                edits.change(wrapped, f"`{copy}`, copied from `{model}` before rank 0's weights were sent, takes them too")
+            else:
+                edits.change(wrapped, f"`{copy}`, copied from `{model}` before the wrap, takes the weights DDP sent from rank 0")
 
 
 def _copies_of(script, stmt: cst.CSTNode, model: str, only: str | None = None, unwrapped: bool = False) -> list[str]:

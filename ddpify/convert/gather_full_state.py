@@ -28,7 +28,7 @@ FULL = "StateDictOptions(full_state_dict=True)"  # every rank's copy
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
-    models = set(script.models)
+    models = set(script.models) - set(script.run_with_weights)  # (one run with weights passed in is not sharded)
     optimizers = _optimizers(script)
     taken = set().union(*script.bound.values()) if script.bound else set()
     for call in script.calls:
@@ -41,7 +41,7 @@ def run(ctx: Context) -> None:
             model = owner
         elif owner in optimizers or owner.rsplit(".", 1)[-1] in {o.rsplit(".", 1)[-1] for o in optimizers}:
             scope = script.scope_of(call)
-            candidates = sorted(set(script.ddp_names.get(scope, ())) | {m for m, s in script.models.items() if s is scope})
+            candidates = sorted(set(script.ddp_names.get(scope, ())) | {m for m, s in script.models.items() if s is scope and m in models})
             candidates = candidates or sorted(models)
             if len(candidates) != 1:
                 edits.todo(script.statement_line(call) or call, call, f"`{owner}.{name}()` of a sharded model's optimizer: use get/set_optimizer_state_dict with its model")

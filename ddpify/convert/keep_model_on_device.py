@@ -26,7 +26,7 @@ def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
     for model, scope in script.models.items():
         wrapped = ctx.wrap_after.get(model)
-        if wrapped is None or ctx.fsdp2:
+        if wrapped is None or ctx.fsdp2 or model in script.run_with_weights:  # (no DDP object to break)
             continue
         for stmt in script.nodes_of(cst.SimpleStatementLine):
             if script.scope_of(stmt) is not scope or not script.ends_before(wrapped, stmt):

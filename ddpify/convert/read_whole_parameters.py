@@ -44,7 +44,7 @@ def run(ctx: Context) -> None:
 def _sharded_root(ctx: Context, node: cst.CSTNode) -> str | None:
     """The sharded model an attribute chain starts from (`model`, `self.model`), if any."""
     script = ctx.script
-    here = set(script.models) | set(script.ddp_names.get(script.scope_of(node), ()))
+    here = (set(script.models) - set(script.run_with_weights)) | set(script.ddp_names.get(script.scope_of(node), ()))
     while isinstance(node, (cst.Attribute, cst.Subscript)):  # `model.body[2].bias`
         ref = ref_of(node)
         if ref in here:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.analysis.functional import is_weights, weight_names
 from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.script import mentions, ref_of, returns
 from ddpify.convert.context import Context
+from ddpify.convert.unwrapped import send_unwrapped
 from ddpify.convert.wrap_point import wrap_point
 
 BACKEND_DEVICE = '"cuda" if "nccl" in dist.get_backend() else "cpu"'  # where the setup's device is not in sight
@@ -32,7 +34,10 @@ POLICY = "mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dt
 def run(ctx: Context) -> None:
     mixed = _bf16_autocasts(ctx)
     for model, scope in ctx.script.models.items():
-        _shard(ctx, model, scope, policy=bool(mixed))
+        if model in ctx.script.run_with_weights:
+            send_unwrapped(ctx, model, scope)  # run with weights passed in: replicated, averaged by hand
+        else:
+            _shard(ctx, model, scope, policy=bool(mixed))
     if mixed:
         _drop_autocasts(ctx, mixed)
     _flag_unsupported(ctx)
@@ -41,19 +46,32 @@ def run(ctx: Context) -> None:
 def _flag_unsupported(ctx: Context) -> None:
     """What FSDP2 does not do as the script does it: a TODO at the line."""
     script = ctx.script
+    sharded = {m for m in script.models if m not in script.run_with_weights}
     for call in script.calls:
         create_graph = N.keyword(call, "create_graph")
+        if script.is_call_to(call, N.AUTOGRAD_GRAD) and _of_unsharded(script, call):
+            continue  # the parameters of a model run with weights passed in: it is not sharded
         if script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and script.module.code_for_node(create_graph.value) != "False":
             why = "a gradient of a gradient (create_graph=True, e.g. a gradient penalty) through a model FSDP2 shards is not supported: convert with --to ddp"
-        elif script.is_call_to(call, N.DEEPCOPY) and call.args and ref_of(call.args[0].value) in script.models and ctx.after_wrap(call, ref_of(call.args[0].value)):
+        elif script.is_call_to(call, N.DEEPCOPY) and call.args and ref_of(call.args[0].value) in sharded and ctx.after_wrap(call, ref_of(call.args[0].value)):
             why = "FSDP2 cannot deepcopy a sharded model: copy it before fully_shard (and shard the copy the same way)"
-        elif N.call_name(call) == "to" and _channels_last(script, call) and any(mentions(call.func, m) for m in script.models):
+        elif N.call_name(call) == "to" and _channels_last(script, call) and any(mentions(call.func, m) for m in sharded):
             why = "FSDP2 shards contiguous parameters only: keep the model in the default memory format (channels_last inputs are fine)"
         elif script.is_call_to(call, N.GRAD_SCALER):
             why = "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients"
         else:
             continue
         ctx.edits.todo(script.statement_line(call) or call, call, why)
+
+
+def _of_unsharded(script, grad: cst.Call) -> bool:
+    """`torch.autograd.grad(loss, net.parameters())` (or weights computed from them) for a model
+    run with weights passed in, which stays whole on every rank."""
+    inputs = N.keyword(grad, "inputs") or next(iter(N.positional(grad)[1:2]), None)
+    scope = script.scope_of(grad)
+    return inputs is not None and any(
+        is_weights(inputs.value, name, weight_names(script, scope, name)) for name in script.synced_by_hand.get(scope, {})
+    )
 
 
 def _channels_last(script, call: cst.Call) -> bool:

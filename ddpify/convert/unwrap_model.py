@@ -211,7 +211,7 @@ def _reload_into_module(ctx: Context) -> None:
         if not (script.is_call_to(call, N.TORCH_LOAD) and isinstance(assign, cst.Assign) and assign.value is call):
             continue
         owner = ref_of(assign.targets[0].target)
-        if owner in script.models and ctx.after_wrap(assign, owner):
+        if owner in script.models and owner not in script.run_with_weights and ctx.after_wrap(assign, owner):
             def reload(updated: cst.Assign, owner: str = owner) -> cst.Expr:
                 load = script.module.code_for_node(updated.value)
                 return cst.Expr(edits.expression(f"{owner}.module.load_state_dict({load}.state_dict())"))

@@ -9,7 +9,11 @@ not the device the script names: a model left on the CPU on a GPU node gets none
 `device`. A model frozen on some runs only (`if args.freeze_encoder: encoder.requires_grad_(False)`,
 analysis/frozen.py) is wrapped only where it has a parameter that trains, and a model frozen on
 every run is never wrapped; unwrapped, its weights are rank 0's (`dist.broadcast`), as DDP's wrap
-would make them. A wrapper module of the project built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
+would make them. A model run with weights handed to it (a meta-learner's fast weights,
+analysis/functional.py) is never wrapped either: DDP cannot follow such forwards, nor
+`torch.autograd.grad` over its parameters. Every rank takes rank 0's weights right where the wrap
+would go (the whole state dict: an overridden `parameters()` may leave some out), and
+average_gradients averages its gradients after each backward. A wrapper module of the project built around the model (`model = LossWrapper(model)`) is a rebuild, not a run: DDP wraps the
 module whose forward the training step calls, after its last rebinding.
 """
 
@@ -21,6 +25,7 @@ from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, kept_by_objects, mentions, ref_of
 from ddpify.convert.context import Context
+from ddpify.convert.unwrapped import send_unwrapped
 from ddpify.convert.wrap_point import branch_points, moved_before, runs_model, statements_up_to, wrap_point
 
 SYNC_BN = "{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})\n"
@@ -35,7 +40,10 @@ MOVE_AND_WRAP = '{model} = DDP({model}.to({device}), device_ids=[{index}] if {de
 
 def run(ctx: Context) -> None:
     for model, scope in ctx.script.models.items():
-        _wrap(ctx, model, scope)
+        if model in ctx.script.run_with_weights:
+            send_unwrapped(ctx, model, scope)
+        else:
+            _wrap(ctx, model, scope)
     for model, scope in ctx.script.frozen_models.items():
         _send_frozen(ctx, model, scope)
 

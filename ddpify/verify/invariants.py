@@ -194,8 +194,11 @@ def wrapped(runs: Runs) -> Result:
         return Result(2, NA, missing)
     trace = runs.ddp[0]
     models, early = trace["ddp_models"], trace["unwrapped_forwards"]
-    if trace["uncovered"]:
-        opt = trace["uncovered"][0]
+    by_hand = hand_averaged(trace)  # outside DDP, their gradients all-reduced after each backward (MAML's fast weights)
+    uncovered = [o for o in trace["uncovered"] if o["optimizer"] not in by_hand]
+    early = [f for f in early if not (f.get("optimizers") and set(f["optimizers"]) <= by_hand)]
+    if uncovered:
+        opt = uncovered[0]
         info = trace["optimizer_info"][opt["optimizer"]]
         named = f" ({early[0]['module']} trained{_where(early[0])})" if early else ""
         return Result(2, FAIL, f"optimizer {opt['optimizer']} ({info['type']}{_where(info)}) trains {opt['missing']} of its "
@@ -205,15 +208,29 @@ def wrapped(runs: Runs) -> Result:
         after = next((m for m in models if m["event"] > first["event"]), None)
         return Result(2, FAIL, f"{first['module']} ran a training forward{_where(first)} before it was wrapped in DDP"
                       f"{_where(after)}: wrap it before the first training step")  # fmt: skip
+    hand = [f"optimizer {i} ({trace['optimizer_info'][i]['type']}{_where(trace['optimizer_info'][i])}) trains parameters "
+            "outside DDP whose gradients are all-reduced by hand after each backward" for i in sorted(by_hand)]  # fmt: skip
     if not models:
+        if by_hand:
+            return Result(2, PASS, "no model is wrapped in DDP: every optimizer's gradients are averaged by hand "
+                          "(all_reduce after each backward)", hand)  # fmt: skip
         if not trace["optimizers"]:
             return Result(2, NA, "no optimizer and no DDP model in the run")
         return Result(2, FAIL, "no model is wrapped in DistributedDataParallel: gradients are never averaged")
     sharded = all(m.get("kind") == "fsdp2" for m in models)
     how, whose = ("sharded with FSDP2", "sharded") if sharded else ("wrapped in DDP", "DDP")
     shown = [f"{m['module']} ({m['params']} parameters) {how.split()[0]}{_where(m)}" for m in models]
+    if by_hand:
+        return Result(2, PASS, f"{', '.join(m['module'] for m in models)} {how} before training; the other "
+                      "parameters have their gradients averaged by hand", shown + hand)  # fmt: skip
     return Result(2, PASS, f"{', '.join(m['module'] for m in models)} {how} before training; every optimizer "
                   f"trains {whose} parameters only", shown)  # fmt: skip
+
+
+def hand_averaged(trace: dict) -> set[int]:
+    """The optimizers whose parameters outside DDP had their gradients all-reduced by hand at every
+    step (the tracer's `hand_averaged`)."""
+    return {i for i, done in enumerate(trace.get("hand_averaged") or []) if done}
 
 
 # --- 3. the training data is sharded -----------------------------------------------------------

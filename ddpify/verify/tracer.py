@@ -28,8 +28,14 @@ wraps a few torch entry points to take notes, always calling the original:
   ``optimizer_steps[<optimizer index>]``; DDP keeps them bitwise identical on every rank.
   The parameters at the end are written to ``params-<tag>.pt``.
 * ``Tensor.backward``: the value of every scalar loss (``losses``).
+* gradients averaged by hand: at each step of an optimizer that trains parameters no DDP model
+  holds, whether ``dist.all_reduce`` went over at least as many elements as their gradients hold
+  since the last backward (``hand_averaged[<optimizer index>]``: True when every such step did,
+  None when no step had such gradients): a model run with weights passed in (MAML) is not
+  wrapped, its gradients are averaged after backward.
 * every module's forward (global hooks): the first training forward of a model whose parameters
-  an optimizer trains, when no DDP model holds them yet (``unwrapped_forwards``); dropout and
+  an optimizer trains, when no DDP model holds them yet (``unwrapped_forwards``, with the
+  optimizers that train those parameters); dropout and
   batch statistics in training mode and data loading that draws random numbers (``randomness``).
 * ``torch.distributed``: ``init_process_group`` / ``destroy_process_group`` (backend, world
   size, rank), the collectives the script calls, and the ``DistributedDataParallel``
@@ -154,6 +160,7 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         optimizers=0,
         optimizer_info=[],
         optimizer_steps=[],
+        hand_averaged=[],
         final_checksums=[],
         unwrapped_forwards=[],
         uncovered=[],
@@ -623,6 +630,7 @@ def _optimizer_init(original):
         _state["optimizer_params"].update(id(p) for p in params)
         _trace["optimizers"] += 1
         _trace["optimizer_steps"].append([])
+        _trace["hand_averaged"].append(None)
         _trace["optimizer_info"].append(dict(type=type(self).__name__, params=len(params), where=_user_frame()))
 
     return __init__
@@ -653,12 +661,26 @@ def params_checksum(params) -> str:
     return digest.hexdigest()
 
 
+def _note_hand_averaged(optimizer, index: int) -> None:
+    """Did `dist.all_reduce` cover the gradients no DDP model averages, since the last backward?"""
+    need = sum(
+        p.grad.numel() for p in _optimizer_params(optimizer)
+        if p.requires_grad and p.grad is not None and id(p) not in _state["ddp_params"]
+    )  # fmt: skip
+    if not need:
+        return
+    done = _state.get("reduced_since_backward", 0) >= need
+    before = _trace["hand_averaged"][index]
+    _trace["hand_averaged"][index] = done if before is None else before and done
+
+
 def _after_step(optimizer, args, kwargs):
     """Global optimizer step post-hook: the checksum of this optimizer's parameters after the step."""
     index = getattr(optimizer, "_ddpify_trace_index", None)
     if index is None or index >= len(_optimizers) or _optimizers[index] is not optimizer:
         return  # an optimizer of an earlier run of the plan
     _trace["optimizer_steps"][index].append(params_checksum(_optimizer_params(optimizer)))
+    _note_hand_averaged(optimizer, index)
     if _config().get("reference") and index == _state.get("step_optimizer", index):
         rng = _rng_states()
         if "rng" in _state and _state["rng"] != rng:
@@ -699,9 +721,14 @@ def _destroy_process_group(original):
 
 
 def _collective(original):
+    reduces = original.__name__ == "all_reduce"
+
     def collective(*args, **kwargs):
         result = original(*args, **kwargs)
         _trace["collectives"] += 1
+        tensor = args[0] if args else kwargs.get("tensor")
+        if reduces and isinstance(tensor, torch.Tensor):
+            _state["reduced_since_backward"] = _state.get("reduced_since_backward", 0) + tensor.numel()
         return result
 
     return collective
@@ -866,7 +893,11 @@ def _any_forward_pre(module, inputs):
     if not trained:
         _state["seen_modules"].discard(id(module))  # no optimizer trains it (yet)
     elif not trained <= _state["ddp_params"]:
-        _trace["unwrapped_forwards"].append(dict(module=type(module).__name__, where=_user_frame(), event=_event()))
+        outside = trained - _state["ddp_params"]
+        optimizers = [i for i, opt in enumerate(_optimizers) if any(id(p) in outside for p in _optimizer_params(opt))]
+        _trace["unwrapped_forwards"].append(
+            dict(module=type(module).__name__, where=_user_frame(), event=_event(), optimizers=optimizers)
+        )
 
 
 def _any_forward(module, inputs, output):
@@ -875,6 +906,7 @@ def _any_forward(module, inputs, output):
 
 def _backward(original):
     def backward(self, *args, **kwargs):
+        _state["reduced_since_backward"] = 0  # what is all-reduced from here on averages these gradients
         if self.numel() == 1 and self.requires_grad and _state.get("active"):
             try:
                 _trace["losses"].append(float(self.detach().float().item()))
