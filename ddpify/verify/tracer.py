@@ -107,6 +107,7 @@ from torch.utils.data import (
     DistributedSampler,
     RandomSampler,
     SequentialSampler,
+    Subset,
     SubsetRandomSampler,
 )
 
@@ -342,11 +343,27 @@ def _iter_init(original):
             where=_user_frame(),
         )
         self._ddpify_pass = record
+        self._ddpify_part = _part_of(loader.dataset, sampler)
         _trace["passes"].append(record)
         original(self, loader, *args, **kwargs)
         _state.pop("rng", None)  # a new pass draws its base seed: the next step starts a new comparison
 
     return __init__
+
+
+def _part_of(dataset, sampler):
+    """A Subset a sampler of the script's own draws from (this rank's part of a dataset): its
+    indices are noted as the whole dataset's, so the ranks' parts compare. None otherwise."""
+    if not isinstance(dataset, Subset) or type(sampler).__module__.startswith("torch."):
+        return None
+    return dataset
+
+
+def _whole_index(part, i):
+    """The index in the whole dataset of item `i` of a (nested) Subset."""
+    while isinstance(part, Subset) and i is not None:
+        i, part = _as_index(part.indices[i]), part.dataset
+    return i
 
 
 def _as_index(i):
@@ -385,11 +402,12 @@ def _next_index(original):
         if record is not None:
             if torch.is_grad_enabled():  # a pass read under no_grad/inference_mode (evaluation mid-epoch) trains nothing
                 _state["current_pass"] = record
+            part = getattr(self, "_ddpify_part", None)
             if isinstance(index, (list, tuple)):
-                record["indices"].extend(_as_index(i) for i in index)
+                record["indices"].extend(_whole_index(part, _as_index(i)) for i in index)
                 record["sizes"].append(len(index))
             else:
-                record["indices"].append(_as_index(index))
+                record["indices"].append(_whole_index(part, _as_index(index)))
                 record["sizes"].append(1)
         return index
 
