@@ -1,7 +1,8 @@
 """Print, log, save, write files and evaluate once: on global rank 0.
 
-Covers print, logging calls and handlers, torch.save, figure/CSV/JSON writes (also
-`with open(path, "w")` blocks), W&B and TensorBoard writers (made on rank 0 only).
+Covers print, logging calls and handlers, torch.save (with `convert --run`, also a call the run
+saw save), figure/CSV/JSON writes (also `with open(path, "w")` blocks), W&B and TensorBoard
+writers (made on rank 0 only).
 Statements are guarded whole (adjacent ones share one `if`); an `if` whose body only
 prints or saves gets `and dist.get_rank() == 0` added to its test instead. Nothing
 that runs a collective or a DDP forward is put behind the guard: evaluation helpers
@@ -437,8 +438,16 @@ def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.Simp
             method=owner is not None,
         )  # fmt: skip
         or isinstance(small[0], cst.Expr) and _library_writer(ctx, call)
+        or isinstance(small[0], cst.Expr) and _saved_in_run(ctx, call)
     )
     return line if once else None
+
+
+def _saved_in_run(ctx: Context, call: cst.Call) -> bool:
+    """`convert --run` saw a torch.save run at this call (`write(state, path)` with
+    `write=torch.save`, a library's save): once per job, like the saves the code names."""
+    run = ctx.options.run
+    return run is not None and bool(run.saves) and ctx.ran("save", call)
 
 
 def _library_writer(ctx: Context, call: cst.Call) -> bool:
