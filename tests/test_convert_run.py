@@ -160,22 +160,25 @@ def test_a_checkpoint_the_static_view_misses_loads_into_the_original_model(tmp_p
     """The state dicts of a table of parts saved in a comprehension, and a save function handed
     in as a parameter (`write=torch.save`): the static view sees no model in the first and no
     save in the second. The run saw both store Net's state_dict, so the first saves the network
-    inside the wrapper and the second runs on rank 0 only; the output's checkpoints, written by
-    `python out.py` (DDP in a group of one), have no `module.` keys and load into Net."""
+    inside the wrapper and the second runs on rank 0 only (every rank reads its file back after a
+    barrier); the output's checkpoints, written by `python out.py` (DDP in a group of one), have no
+    `module.` keys and load into Net."""
     case = RUN / "hidden_checkpoint"
     out = tmp_path / "train.py"
     done = ddpify("convert", "train.py", "-o", str(out), "--run", cwd=case)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "the checkpoint saved at train.py:11 stores Net's state_dict under 'model'" in done.stdout, done.stdout
+    assert "the checkpoint saved at train.py:12 stores Net's state_dict under 'model'" in done.stdout, done.stdout
     assert "and an optimizer's state under 'optimizer'" in done.stdout
-    assert "the checkpoint saved at train.py:15 stores Net's state_dict" in done.stdout
+    assert "the checkpoint saved at train.py:16 stores Net's state_dict" in done.stdout
     assert "Net trained on cpu, its batches on cpu" in done.stdout
     assert "ddpify verify: PASS" in done.stdout
     code = out.read_text()
     assert 'getattr(part, "module", part).state_dict() for name, part in parts.items()' in code
     assert "    if dist.get_rank() == 0:\n        write(net.state_dict(), path)" in code
+    assert 'dist.barrier()  # rank 0 has written this file\nmodel.module.load_state_dict(torch.load("weights.ckpt"' in code
     static = ddpify("convert", "train.py", cwd=case).stdout
     assert 'getattr(part, "module", part)' not in static and "        write(net.state_dict(), path)" not in static
+    assert "rank 0 has written this file" not in static
     (tmp_path / "model.py").write_text((case / "model.py").read_text())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ran = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

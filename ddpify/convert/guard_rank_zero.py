@@ -438,16 +438,9 @@ def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.Simp
             method=owner is not None,
         )  # fmt: skip
         or isinstance(small[0], cst.Expr) and _library_writer(ctx, call)
-        or isinstance(small[0], cst.Expr) and _saved_in_run(ctx, call)
+        or isinstance(small[0], cst.Expr) and ctx.saved_in_run(call)  # a save the code hides: once per job too
     )
     return line if once else None
-
-
-def _saved_in_run(ctx: Context, call: cst.Call) -> bool:
-    """`convert --run` saw a torch.save run at this call (`write(state, path)` with
-    `write=torch.save`, a library's save): once per job, like the saves the code names."""
-    run = ctx.options.run
-    return run is not None and bool(run.saves) and ctx.ran("save", call)
 
 
 def _library_writer(ctx: Context, call: cst.Call) -> bool:

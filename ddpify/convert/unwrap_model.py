@@ -69,12 +69,10 @@ def _saved_as_the_run_saw(ctx: Context) -> None:
     if run is None or not ctx.wrap_after or not any(s.holds_model for s in run.saves):
         return
     for call in script.calls:
-        stmt = script.statement_line(call)
-        if stmt is None or len(stmt.body) != 1 or getattr(stmt.body[0], "value", None) is not call:
-            continue  # the save is the statement's own call: `torch.save(...)`, `write(state, path)`
         args = N.positional(call)
-        if not args or not ctx.ran("model_save", call):
+        if not args or not ctx.saved_in_run(call, "model_save"):
             continue
+        stmt = script.statement_line(call)
         saved = run.saved_at(script.index.roots.get(script.root_of(call), ""), *ctx.lines_of(call))
         value, scope = args[0].value, script.scope_of(call)
         bound = _bound_value(script, value, scope, call)
