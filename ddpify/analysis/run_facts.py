@@ -3,8 +3,9 @@
 The tracer (ddpify/verify/tracer.py) runs the script as one process and notes, with the script
 line of each, what it did: the loaders and which one fed the optimizer steps, the optimizers and
 the models whose first training forward ran (on which device, and their batches), the files
-written and read, what each torch.save stored, the environment variables set and the seeds. This module turns that JSON into facts the passes can ask by module
-and line, before they fall back on the static analysis. Nothing here imports torch.
+written and read, what each torch.save stored, the environment variables set and the seeds. This
+module turns that JSON into facts the passes can ask by module and line, before they fall back on
+the static analysis. Nothing here imports torch.
 """
 
 from __future__ import annotations

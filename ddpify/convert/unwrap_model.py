@@ -86,7 +86,7 @@ def _saved_as_the_run_saw(ctx: Context) -> None:
             edits.replace(target, edits.expression(f'getattr({code}, "module", {code})'))
         what = "; ".join(str(x) for s in saved for x in s.stores if x.kind != "optimizer")
         if plain:
-            edits.change(call, f"the run saw this save store {what}: it saves the network inside the DDP wrapper (no `module.` keys)")
+            edits.change(call, f"the run saw this save store {what}: it saves the network inside the DDP wrapper (no `module.` keys)")  # fmt: skip
         else:
             edits.todo(stmt, call, f"the run saw this save store {what}; save the network inside the DDP wrapper "
                        "(`model.module`), or its keys start with `module.` and the single-GPU model cannot load them")  # fmt: skip
@@ -118,8 +118,8 @@ def _saved_modules(value: cst.BaseExpression, modules: list) -> list[cst.BaseExp
         if stored.key is None and isinstance(value, (cst.Name, cst.Attribute)):
             found.append(value)
         elif stored.key is not None and isinstance(value, cst.Dict):
-            found += [e.value for e in value.elements if isinstance(e, cst.DictElement) and isinstance(e.value, (cst.Name, cst.Attribute))
-                      and isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == stored.key]  # fmt: skip
+            entries = [e for e in value.elements if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)]
+            found += [e.value for e in entries if e.key.evaluated_value == stored.key and isinstance(e.value, (cst.Name, cst.Attribute))]
     return [v for v in found if not _is_module(v)]
 
 
@@ -217,10 +217,7 @@ def _unwrapped_in_saved_containers(ctx: Context) -> None:
 def _items(script, value: cst.BaseExpression, scope, call: cst.Call) -> list[cst.BaseExpression]:
     """The values a saved container literal holds: `value`'s own, or those of the literal its
     name was last bound to before `call` in the same scope."""
-    if isinstance(value, cst.Name):
-        bound = [a for a in script.assigns.get(scope, [])
-                 if len(a.targets) == 1 and N.is_name(a.targets[0].target, value.value) and script.ends_before(a, call)]  # fmt: skip
-        value = bound[-1].value if bound else value
+    value = _bound_value(script, value, scope, call)
     if isinstance(value, cst.Dict):
         return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
     if isinstance(value, (cst.List, cst.Tuple, cst.Set)):

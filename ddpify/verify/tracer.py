@@ -909,8 +909,10 @@ def _any_forward_pre(module, inputs):
         _state["trained_models"].append(module)
         if _trace["cuda_available"] is None:
             _trace["cuda_available"] = torch.cuda.is_available()
-        _trace["unwrapped_forwards"].append(dict(module=type(module).__name__, where=_user_frame(), event=_event(),
-                                                 device=_device_of(module.parameters()), batch_device=_device_of(_tensors(inputs))))  # fmt: skip
+        _trace["unwrapped_forwards"].append(
+            dict(module=type(module).__name__, where=_user_frame(), event=_event(),
+                 device=_device_of(module.parameters()), batch_device=_device_of(_tensors(inputs)))
+        )  # fmt: skip
 
 
 def _tensors(inputs):
