@@ -54,6 +54,18 @@ class Context:
         first, last = self.lines_of(node)
         return any(first <= line <= last for line in run.lines(what, script.index.roots.get(script.root_of(node), "")))
 
+    def saved_in_run(self, call: cst.Call, what: str = "save") -> bool:
+        """Did the brief run see a torch.save (`what`: "save", or "model_save" for a trained
+        model's) at `call`, the call its statement is (`write(state, path)` with `write=torch.save`,
+        a library's save)?"""
+        run = self.options.run
+        if run is None or not run.saves:
+            return False
+        stmt = self.script.statement_line(call)
+        if stmt is None or len(stmt.body) != 1 or getattr(stmt.body[0], "value", None) is not call:
+            return False
+        return self.ran(what, call)
+
     def lines_of(self, node: cst.CSTNode) -> tuple[int, int]:
         """The first and last line of the statement that holds `node` (a run names any of them)."""
         script = self.script

@@ -22,14 +22,17 @@ wraps a few torch entry points to take notes, always calling the original:
 * ``torch.save`` / ``torch.load`` and ``open()``: the files each process writes and reads, with
   the script line and the number of collectives it had passed (a read after the writer's
   barrier is ordered after the write). A state_dict saved is compared with every DDP model's
-  unwrapped module: ``loads_into`` names the one it loads into.
+  unwrapped module: ``loads_into`` names the one it loads into. ``stores`` says what each save
+  held: a trained model's state_dict (with or without ``module.`` keys), a whole module, an
+  optimizer's state, each with the key of the saved dict it sits under.
 * ``torch.optim.Optimizer.__init__`` and a global step post-hook: after every ``optimizer.step()``
   a checksum of that optimizer's parameters (blake2b of their bytes) is appended to
   ``optimizer_steps[<optimizer index>]``; DDP keeps them bitwise identical on every rank.
   The parameters at the end are written to ``params-<tag>.pt``.
 * ``Tensor.backward``: the value of every scalar loss (``losses``).
 * every module's forward (global hooks): the first training forward of a model whose parameters
-  an optimizer trains, when no DDP model holds them yet (``unwrapped_forwards``); dropout and
+  an optimizer trains, when no DDP model holds them yet (``unwrapped_forwards``, with the device
+  of its parameters and of that forward's tensors, and ``cuda_available``); dropout and
   batch statistics in training mode and data loading that draws random numbers (``randomness``).
 * ``torch.distributed``: ``init_process_group`` / ``destroy_process_group`` (backend, world
   size, rank), the collectives the script calls, and the ``DistributedDataParallel``
@@ -157,6 +160,7 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         optimizer_steps=[],
         final_checksums=[],
         unwrapped_forwards=[],
+        cuda_available=None,
         uncovered=[],
         losses=[],
         randomness=[],
@@ -184,6 +188,7 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         depth=0,
         ddp_params=set(),
         optimizer_params=set(),
+        trained_models=[],  # the modules of unwrapped_forwards
         in_no_sync=0,
     )
 
@@ -529,6 +534,40 @@ def _loads_into(state) -> int | None:
     return None
 
 
+def _stores(obj) -> list[dict]:
+    """What a saved object holds, at its top or under a key of the dict saved: a trained model's
+    state_dict (``model``: its class, ``prefixed``: its keys start with ``module.``), a module
+    (``module``: its class; ``trained``: a model an optimizer trains, or the wrapper around one),
+    an optimizer's state_dict."""
+    items = [(None, obj)] + ([(str(k), v) for k, v in obj.items()] if isinstance(obj, Mapping) else [])
+    found = []
+    for key, value in items:
+        if isinstance(value, torch.nn.Module):
+            plain = getattr(value, "module", value)
+            trained = any(plain is m for m in _state.get("trained_models", ()))
+            found.append(dict(kind="module", key=key, module=type(value).__name__, trained=trained))
+        elif isinstance(value, Mapping) and {"state", "param_groups"} <= set(value):
+            found.append(dict(kind="optimizer", key=key))
+        elif isinstance(value, Mapping) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+            model, prefixed = _trained_model_of(value)
+            if model is not None:
+                found.append(dict(kind="state_dict", key=key, model=model, prefixed=prefixed))
+    return found
+
+
+def _trained_model_of(state) -> tuple[str | None, bool]:
+    """The class of the trained model whose state_dict `state` is (same keys and shapes, with or
+    without ``module.`` before each key), and whether its keys have that prefix."""
+    shapes = _shape_map(state)
+    prefixed = bool(shapes) and all(k.startswith("module.") for k in shapes)
+    if prefixed:
+        shapes = {k[len("module."):]: v for k, v in shapes.items()}
+    for model in _state.get("trained_models", ()):
+        if _shape_map(model.state_dict()) == shapes:
+            return type(model).__name__, prefixed
+    return None, prefixed
+
+
 def _by_torch() -> bool:
     """Whether torch's own machinery (compile caches, extensions) opens the file, not the script."""
     frame = sys._getframe(3)
@@ -573,6 +612,7 @@ def _save(original):
                 module_prefix=prefixed if state is not None else None,
                 loads_into=_loads_into(state) if state is not None else None,
                 unprefixed_loads_into=_loads_into(stripped) if stripped else None,
+                stores=_stores(obj),
                 where=_user_frame(),
             )
         )
@@ -884,7 +924,28 @@ def _any_forward_pre(module, inputs):
     if not trained:
         _state["seen_modules"].discard(id(module))  # no optimizer trains it (yet)
     elif not trained <= _state["ddp_params"]:
-        _trace["unwrapped_forwards"].append(dict(module=type(module).__name__, where=_user_frame(), event=_event()))
+        _state["trained_models"].append(module)
+        if _trace["cuda_available"] is None:
+            _trace["cuda_available"] = torch.cuda.is_available()
+        _trace["unwrapped_forwards"].append(
+            dict(module=type(module).__name__, where=_user_frame(), event=_event(),
+                 device=_device_of(module.parameters()), batch_device=_device_of(_tensors(inputs)))
+        )  # fmt: skip
+
+
+def _tensors(inputs):
+    """The tensors a forward was given: its arguments, and those in a list, tuple or dict among them."""
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple, Mapping)):
+            yield from (v for v in (x.values() if isinstance(x, Mapping) else x) if isinstance(v, torch.Tensor))
+
+
+def _device_of(tensors) -> str | None:
+    """The device the tensors are on ("cpu", "cuda:0"; several joined by "+"), None for none."""
+    devices = sorted({str(t.device) for t in tensors})
+    return "+".join(devices) if devices else None
 
 
 def _any_forward(module, inputs, output):
