@@ -135,6 +135,9 @@ class Script:
     # (optimizer call, model, class) of a second trainer class's model of the same name (`self.G` of
     # DCGAN while GAN's is converted): one trainer class per program is converted, the rest get a TODO
     unconverted_models: list[tuple[cst.Call, str, cst.ClassDef | None]] = field(default_factory=list)
+    # (model, scope) of a sibling trainer's model named like one of `models` (`net`, a parameter of
+    # both `PreTrainer.train` and `MainTrainer.train`): trained in its own function, wrapped there too
+    sibling_models: list[tuple[str, ScopeNode]] = field(default_factory=list)
     index: FileIndex | None = None  # the file's one index: calls, qualified names, parents, positions
     _by_type: dict | None = None
     _calls_under: dict = field(default_factory=dict)  # node -> calls_in(node)
@@ -717,6 +720,8 @@ def _find_model(script: Script) -> None:
                 first = script.models[owner]
                 if owner.startswith("self.") and script.class_of(first) is not script.class_of(scope):
                     script.unconverted_models.append((call, owner, script.class_of(scope)))  # said, never guessed
+                elif _sibling(script, first, (here := _binding_scope(script, owner, scope))) and (owner, here) not in script.sibling_models:
+                    script.sibling_models.append((owner, here))
                 continue
             if not script.models:
                 script.model_name = owner
@@ -757,6 +762,14 @@ def _find_model(script: Script) -> None:
             "which ddpify cannot follow; convert the module whose code builds the model and its optimizer",
         )
     raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
+
+
+def _sibling(script: Script, first: ScopeNode, scope: ScopeNode) -> bool:
+    """Is `scope` a function of another trainer than `first` (another class, or another function
+    outside any class), where a model of the same name trains on its own?"""
+    if not isinstance(scope, cst.FunctionDef) or not isinstance(first, cst.FunctionDef) or scope is first:
+        return False
+    return (script.class_of(scope) or scope) is not (script.class_of(first) or first)
 
 
 def _picked_at_run_time(script: Script) -> cst.CSTNode | None:

@@ -1,0 +1,85 @@
+"""Sibling trainers: several classes or functions that each build an optimizer and train their own
+model (a pretraining trainer, then the main one), run one after the other by the entry.
+
+The process group must exist before the first of them runs, and be made once: the place is the
+function (or the `__main__` block) that every training path passes through, found by walking down
+from the entry while a single statement leads to all the training, just above the first statement
+that leads to any of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis import names as N
+from ddpify.analysis.schedule import reaches
+from ddpify.analysis.script import ScopeNode, Script
+
+DEPTH = 6  # calls followed down from the entry
+
+
+@dataclass
+class SharedCaller:
+    """Where every trainer is reached from: the scope, the block of its statements (the `__main__`
+    block for the module), and the first statement of it that leads to training."""
+
+    scope: ScopeNode
+    block: cst.BaseSuite
+    first: cst.BaseStatement
+
+
+def training_owners(script: Script) -> set[cst.CSTNode]:
+    """The classes (or plain functions) that train a model of their own."""
+    scopes = [*script.models.values(), *(s for _, s in script.sibling_models)]
+    scopes += [script.scope_of(call) for call, _, _ in script.unconverted_models]
+    owners: set[cst.CSTNode] = set()
+    for scope in scopes:
+        if isinstance(scope, cst.FunctionDef):
+            owners.add(script.class_of(scope) or scope)
+    return owners
+
+
+def shared_caller(script: Script) -> SharedCaller | None:
+    """The nearest scope that runs every sibling trainer (None: one trainer, or no such scope)."""
+    owners = training_owners(script)
+    if len(owners) < 2:
+        return None
+    scopes = {s for s in [*script.models.values(), *(s for _, s in script.sibling_models)] if isinstance(s, cst.FunctionDef)}
+    scopes |= {script.scope_of(call) for call, _, _ in script.unconverted_models}
+    scopes |= {m for o in owners if isinstance(o, cst.ClassDef) for m in script.methods(o).values()}
+    scope: ScopeNode = script.module
+    block = _main_block(script)
+    for _ in range(DEPTH):
+        if block is None:
+            return None
+        hits = [s for s in block.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef)) and reaches(script, s, scopes)]
+        if not hits:
+            return None
+        callee = _only_callee(script, hits[0], scopes) if len(hits) == 1 else None
+        if callee is None or callee in scopes:
+            return SharedCaller(scope, block, hits[0])
+        scope, block = callee, callee.body
+    return None
+
+
+def _main_block(script: Script) -> cst.BaseSuite:
+    """The module's `if __name__ == "__main__":` block, or the module itself."""
+    for stmt in script.module.body:
+        if isinstance(stmt, cst.If) and N.tests_module_name(stmt.test):
+            return stmt.body
+    return script.module
+
+
+def _only_callee(script: Script, stmt: cst.BaseStatement, scopes: set) -> cst.FunctionDef | None:
+    """The function a simple statement calls that leads to all the training (`main()`,
+    `runner.run(cfg)`), when it is the statement's one call that does."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    leading = []
+    for call in script.calls_in(stmt):
+        callee = script.local_function(call) or script.method_of_object(call)
+        if isinstance(callee, cst.FunctionDef) and (callee in scopes or reaches(script, callee, scopes)):
+            leading.append(callee)
+    return leading[0] if len(set(leading)) == 1 else None
