@@ -346,16 +346,53 @@ class Script:
                 a.value for a in self.assigns.get(self.scope_of(call), [])
                 if ref_of(a.targets[0].target) == obj.value
             ]  # fmt: skip
+            if not made and (declared := self._annotated_class(call, obj.value)) is not None:
+                return self._implementation(declared, name)  # `def train(self, dataset: BaseDataset)`
         else:
             return None
         for value in made:  # `trainer = Plain(8)` or, in another branch, `trainer = Momentum(8)`: the first
             cls = self.class_called(value) if isinstance(value, cst.Call) else None
-            while cls is not None:
-                method = self.methods(cls).get(name)
-                if method is not None:
-                    return method
-                cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
+            method = self._inherited(cls, name)
+            if method is not None:
+                return method
         return None
+
+    def _inherited(self, cls: cst.ClassDef | None, name: str) -> cst.FunctionDef | None:
+        """The method `name` of `cls` or of its bases (the project's)."""
+        while cls is not None:
+            method = self.methods(cls).get(name)
+            if method is not None:
+                return method
+            cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
+        return None
+
+    def _annotated_class(self, call: cst.Call, param: str) -> cst.ClassDef | None:
+        """The project class a parameter of the call's function is declared as (`dataset: BaseDataset`)."""
+        scope = self.scope_of(call)
+        if not isinstance(scope, cst.FunctionDef) or param in self.bound.get(scope, set()) - {p.name.value for p in scope.params.params}:
+            return None
+        found = next((p for p in [*scope.params.params, *scope.params.kwonly_params] if p.name.value == param), None)
+        if found is None or found.annotation is None:
+            return None
+        cls = self.project_definition(found.annotation.annotation)
+        return cls if isinstance(cls, cst.ClassDef) else None
+
+    def _implementation(self, declared: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+        """The method `name` an object declared as `declared` runs: its own (or a base's), or, where
+        that one is abstract, the one override the project's subclasses give (None: several)."""
+        method = self._inherited(declared, name)
+        if method is not None and not _abstract(method):
+            return method
+        overrides = {
+            m for cls in self.index.definitions().values()
+            if isinstance(cls, cst.ClassDef) and cls is not declared and self._derives(cls, declared)
+            if (m := self._inherited(cls, name)) is not None and not _abstract(m)
+        }  # fmt: skip
+        return overrides.pop() if len(overrides) == 1 else None
+
+    def _derives(self, cls: cst.ClassDef, base: cst.ClassDef, depth: int = 0) -> bool:
+        parents = [b for b in (self.project_definition(a.value) for a in cls.bases) if isinstance(b, cst.ClassDef)]
+        return base in parents or (depth < 8 and any(self._derives(p, base, depth + 1) for p in parents))
 
     def project_definition(self, node: cst.CSTNode) -> cst.FunctionDef | cst.ClassDef | None:
         """The function or class of the project's modules that `node` names (by qualified name)."""
@@ -477,6 +514,21 @@ class Script:
 
 
 _DEVICE_NAME = re.compile(r"(^|_)(gpu|gpus|device|dev|cuda)(_|$)|^gpu|gpu_?id|device_?id", re.IGNORECASE)
+
+
+def _abstract(method: cst.FunctionDef) -> bool:
+    """A method with no body of its own: `@abstractmethod`, or only a docstring, `pass`, `...` or
+    `raise NotImplementedError`."""
+    if any(ref_of(d.decorator) in ("abstractmethod", "abc.abstractmethod") for d in method.decorators):
+        return True
+    for stmt in method.body.body:
+        small = N.sole_statement(stmt)
+        if isinstance(small, cst.Pass) or isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.Ellipsis)):
+            continue
+        if isinstance(small, cst.Raise) and small.exc is not None and "NotImplementedError" in cst.Module([]).code_for_node(small.exc):
+            continue
+        return False
+    return True
 
 
 def is_device_name(ref: str) -> bool:
