@@ -1626,7 +1626,7 @@ def _pairs(target: cst.BaseExpression, value: cst.BaseExpression) -> list[tuple[
 def _find_ddp_names_and_eval_calls(script: Script) -> None:
     """Which names hold a DDP model in which function (and which of them only on some runs: a
     model frozen on others is not wrapped there), and which helper calls only evaluate."""
-    for model, model_scope in script.models.items():
+    for model, model_scope in [*script.models.items(), *script.sibling_models]:
 
         def hold(scope: ScopeNode, name: str, model: str = model) -> None:
             script.ddp_names.setdefault(scope, set()).add(name)

@@ -60,15 +60,14 @@ def _wrap(ctx: Context, model: str, scope, sibling: bool = False) -> None:
     body = list(script.block_of(scope).body)
     wrapped = _existing_wrap(ctx, model, scope)
     if wrapped is not None:
-        if wrapped in body and not sibling:
-            ctx.wrap_after[model] = wrapped
+        if wrapped in body:
+            _remember_wrap(ctx, model, scope, wrapped, sibling)
         return
     _returned_model(ctx, model, scope, body)
     last = wrap_point(ctx, model, scope, body, into_blocks=True)
     points = branch_points(script, model, last) or [last]  # built and trained in several branches: in each
     last = points[0]
-    if not sibling:
-        ctx.wrap_after[model] = last
+    _remember_wrap(ctx, model, scope, last, sibling)
     synced = any(
         script.is_call_to(c, D.SYNC_BATCHNORM) and c.args and mentions(c.args[0].value, model) for c in script.calls
     )
@@ -83,6 +82,14 @@ def _wrap(ctx: Context, model: str, scope, sibling: bool = False) -> None:
         _insert_wrap(ctx, model, scope, point)
     edits.need_import(N.DDP_MODULE, "DistributedDataParallel", "DDP")
     edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
+
+
+def _remember_wrap(ctx: Context, model: str, scope, stmt: cst.CSTNode, sibling: bool) -> None:
+    """The statement the wrap follows, for the passes that ask whether code sees the wrapped model."""
+    if sibling:
+        ctx.sibling_wraps[(model, scope)] = stmt
+    else:
+        ctx.wrap_after[model] = stmt
 
 
 def _insert_wrap(ctx: Context, model: str, scope, last: cst.CSTNode) -> None:
