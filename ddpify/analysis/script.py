@@ -369,7 +369,7 @@ class Script:
     def _annotated_class(self, call: cst.Call, param: str) -> cst.ClassDef | None:
         """The project class a parameter of the call's function is declared as (`dataset: BaseDataset`)."""
         scope = self.scope_of(call)
-        if not isinstance(scope, cst.FunctionDef) or param in self.bound.get(scope, set()) - {p.name.value for p in scope.params.params}:
+        if not isinstance(scope, cst.FunctionDef):
             return None
         found = next((p for p in [*scope.params.params, *scope.params.kwonly_params] if p.name.value == param), None)
         if found is None or found.annotation is None:

@@ -22,38 +22,24 @@ DEPTH = 6  # calls followed down from the entry
 
 @dataclass
 class SharedCaller:
-    """Where every trainer is reached from: the scope, the block of its statements (the `__main__`
-    block for the module), and the first statement of it that leads to training."""
+    """Where every trainer is reached from: the scope, its block of statements (the `__main__`
+    block for the module), and the first statement of that block that leads to training."""
 
     scope: ScopeNode
-    block: cst.BaseSuite
+    block: cst.Module | cst.IndentedBlock
     first: cst.BaseStatement
-
-
-def training_owners(script: Script) -> set[cst.CSTNode]:
-    """The classes (or plain functions) that train a model of their own."""
-    scopes = [*script.models.values(), *(s for _, s in script.sibling_models)]
-    scopes += [script.scope_of(call) for call, _, _ in script.unconverted_models]
-    owners: set[cst.CSTNode] = set()
-    for scope in scopes:
-        if isinstance(scope, cst.FunctionDef):
-            owners.add(script.class_of(scope) or scope)
-    return owners
 
 
 def shared_caller(script: Script) -> SharedCaller | None:
     """The nearest scope that runs every sibling trainer (None: one trainer, or no such scope)."""
-    owners = training_owners(script)
+    scopes = _training_scopes(script)
+    owners = {script.class_of(fn) or fn for fn in scopes}
     if len(owners) < 2:
         return None
-    scopes = {s for s in [*script.models.values(), *(s for _, s in script.sibling_models)] if isinstance(s, cst.FunctionDef)}
-    scopes |= {script.scope_of(call) for call, _, _ in script.unconverted_models}
     scopes |= {m for o in owners if isinstance(o, cst.ClassDef) for m in script.methods(o).values()}
     scope: ScopeNode = script.module
     block = _main_block(script)
     for _ in range(DEPTH):
-        if block is None:
-            return None
         hits = [s for s in block.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef)) and reaches(script, s, scopes)]
         if not hits:
             return None
@@ -64,10 +50,18 @@ def shared_caller(script: Script) -> SharedCaller | None:
     return None
 
 
-def _main_block(script: Script) -> cst.BaseSuite:
+def _training_scopes(script: Script) -> set[cst.FunctionDef]:
+    """The functions where a trained model is bound: every model, a sibling trainer's of the same
+    name, and a second trainer class's left unconverted."""
+    scopes = [*script.models.values(), *(s for _, s in script.sibling_models)]
+    scopes += [script.scope_of(call) for call, _, _ in script.unconverted_models]
+    return {s for s in scopes if isinstance(s, cst.FunctionDef)}
+
+
+def _main_block(script: Script) -> cst.Module | cst.IndentedBlock:
     """The module's `if __name__ == "__main__":` block, or the module itself."""
     for stmt in script.module.body:
-        if isinstance(stmt, cst.If) and N.tests_module_name(stmt.test):
+        if isinstance(stmt, cst.If) and N.tests_module_name(stmt.test) and isinstance(stmt.body, cst.IndentedBlock):
             return stmt.body
     return script.module
 

@@ -61,9 +61,9 @@ def _init(script: Script, scope, device: str, device_type: str) -> str:
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
-    shared = shared_caller(script)
-    if shared is not None and not _sets_up_in(script, shared.scope):
-        shared = None  # a setup of the script's own elsewhere: its device line is where it is
+    shared = shared_caller(script)  # several trainers: the place every one of them is reached from
+    if shared is not None and _set_up_elsewhere(script, shared.scope):
+        shared = None  # the script's own setup: its device line is where it is
     found = None
     for scope in [shared.scope] if shared is not None else _candidate_scopes(script):
         found = found or _device_statement(script, scope)
@@ -150,10 +150,11 @@ def run(ctx: Context) -> None:
     )
 
 
-def _sets_up_in(script: Script, scope: ScopeNode) -> bool:
-    """Does no code run by the entry set up a process group, or does `scope` (a converted script)?"""
+def _set_up_elsewhere(script: Script, scope: ScopeNode) -> bool:
+    """Does code the entry runs set up a process group, none of it in `scope` (where a conversion
+    puts the setup of sibling trainers)?"""
     inits = [c for c in script.calls if script.is_call_to(c, D.INIT_PROCESS_GROUP) and run_by_entry(script, c)]
-    return not inits or any(script.scope_of(c) is scope for c in inits)
+    return bool(inits) and all(script.scope_of(c) is not scope for c in inits)
 
 
 def _existing_setup(ctx: Context, found) -> bool:
