@@ -39,15 +39,17 @@ def shared_caller(script: Script) -> SharedCaller | None:
     scopes |= {m for o in owners if isinstance(o, cst.ClassDef) for m in script.methods(o).values()}
     scope: ScopeNode = script.module
     block = _main_block(script)
+    found = None
     for _ in range(DEPTH):
         hits = [s for s in block.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef)) and reaches(script, s, scopes)]
         if not hits:
-            return None
+            return found  # (a trainer that trains, then runs the others: set up at its top)
+        found = SharedCaller(scope, block, hits[0])
         callee = _only_callee(script, hits[0], scopes) if len(hits) == 1 else None
-        if callee is None or callee in scopes:
-            return SharedCaller(scope, block, hits[0])
+        if callee is None:
+            return found
         scope, block = callee, callee.body
-    return None
+    return found
 
 
 def _training_scopes(script: Script) -> set[cst.FunctionDef]:
