@@ -236,7 +236,7 @@ def test_the_tracer_says_what_a_save_stores():
 
     model, other = torch.nn.Linear(3, 2), torch.nn.Linear(5, 5)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    tracer._state["trained_models"] = [model]
+    tracer._TRAINED_MODELS[:] = [model]
     try:
         assert tracer._stores(model.state_dict()) == [dict(kind="state_dict", key=None, model="Linear", prefixed=False)]
         prefixed = {f"module.{k}": v for k, v in model.state_dict().items()}
@@ -246,7 +246,7 @@ def test_the_tracer_says_what_a_save_stores():
         assert tracer._stores({"m": other}) == [dict(kind="module", key="m", module="Linear", trained=False)]
         assert tracer._stores(other.state_dict()) == [] and tracer._stores(torch.zeros(2)) == []
     finally:
-        tracer._state.pop("trained_models")
+        tracer._TRAINED_MODELS.clear()
     assert tracer._device_of(tracer._tensors((torch.zeros(1), [torch.ones(1)], {"m": torch.zeros(2)}, 3))) == "cpu"
     assert tracer._device_of(tracer._tensors((3, "x"))) is None
 

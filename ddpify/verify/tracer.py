@@ -115,6 +115,7 @@ from torch.utils.data import (
 )
 
 _original_save, _original_load, _original_open = torch.save, torch.load, builtins.open
+_TRAINED_MODELS: list = []  # the modules of unwrapped_forwards (not in _state, which compiled code reads)
 _HERE = os.path.abspath(__file__)
 _trace: dict = {}
 _optimizers: list = []
@@ -132,6 +133,7 @@ class StopRun(BaseException):
 def _new_trace(label: str | None, script: str, args: list[str], config: dict | None = None) -> None:
     _optimizers.clear()
     _ddp_models.clear()
+    _TRAINED_MODELS.clear()
     _trace.clear()
     _trace.update(
         label=label,
@@ -188,7 +190,6 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         depth=0,
         ddp_params=set(),
         optimizer_params=set(),
-        trained_models=[],  # the modules of unwrapped_forwards
         in_no_sync=0,
     )
 
@@ -544,7 +545,7 @@ def _stores(obj) -> list[dict]:
     for key, value in items:
         if isinstance(value, torch.nn.Module):
             plain = getattr(value, "module", value)
-            trained = any(plain is m for m in _state.get("trained_models", ()))
+            trained = any(plain is m for m in _TRAINED_MODELS)
             found.append(dict(kind="module", key=key, module=type(value).__name__, trained=trained))
         elif isinstance(value, Mapping) and {"state", "param_groups"} <= set(value):
             found.append(dict(kind="optimizer", key=key))
@@ -562,7 +563,7 @@ def _trained_model_of(state) -> tuple[str | None, bool]:
     prefixed = bool(shapes) and all(k.startswith("module.") for k in shapes)
     if prefixed:
         shapes = {k[len("module."):]: v for k, v in shapes.items()}
-    for model in _state.get("trained_models", ()):
+    for model in _TRAINED_MODELS:
         if _shape_map(model.state_dict()) == shapes:
             return type(model).__name__, prefixed
     return None, prefixed
@@ -924,13 +925,20 @@ def _any_forward_pre(module, inputs):
     if not trained:
         _state["seen_modules"].discard(id(module))  # no optimizer trains it (yet)
     elif not trained <= _state["ddp_params"]:
-        _state["trained_models"].append(module)
+        _remember_trained(module)
         if _trace["cuda_available"] is None:
             _trace["cuda_available"] = torch.cuda.is_available()
         _trace["unwrapped_forwards"].append(
             dict(module=type(module).__name__, where=_user_frame(), event=_event(),
                  device=_device_of(module.parameters()), batch_device=_device_of(_tensors(inputs)))
         )  # fmt: skip
+
+
+@torch.compiler.disable
+def _remember_trained(module) -> None:
+    """Keep the model for what a later torch.save stores (outside a compiled forward's graph:
+    dynamo must not track the module through the tracer's state)."""
+    _TRAINED_MODELS.append(module)
 
 
 def _tensors(inputs):
