@@ -253,6 +253,7 @@ AUTOCAST = spelled({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.auto
 BFLOAT16 = frozenset({"torch.bfloat16"})
 GRAD_SCALER = spelled({"torch.amp.GradScaler", "torch.cuda.amp.GradScaler"})
 SAMPLER_MODULE = "torch.utils.data.distributed"
+DATA_MODULE = "torch.utils.data"
 MP_MODULE = "torch.multiprocessing"
 DATA_MODULES = ("torch.utils.data", "torch.utils.data.sampler")  # where the samplers may be imported from
 

@@ -53,7 +53,7 @@ def run(ctx: Context) -> None:
         edits.rewrite(gate.test, lambda test: cst.Call(cst.Name("all_ranks"), [cst.Arg(test)]))
         edits.change(gate, "the training gate reads data this rank gathered: it opens only where it holds on every rank")
         define_function(ctx, "all_ranks", ALL_RANKS, gate)
-        edits.need_import("torch.distributed", asname="dist")
+        edits.need_import(N.DIST_MODULE, asname="dist")
 
 
 def _gates_training(ctx: Context, gate: cst.If) -> bool:

@@ -152,7 +152,7 @@ def rank_part(ctx: Context, loader: Loader, own: cst.Call) -> bool:
     edits.insert_before(loader.stmt, RANK_PART.format(part=part, dataset=dataset, rank=rank, world=world))
     edits.replace(data.value, edits.expression(part))
     edits.replace(drawn.value, edits.expression(part))
-    edits.need_import("torch.utils.data", "Subset")
+    edits.need_import(N.DATA_MODULE, "Subset")
     edits.change(
         loader.stmt,
         f"`{N.call_name(own)}` draws its own indices: it and the loader read `{part}`, this rank's part of `{dataset}` "

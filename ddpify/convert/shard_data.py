@@ -274,7 +274,11 @@ def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
         if not all(advance_in_wrapper(ctx, w) for w in wrappers):
             edits.todo(loader.stmt, call, f"call set_epoch on the DistributedSampler that `{loader.name}`'s sampler holds at each new pass")
         return HELD
-    if ref_of(inner) is not None:
+    bases = [c.base for c in found if c.base is not None]
+    assign = script.parent(bases[0]) if len(bases) == 1 else None
+    if batch is not None and isinstance(assign, cst.Assign) and ref_of(assign.targets[0].target):
+        return ref_of(assign.targets[0].target)  # `sampler = RandomSampler(ds)`, then `BatchSampler(sampler, 8)`
+    if batch is None and ref_of(inner) is not None:
         return ref_of(inner)
     return f"{loader.name}.batch_sampler.sampler" if batch is not None else f"{loader.name}.sampler"
 
