@@ -137,9 +137,10 @@ def _path_arg(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
 
 
 def _file_names(ctx: Context, node: cst.BaseExpression | None) -> set[str]:
-    """The file names (`checkpoint.pth`, `best_model.pt`) a path expression spells as literals."""
+    """The file names (`checkpoint.pth`, `best_model.pt`, a template `{}.pkl` formatted with
+    another variable on each side) a path expression spells as literals."""
     names = {text.rsplit("/", 1)[-1] for text in _strings(ctx, node)}
-    return {n for n in names if re.fullmatch(r"[\w.-]+\.(pt|pth|ckpt|pkl|tar|bin|safetensors|npy|npz|json|pickle)", n)}
+    return {n for n in names if re.fullmatch(r"[\w.{}%:-]+\.(pt|pth|ckpt|pkl|tar|bin|safetensors|npy|npz|json|pickle)", n)}
 
 
 def _strings(ctx: Context, node: cst.BaseExpression | None, depth: int = 0) -> set[str]:
