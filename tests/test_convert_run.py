@@ -6,10 +6,15 @@ under the tracer, then verify's runs (torchrun with 2 CPU processes) of what con
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from cli_in_process import ddpify
 from conftest import ROOT
 
@@ -149,6 +154,101 @@ def test_run_facts_from_a_trace():
     assert [(p, str(s)) for p, s in facts.written] == [(str(Path("out/model.pt")), "train.py:30")]
     assert facts.steps == 3 and not facts.loaderless and facts.drawn
     assert any("data/feeds.py:7" in line for line in facts.summary())
+
+
+def test_a_checkpoint_the_static_view_misses_loads_into_the_original_model(tmp_path):
+    """The state dicts of a table of parts saved in a comprehension, and a save function handed
+    in as a parameter (`write=torch.save`): the static view sees no model in the first and no
+    save in the second. The run saw both store Net's state_dict, so the first saves the network
+    inside the wrapper and the second runs on rank 0 only (every rank reads its file back after a
+    barrier); the output's checkpoints, written by `python out.py` (DDP in a group of one), have no
+    `module.` keys and load into Net."""
+    case = RUN / "hidden_checkpoint"
+    out = tmp_path / "train.py"
+    done = ddpify("convert", "train.py", "-o", str(out), "--run", cwd=case)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the checkpoint saved at train.py:12 stores Net's state_dict under 'model'" in done.stdout, done.stdout
+    assert "and an optimizer's state under 'optimizer'" in done.stdout
+    assert "the checkpoint saved at train.py:16 stores Net's state_dict" in done.stdout
+    assert "Net trained on cpu, its batches on cpu" in done.stdout
+    assert "ddpify verify: PASS" in done.stdout
+    code = out.read_text()
+    assert 'getattr(part, "module", part).state_dict() for name, part in parts.items()' in code
+    assert "    if dist.get_rank() == 0:\n        write(net.state_dict(), path)" in code
+    assert 'dist.barrier()  # rank 0 has written this file\nmodel.module.load_state_dict(torch.load("weights.ckpt"' in code
+    static = ddpify("convert", "train.py", cwd=case).stdout
+    assert 'getattr(part, "module", part)' not in static and "        write(net.state_dict(), path)" not in static
+    assert "rank 0 has written this file" not in static
+    (tmp_path / "model.py").write_text((case / "model.py").read_text())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    spec = importlib.util.spec_from_file_location("hidden_checkpoint_model", case / "model.py")
+    spec.loader.exec_module(model := importlib.util.module_from_spec(spec))
+    parts = torch.load(tmp_path / "parts.ckpt")
+    weights = torch.load(tmp_path / "weights.ckpt")
+    for state in (parts["model"], weights):
+        assert not any(k.startswith("module.") for k in state), list(state)
+        model.Net().load_state_dict(state)
+
+
+def test_run_facts_say_what_each_save_stored_and_where_models_trained():
+    """Saves by site (the first save at a site tells), what each stored, under which key; the
+    device of each trained model and of its first batch; a model on the CPU beside a GPU."""
+    trace = {
+        "cwd": "/w",
+        "unwrapped_forwards": [{"module": "Net", "where": "train.py:20", "device": "cpu", "batch_device": "cpu"},
+                               {"module": "Critic", "where": "train.py:21", "device": "cuda:0", "batch_device": "cuda:0"}],
+        "cuda_available": True,
+        "saves": [
+            {"where": "train.py:30", "stores": [{"kind": "state_dict", "key": "model", "model": "Net", "prefixed": False},
+                                                {"kind": "optimizer", "key": "optimizer"}]},
+            {"where": "train.py:30", "stores": []},
+            {"where": "utils/io.py:5", "stores": [{"kind": "module", "key": None, "module": "Net", "trained": True}]},
+            {"where": "train.py:40", "stores": [{"kind": "optimizer", "key": None}]},
+            {"where": "train.py:41", "stores": [{"kind": "state_dict", "key": None, "model": "Net", "prefixed": True}]},
+            {"where": "train.py:42", "stores": []},
+            {"where": "../site.py:1", "stores": [{"kind": "optimizer", "key": None}]},
+        ],
+    }  # fmt: skip
+    facts = RunFacts.from_trace(json.loads(json.dumps(trace)), "train.py")
+    assert facts.lines("save", "") == {30, 40, 41, 42} and facts.lines("model_save", "") == {30, 41}
+    assert facts.lines("model_save", "utils.io") == {5} and facts.lines("model_save", "io") == {5}
+    assert [str(s.site) for s in facts.saved_at("", 29, 31)] == ["train.py:30"]
+    assert facts.devices == {"Net": "cpu", "Critic": "cuda:0"} and facts.batch_devices["Critic"] == "cuda:0"
+    assert facts.on_cpu_beside_a_gpu() == ["Net"]
+    summary = facts.summary()
+    assert "the checkpoint saved at train.py:30 stores Net's state_dict under 'model' and an optimizer's state under 'optimizer'" in summary
+    assert "the checkpoint saved at utils/io.py:5 stores the whole Net" in summary
+    assert "the checkpoint saved at train.py:40 stores an optimizer's state" in summary
+    assert "the checkpoint saved at train.py:41 stores Net's state_dict (keys with `module.`)" in summary
+    assert not any("train.py:42" in line or "site.py" in line for line in summary)
+    assert "Critic trained on cuda:0, its batches on cuda:0" in summary
+    assert any(line.startswith("Net trained on cpu, its batches on cpu (a GPU was there") for line in summary)
+    assert not RunFacts.from_trace({**trace, "cuda_available": False}, "train.py").on_cpu_beside_a_gpu()
+    assert RunFacts.from_trace({}, "train.py").saves == []  # an older trace: no saves, no devices
+
+
+def test_the_tracer_says_what_a_save_stores():
+    """A trained model's state_dict (plain, or with `module.` keys) under a key of the dict saved,
+    the whole model, an optimizer's state; a state dict of no trained model is left out."""
+    from ddpify.verify import tracer
+
+    model, other = torch.nn.Linear(3, 2), torch.nn.Linear(5, 5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer._TRAINED_MODELS[:] = [model]
+    try:
+        assert tracer._stores(model.state_dict()) == [dict(kind="state_dict", key=None, model="Linear", prefixed=False)]
+        prefixed = {f"module.{k}": v for k, v in model.state_dict().items()}
+        assert tracer._stores({"net": prefixed, "opt": optimizer.state_dict(), "epoch": 3}) == [
+            dict(kind="state_dict", key="net", model="Linear", prefixed=True), dict(kind="optimizer", key="opt")]
+        assert tracer._stores(model) == [dict(kind="module", key=None, module="Linear", trained=True)]
+        assert tracer._stores({"m": other}) == [dict(kind="module", key="m", module="Linear", trained=False)]
+        assert tracer._stores(other.state_dict()) == [] and tracer._stores(torch.zeros(2)) == []
+    finally:
+        tracer._TRAINED_MODELS.clear()
+    assert tracer._device_of(tracer._tensors((torch.zeros(1), [torch.ones(1)], {"m": torch.zeros(2)}, 3))) == "cpu"
+    assert tracer._device_of(tracer._tensors((3, "x"))) is None
 
 
 def _runs(ddp_inputs, original_inputs):

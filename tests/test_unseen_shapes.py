@@ -16,6 +16,8 @@ Keys of <case>.toml:
   args         its arguments in the torchrun run
   runs         true, or why the case is not run under torchrun (a string)
   train_size   len(dataset) of the training loader (the first loader built); absent: no shard check
+  endless_rounds  the training loader is one endless pass: its first N rounds (cut where verify
+               cuts them) must each be split between the ranks, disjoint and together whole
   epochs       complete passes over it per rank (absent: as many as rank 0 made, the same on every rank)
   ddp_wrapped  DDP constructions per rank (default 1)
   hand_averaged  true: every optimizer's gradients outside DDP were all-reduced by hand after each
@@ -49,7 +51,7 @@ from cli_in_process import ddpify
 from conftest import NPROC, ROOT, run_plan
 
 from ddpify.projects import convert_project
-from ddpify.verify.invariants import hand_averaged
+from ddpify.verify.invariants import first_round, hand_averaged, sampler_rounds
 
 UNSEEN = ROOT / "fixtures" / "unseen"
 CASES = {path.stem: tomllib.loads(path.read_text()) for path in sorted(UNSEEN.glob("*.toml"))}
@@ -132,7 +134,9 @@ def test_unseen_under_torchrun(runs, name):
         assert not early, f"rank {rank}: trained before the DDP wrap: {early[:1]}"
         if case.get("hand_averaged"):
             assert all(t["hand_averaged"]), f"rank {rank}: gradients outside DDP not averaged: {t['hand_averaged']}"
-    if "train_size" in case:
+    if "endless_rounds" in case:
+        _split_every_round(traces, case["train_size"], case["endless_rounds"])
+    elif "train_size" in case:
         passes = [[p for p in t["passes"] if p["loader"] == 0 and p["complete"]] for t in traces]
         epochs = case.get("epochs", min(len(p) for p in passes))
         assert epochs and all(len(p) == epochs for p in passes), [len(p) for p in passes]
@@ -162,6 +166,21 @@ def test_unseen_under_torchrun(runs, name):
         _loads_into(name, cwd, case["loads_into"])
     for spec in case.get("saved_modules", []):
         _unpickles_as(name, cwd, spec)
+
+
+def _split_every_round(traces: list[dict], size: int, rounds: int) -> None:
+    """Every round of the first loader's endless pass is split between the ranks: disjoint, whole."""
+    passes = [[p for p in t["passes"] if p["loader"] == 0 and p["indices"]][:1] for t in traces]
+    assert all(passes), "a rank read no training batch from the first loader"
+    length = min((n for p in passes if (n := first_round(p[0]))), default=None)
+    assert length == size // len(traces), f"rounds of {length} samples per rank, not {size // len(traces)}"
+    cut = [sampler_rounds(p, length) for p in passes]
+    assert all(len(c) >= rounds for c in cut), [len(c) for c in cut]
+    for r in range(rounds):
+        parts = [set(c[r]["indices"]) for c in cut]
+        assert not parts[0] & parts[1], f"round {r + 1}: the ranks' parts overlap"
+        assert len(parts[0] | parts[1]) == size, f"round {r + 1}: the parts miss samples"
+    assert cut[0][0]["indices"] != cut[0][1]["indices"], "the same order every round"
 
 
 def _written(trace: dict) -> set[str]:

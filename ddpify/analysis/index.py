@@ -703,7 +703,8 @@ class FileIndex:
                     out.add(real + rest)
                 else:
                     out.add(self._local(dotted, scope))
-            return frozenset(out)
+            loaders = self._loader_classes()
+            return frozenset(out | N.DATALOADER) if loaders and not loaders.isdisjoint(out) else frozenset(out)
         starred = self._from_stars(base, dotted, scope) if scope in self._stars else frozenset()
         if starred:
             return starred
@@ -903,6 +904,15 @@ class FileIndex:
                 break
         return bindings
 
+    def _loader_classes(self) -> frozenset[str]:
+        """The project's DataLoader subclasses that take the loader's own arguments (no `__init__`,
+        or one with `**kwargs`): a call to one is a DataLoader call (`AudioLoader(ds, shuffle=True)`)."""
+        store = self.__dict__.setdefault("_derived", {})
+        if "loader_classes" not in store:
+            store["loader_classes"] = frozenset()  # while it is worked out, names resolve as they are
+            store["loader_classes"] = _loader_classes(self)
+        return store["loader_classes"]
+
     # derived facts, cached ------------------------------------------------------------------------------
     def definitions(self) -> dict[str, cst.CSTNode]:
         """The functions and classes of a project's other modules, by qualified name
@@ -951,6 +961,24 @@ def _definitions(index: FileIndex) -> dict[str, cst.CSTNode]:
                     if head == base and not tail.startswith("_"):
                         found.setdefault(f"{name}.{tail}", node)
     return found
+
+
+def _loader_classes(index: FileIndex) -> frozenset[str]:
+    found: set[str] = set()
+    for _ in range(3):  # subclasses of subclasses
+        for cls in index.classes:
+            name = index._qualname.get(cls)
+            if name is None or name in found or not _takes_loader_arguments(cls):
+                continue
+            bases = set().union(*(index.qnames_in(b.value, index._scope_parent.get(cls)) for b in cls.bases)) if cls.bases else set()
+            if bases & (N.DATALOADER | found):
+                found.add(name)
+    return frozenset(found)
+
+
+def _takes_loader_arguments(cls: cst.ClassDef) -> bool:
+    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    return init is None or isinstance(init.params.star_kwarg, cst.Param)
 
 
 _RECENT: "OrderedDict[int, tuple[cst.Module, FileIndex]]" = OrderedDict()  # nodes take no weak references

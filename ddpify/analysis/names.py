@@ -69,6 +69,7 @@ DATALOADER = spelled({"torch.utils.data.DataLoader"})
 RANDOM_SAMPLER = spelled({"torch.utils.data.RandomSampler"})
 SEQUENTIAL_SAMPLER = spelled({"torch.utils.data.SequentialSampler"})
 SUBSET_RANDOM_SAMPLER = spelled({"torch.utils.data.SubsetRandomSampler"})
+BATCH_SAMPLER = spelled({"torch.utils.data.BatchSampler"})
 TORCH_DEVICE = frozenset({"torch.device"})
 DATASETS = spelled({"torch.utils.data.Dataset", "torch.utils.data.IterableDataset"})
 ITERABLE_DATASET = spelled({"torch.utils.data.IterableDataset"})
@@ -258,6 +259,7 @@ AUTOCAST = spelled({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.auto
 BFLOAT16 = frozenset({"torch.bfloat16"})
 GRAD_SCALER = spelled({"torch.amp.GradScaler", "torch.cuda.amp.GradScaler"})
 SAMPLER_MODULE = "torch.utils.data.distributed"
+DATA_MODULE = "torch.utils.data"
 MP_MODULE = "torch.multiprocessing"
 DATA_MODULES = ("torch.utils.data", "torch.utils.data.sampler")  # where the samplers may be imported from
 

@@ -2,9 +2,10 @@
 
 The tracer (ddpify/verify/tracer.py) runs the script as one process and notes, with the script
 line of each, what it did: the loaders and which one fed the optimizer steps, the optimizers and
-the models whose first training forward ran, the files written and read, the environment
-variables set and the seeds. This module turns that JSON into facts the passes can ask by module
-and line, before they fall back on the static analysis. Nothing here imports torch.
+the models whose first training forward ran (on which device, and their batches), the files
+written and read, what each torch.save stored, the environment variables set and the seeds. This
+module turns that JSON into facts the passes can ask by module and line, before they fall back on
+the static analysis. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,39 @@ class Site:
         return f"{self.path}:{self.line}"
 
 
+@dataclass(frozen=True)
+class Stored:
+    """One thing a torch.save stored: "state_dict" (of the trained model `model`; `prefixed`: its
+    keys start with `module.`), "module" (a whole module of class `model`; `trained`: a model an
+    optimizer trains), or "optimizer" (an optimizer's state_dict); `key`: the key of the saved
+    dict it sits under, None for the saved object itself."""
+
+    kind: str
+    key: str | None = None
+    model: str | None = None
+    prefixed: bool = False
+    trained: bool = False
+
+    def __str__(self) -> str:
+        what = {"state_dict": f"{self.model}'s state_dict" + (" (keys with `module.`)" if self.prefixed else ""),
+                "module": f"the whole {self.model}" + ("" if self.trained else " (a module no optimizer trains)"),
+                "optimizer": "an optimizer's state"}[self.kind]  # fmt: skip
+        return what if self.key is None else f"{what} under {self.key!r}"
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A torch.save the run saw: where, and what it stored."""
+
+    site: Site
+    stores: tuple[Stored, ...]
+
+    @property
+    def holds_model(self) -> bool:
+        """Does it store a trained model: its state_dict, or the module itself?"""
+        return any(s.kind == "state_dict" or s.kind == "module" and s.trained for s in self.stores)
+
+
 @dataclass
 class RunFacts:
     """What the original did in a brief run, by site."""
@@ -42,6 +76,10 @@ class RunFacts:
     seeds: list[tuple[str, Site]] = field(default_factory=list)  # (torch | numpy | random | torch.cuda, where)
     written: list[tuple[str, Site]] = field(default_factory=list)  # (path relative to the run's folder, where)
     read_back: list[tuple[Site, Site]] = field(default_factory=list)  # (where a file was read, where it was written before)
+    saves: list[Saved] = field(default_factory=list)
+    devices: dict[str, str] = field(default_factory=dict)  # model class -> the device of its parameters
+    batch_devices: dict[str, str] = field(default_factory=dict)  # model class -> the device of its first training batch
+    cuda_available: bool | None = None  # could the run see a GPU (None: no model trained)
 
     @classmethod
     def from_trace(cls, trace: dict, entry: str, cwd: str = "") -> RunFacts:
@@ -72,7 +110,22 @@ class RunFacts:
         written = ((at.relative(f["path"]), f.get("where")) for f in trace.get("files", []) if "r" not in f["mode"])
         facts.written = _sited(at, ((p, w) for p, w in written if p is not None))
         facts.read_back = _read_back(at, trace.get("files", []))
+        facts.saves = _saves(at, trace.get("saves", []))
+        for f in trace.get("unwrapped_forwards", []):
+            if f.get("device"):
+                facts.devices.setdefault(f["module"], f["device"])
+            if f.get("batch_device"):
+                facts.batch_devices.setdefault(f["module"], f["batch_device"])
+        facts.cuda_available = trace.get("cuda_available")
         return facts
+
+    def saved_at(self, module: str, first: int, last: int) -> list[Saved]:
+        """The saves the run saw at lines `first`..`last` of `module`."""
+        return [s for s in self.saves if first <= s.site.line <= last and _same(s.site.module, module)]
+
+    def on_cpu_beside_a_gpu(self) -> list[str]:
+        """The models that trained on the CPU although the run could see a GPU."""
+        return [m for m, d in self.devices.items() if self.cuda_available and d == "cpu"]
 
     def writer_of(self, module: str, line: int) -> Site | None:
         """Where the file the run read at `module:line` had been written."""
@@ -80,7 +133,8 @@ class RunFacts:
 
     def lines(self, what: str, module: str) -> set[int]:
         """The lines of `module` where the run saw `what`: "train_loader", "pass_start", "loader", "env:NAME",
-        "seed", "optimizer", "model", "write"."""
+        "seed", "optimizer", "model", "write", "save" (a torch.save), "model_save" (a torch.save
+        of a trained model's state_dict or of the model itself)."""
         if what == "train_loader":
             sites = [self.train_loader] if self.train_loader else []
         elif what == "pass_start":
@@ -89,6 +143,8 @@ class RunFacts:
             sites = [r for r, _ in self.read_back]
         elif what == "loader":
             sites = self.loaders
+        elif what in ("save", "model_save"):
+            sites = [s.site for s in self.saves if what == "save" or s.holds_model]
         elif what.startswith("env:"):
             sites = [s for name, s in self.env_set if name == what[4:]]
         else:
@@ -105,11 +161,42 @@ class RunFacts:
             how = "a different batch each step" if self.drawn else "the same data every step"
             out.append(f"the training batches came from no DataLoader ({how})")
         out += [f"{cls} trains (first training forward at {site})" for cls, site in self.models]
+        out += [self._placement(cls) for cls in self.devices]
+        out += [f"the checkpoint saved at {s.site} stores " + _listed([str(x) for x in s.stores])
+                for s in self.saves if s.stores]  # fmt: skip
         out += [f"the script sets {name} at {site}" for name, site in self.env_set]
         if self.seeds:
             out.append("the script seeds " + ", ".join(sorted({kind for kind, _ in self.seeds}))
                        + " at " + ", ".join(sorted({str(s) for _, s in self.seeds})))  # fmt: skip
         return out
+
+
+    def _placement(self, cls: str) -> str:
+        line = f"{cls} trained on {self.devices[cls]}"
+        if cls in self.batch_devices:
+            line += f", its batches on {self.batch_devices[cls]}"
+        if cls in self.on_cpu_beside_a_gpu():
+            line += " (a GPU was there: it stays on the CPU, so each process trains it there and DDP gets no device_ids)"
+        return line
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _saves(at: _Sites, saves: list[dict]) -> list[Saved]:
+    """Each save site once, with what the first save there stored."""
+    found: dict[Site, Saved] = {}
+    for item in saves:
+        site = at.site(item.get("where"))
+        if site is None or site in found:
+            continue
+        stores = tuple(
+            Stored(s["kind"], s.get("key"), s.get("model") or s.get("module"), bool(s.get("prefixed")), bool(s.get("trained")))
+            for s in item.get("stores") or ()
+        )
+        found[site] = Saved(site, stores)
+    return list(found.values())
 
 
 def _same(found: str, module: str) -> bool:

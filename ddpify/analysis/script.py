@@ -140,6 +140,9 @@ class Script:
     # (optimizer call, model, class) of a second trainer class's model of the same name (`self.G` of
     # DCGAN while GAN's is converted): one trainer class per program is converted, the rest get a TODO
     unconverted_models: list[tuple[cst.Call, str, cst.ClassDef | None]] = field(default_factory=list)
+    # (model, scope) of a sibling trainer's model named like one of `models` (`net`, a parameter of
+    # both `PreTrainer.train` and `MainTrainer.train`): trained in its own function, wrapped there too
+    sibling_models: list[tuple[str, ScopeNode]] = field(default_factory=list)
     index: FileIndex | None = None  # the file's one index: calls, qualified names, parents, positions
     _by_type: dict | None = None
     _calls_under: dict = field(default_factory=dict)  # node -> calls_in(node)
@@ -348,16 +351,53 @@ class Script:
                 a.value for a in self.assigns.get(self.scope_of(call), [])
                 if ref_of(a.targets[0].target) == obj.value
             ]  # fmt: skip
+            if not made and (declared := self._annotated_class(call, obj.value)) is not None:
+                return self._implementation(declared, name)  # `def train(self, dataset: BaseDataset)`
         else:
             return None
         for value in made:  # `trainer = Plain(8)` or, in another branch, `trainer = Momentum(8)`: the first
             cls = self.class_called(value) if isinstance(value, cst.Call) else None
-            while cls is not None:
-                method = self.methods(cls).get(name)
-                if method is not None:
-                    return method
-                cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
+            method = self._inherited(cls, name)
+            if method is not None:
+                return method
         return None
+
+    def _inherited(self, cls: cst.ClassDef | None, name: str) -> cst.FunctionDef | None:
+        """The method `name` of `cls` or of its bases (the project's)."""
+        while cls is not None:
+            method = self.methods(cls).get(name)
+            if method is not None:
+                return method
+            cls = next((b for b in (self.project_definition(base.value) for base in cls.bases) if isinstance(b, cst.ClassDef)), None)
+        return None
+
+    def _annotated_class(self, call: cst.Call, param: str) -> cst.ClassDef | None:
+        """The project class a parameter of the call's function is declared as (`dataset: BaseDataset`)."""
+        scope = self.scope_of(call)
+        if not isinstance(scope, cst.FunctionDef):
+            return None
+        found = next((p for p in [*scope.params.params, *scope.params.kwonly_params] if p.name.value == param), None)
+        if found is None or found.annotation is None:
+            return None
+        cls = self.project_definition(found.annotation.annotation)
+        return cls if isinstance(cls, cst.ClassDef) else None
+
+    def _implementation(self, declared: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+        """The method `name` an object declared as `declared` runs: its own (or a base's), or, where
+        that one is abstract, the one override the project's subclasses give (None: several)."""
+        method = self._inherited(declared, name)
+        if method is not None and not _abstract(method):
+            return method
+        overrides = {
+            m for cls in self.index.definitions().values()
+            if isinstance(cls, cst.ClassDef) and cls is not declared and self._derives(cls, declared)
+            if (m := self._inherited(cls, name)) is not None and not _abstract(m)
+        }  # fmt: skip
+        return overrides.pop() if len(overrides) == 1 else None
+
+    def _derives(self, cls: cst.ClassDef, base: cst.ClassDef, depth: int = 0) -> bool:
+        parents = [b for b in (self.project_definition(a.value) for a in cls.bases) if isinstance(b, cst.ClassDef)]
+        return base in parents or (depth < 8 and any(self._derives(p, base, depth + 1) for p in parents))
 
     def project_definition(self, node: cst.CSTNode) -> cst.FunctionDef | cst.ClassDef | None:
         """The function or class of the project's modules that `node` names (by qualified name)."""
@@ -479,6 +519,21 @@ class Script:
 
 
 _DEVICE_NAME = re.compile(r"(^|_)(gpu|gpus|device|dev|cuda)(_|$)|^gpu|gpu_?id|device_?id", re.IGNORECASE)
+
+
+def _abstract(method: cst.FunctionDef) -> bool:
+    """A method with no body of its own: `@abstractmethod`, or only a docstring, `pass`, `...` or
+    `raise NotImplementedError`."""
+    if any(ref_of(d.decorator) in ("abstractmethod", "abc.abstractmethod") for d in method.decorators):
+        return True
+    for stmt in method.body.body:
+        small = N.sole_statement(stmt)
+        if isinstance(small, cst.Pass) or isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.Ellipsis)):
+            continue
+        if isinstance(small, cst.Raise) and small.exc is not None and "NotImplementedError" in cst.Module([]).code_for_node(small.exc):
+            continue
+        return False
+    return True
 
 
 def is_device_name(ref: str) -> bool:
@@ -722,6 +777,8 @@ def _find_model(script: Script) -> None:
                 first = script.models[owner]
                 if owner.startswith("self.") and script.class_of(first) is not script.class_of(scope):
                     script.unconverted_models.append((call, owner, script.class_of(scope)))  # said, never guessed
+                elif _sibling(script, first, (here := _binding_scope(script, owner, scope))) and (owner, here) not in script.sibling_models:
+                    script.sibling_models.append((owner, here))
                 continue
             if not script.models:
                 script.model_name = owner
@@ -762,6 +819,14 @@ def _find_model(script: Script) -> None:
             "which ddpify cannot follow; convert the module whose code builds the model and its optimizer",
         )
     raise AnalysisError(1, "no model to convert: found no `torch.optim` optimizer over `model.parameters()`")
+
+
+def _sibling(script: Script, first: ScopeNode, scope: ScopeNode) -> bool:
+    """Is `scope` a function of another trainer than `first` (another class, or another function
+    outside any class), where a model of the same name trains on its own?"""
+    if not isinstance(scope, cst.FunctionDef) or not isinstance(first, cst.FunctionDef) or scope is first:
+        return False
+    return (script.class_of(scope) or scope) is not (script.class_of(first) or first)
 
 
 def _picked_at_run_time(script: Script) -> cst.CSTNode | None:
@@ -1567,8 +1632,10 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
     """Which names hold a DDP model in which function (and which of them only on some runs: a
     model frozen on others is not wrapped there), and which helper calls only evaluate. A model
     its training runs with weights handed to it (analysis/functional.py) is never wrapped: its
-    names go to `synced_by_hand` instead."""
-    for model, model_scope in script.models.items():
+    names go to `synced_by_hand` instead (a sibling trainer's model of the same name is wrapped
+    as ever)."""
+    own = len(script.models)  # (the sibling trainers' models come after)
+    for index, (model, model_scope) in enumerate([*script.models.items(), *script.sibling_models]):
         held: list[tuple[ScopeNode, str]] = []
         aliases: list[cst.Assign] = []
 
@@ -1607,7 +1674,7 @@ def _find_ddp_names_and_eval_calls(script: Script) -> None:
                     hold(fn, param)
                 elif isinstance(script.parent(call), cst.Expr) and model == script.model_name and not D.all_reduces(script, fn):
                     script.eval_calls.append(call)  # (a helper that all-reduces, e.g. its gradients, does not evaluate)
-        evidence = run_with_weights(script, held)
+        evidence = run_with_weights(script, held) if index < own else None
         if evidence is not None:
             script.run_with_weights[model] = evidence
         for scope, name in held:

@@ -34,6 +34,7 @@ class Context:
     gpus_per_process: int = 1  # > 1 when the model itself spans several GPUs
     device_fixup: bool = False  # the device comes from a run-time value (e.g. --device)
     wrap_after: dict[str, cst.CSTNode] = field(default_factory=dict)  # model -> statement wrapping it
+    sibling_wraps: dict[tuple[str, ScopeNode], cst.CSTNode] = field(default_factory=dict)  # of script.sibling_models
     reloads: set[cst.CSTNode] = field(default_factory=set)
     _before_init: set[cst.FunctionDef] | None = None  # `model = torch.load(...)` turned into loads
     _after_setup: set[cst.FunctionDef] | None = None  # the functions the setting-up function calls
@@ -53,6 +54,18 @@ class Context:
         script = self.script
         first, last = self.lines_of(node)
         return any(first <= line <= last for line in run.lines(what, script.index.roots.get(script.root_of(node), "")))
+
+    def saved_in_run(self, call: cst.Call, what: str = "save") -> bool:
+        """Did the brief run see a torch.save (`what`: "save", or "model_save" for a trained
+        model's) at `call`, the call its statement is (`write(state, path)` with `write=torch.save`,
+        a library's save)?"""
+        run = self.options.run
+        if run is None or not run.saves:
+            return False
+        stmt = self.script.statement_line(call)
+        if stmt is None or len(stmt.body) != 1 or getattr(stmt.body[0], "value", None) is not call:
+            return False
+        return self.ran(what, call)
 
     def lines_of(self, node: cst.CSTNode) -> tuple[int, int]:
         """The first and last line of the statement that holds `node` (a run names any of them)."""
@@ -134,8 +147,8 @@ class Context:
         script = self.script
         model = model or script.model_name
         scope = script.scope_of(node)
-        wrapped = self.wrap_after.get(model)
-        if scope is not script.models.get(model) or wrapped is None:
+        wrapped = self.wrap_after.get(model) if scope is script.models.get(model) else self.sibling_wraps.get((model, scope))
+        if wrapped is None:
             return True
         if script.top_statement(node, scope) is None or not self._past_wrap(node, wrapped):
             return False

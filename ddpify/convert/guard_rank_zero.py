@@ -1,7 +1,8 @@
 """Print, log, save, write files and evaluate once: on global rank 0.
 
-Covers print, logging calls and handlers, torch.save, figure/CSV/JSON writes (also
-`with open(path, "w")` blocks), W&B and TensorBoard writers (made on rank 0 only).
+Covers print, logging calls and handlers, torch.save (with `convert --run`, also a call the run
+saw save), figure/CSV/JSON writes (also `with open(path, "w")` blocks), W&B and TensorBoard
+writers (made on rank 0 only).
 Statements are guarded whole (adjacent ones share one `if`); an `if` whose body only
 prints or saves gets `and dist.get_rank() == 0` added to its test instead. Nothing
 that runs a collective or a DDP forward is put behind the guard: evaluation helpers
@@ -437,6 +438,7 @@ def _once_statement(ctx: Context, call: cst.Call, writers: set[str]) -> cst.Simp
             method=owner is not None,
         )  # fmt: skip
         or isinstance(small[0], cst.Expr) and _library_writer(ctx, call)
+        or isinstance(small[0], cst.Expr) and ctx.saved_in_run(call)  # a save the code hides: once per job too
     )
     return line if once else None
 

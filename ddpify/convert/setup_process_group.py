@@ -13,6 +13,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis import distributed as D
 from ddpify.analysis.schedule import clock_names_in_place, reaches
+from ddpify.analysis.trainers import shared_caller
 from ddpify.analysis.script import Script, ScopeNode, is_device_name, mentions, ref_of, run_by_entry
 from ddpify.convert.context import Context
 
@@ -60,8 +61,11 @@ def _init(script: Script, scope, device: str, device_type: str) -> str:
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
+    shared = shared_caller(script)  # several trainers: the place every one of them is reached from
+    if shared is not None and _set_up_elsewhere(script, shared.scope):
+        shared = None  # the script's own setup: its device line is where it is
     found = None
-    for scope in _candidate_scopes(script):
+    for scope in [shared.scope] if shared is not None else _candidate_scopes(script):
         found = found or _device_statement(script, scope)
     late = None
     if found is not None and _after_training_starts(script, found[0]):
@@ -92,9 +96,15 @@ def run(ctx: Context) -> None:
         ctx.setup_scope = script.model_scope
         body = list(script.block_of(ctx.setup_scope).body)
         anchor = _anchor(script, body)
-        early = _needed_earlier(script)
-        constructor = _constructor(ctx)
-        if constructor is not None:  # another method of its object may run first and use the group
+        early = _needed_earlier(script) if shared is None else None
+        constructor = _constructor(ctx) if shared is None else None
+        if shared is not None:  # several trainers, run one after the other: set up once, before the first
+            ctx.setup_scope, body = shared.scope, list(shared.block.body)
+            anchor = min(_anchor(script, body), shared.first, key=body.index)
+            if isinstance(shared.scope, cst.Module) and isinstance(shared.block, cst.IndentedBlock):
+                script.main_block = shared.block
+            edits.change(anchor, "the process group is set up here, once, before any of the trainers runs")
+        elif constructor is not None:  # another method of its object may run first and use the group
             ctx.setup_scope, body = constructor, list(constructor.body.body)
             anchor = next(s for s in body if not _is_docstring(s) or s is body[-1])
             ctx.device = "self.device" if not _bound_anywhere(script, "self.device") else "self.process_device"
@@ -138,6 +148,13 @@ def run(ctx: Context) -> None:
         body[min(ctx.init_index, len(body) - 1)],
         "process group from torchrun's environment (NCCL with CUDA after set_device, gloo on CPU)",
     )
+
+
+def _set_up_elsewhere(script: Script, scope: ScopeNode) -> bool:
+    """Does code the entry runs set up a process group, none of it in `scope` (where a conversion
+    puts the setup of sibling trainers)?"""
+    inits = [c for c in script.calls if script.is_call_to(c, D.INIT_PROCESS_GROUP) and run_by_entry(script, c)]
+    return bool(inits) and all(script.scope_of(c) is not scope for c in inits)
 
 
 def _existing_setup(ctx: Context, found) -> bool:

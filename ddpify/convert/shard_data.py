@@ -15,6 +15,7 @@ from ddpify.analysis.script import Loader, PassStart, ref_of
 from ddpify.check.fix import remove_arg
 from ddpify.convert.context import RANK0, Context
 from ddpify.convert.edits import append_arg, keyword_arg
+from ddpify.convert.held_samplers import HELD, advance_in_wrapper, assignments, bound_calls, chains, endless, is_rank_part, rank_part
 from ddpify.convert.samplers import BEFORE_INIT, loader_dataset, next_epoch, sampler_name, set_epoch, split_batch
 
 SAMPLER = "{sampler} = DistributedSampler({dataset}, shuffle={shuffle}{extra})\n"
@@ -43,6 +44,8 @@ def run(ctx: Context) -> None:
             continue  # sharded already (`sampler=DistributedSampler(ds, shuffle=True) if shuffle else None`)
         if not script.train_loaders and ctx.ran("train_loader", call) and _sample_in_place(ctx, call):
             continue
+        if _endless_sampler(ctx, call) and _held_in_place(ctx, Loader("loader", call, script.statement_line(call), script.scope_of(call))):
+            continue  # `iter(DataLoader(ds, sampler=Endless(ds)))`: a stream nothing evaluates over
         stmt = script.top_statement(call, script.scope_of(call)) or script.statement_line(call)
         edits.todo(stmt, call, "give the training DataLoader built here a DistributedSampler and call its set_epoch(epoch) every epoch")
     from_run = [] if script.train_loaders else [loader for loader in script.loaders if ctx.ran("train_loader", loader.stmt)]
@@ -73,7 +76,7 @@ def run(ctx: Context) -> None:
             edits.insert_before(loader.stmt, made.format(sampler=sampler, dataset=dataset, shuffle=shuffle, extra=extra))
             if loader.shuffle_picks:
                 edits.change(loader.stmt, SPLIT_IF_SHUFFLED)
-        elif not sampler:
+        elif not sampler or sampler == HELD:
             continue
         edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
         edits.change(loader.stmt, f"`{loader.name}` reads this process's shard through `{sampler}`")
@@ -128,8 +131,10 @@ def _sample_in_place(ctx: Context, call: cst.Call) -> bool:
     args = N.positional(call)
     data = args[0] if args else N.keyword(call, "dataset")
     stmt = script.statement_line(call)
-    if data is None or stmt is None or N.keyword(call, "sampler"):
+    if data is None or stmt is None:
         return False
+    if N.keyword(call, "sampler") or N.keyword(call, "batch_sampler"):
+        return _held_in_place(ctx, Loader("loader", call, stmt, script.scope_of(call)))
     shuffle = N.keyword(call, "shuffle")
     if N.keyword(call, "batch_sampler") or shuffle is None and any(a.star for a in call.args):
         return False  # a `**kwargs` that may hold the shuffle: the TODO says what to do
@@ -152,12 +157,37 @@ def _sample_in_place(ctx: Context, call: cst.Call) -> bool:
     return True
 
 
-def _sharded(ctx: Context, loader: Loader) -> bool:
-    """Does the loader read through a DistributedSampler already (one `convert --run` gave it)?"""
-    arg = N.keyword(loader.call, "sampler")
-    calls = _bound_calls(ctx, arg.value, loader) if arg is not None else []
-    return any(c is not None and ctx.script.is_call_to(c, D.DISTRIBUTED_SAMPLER) for c in calls)
+def _endless_sampler(ctx: Context, call: cst.Call) -> bool:
+    """Does the loader draw from a sampler of the project's that never ends?"""
+    arg = N.keyword(call, "batch_sampler") or N.keyword(call, "sampler")
+    if arg is None or ctx.script.statement_line(call) is None:
+        return False
+    loader = Loader("loader", call, ctx.script.statement_line(call), ctx.script.scope_of(call))
+    return endless(ctx, chains(ctx, arg.value, loader))
 
+
+def _held_in_place(ctx: Context, loader: Loader) -> bool:
+    """`iter(DataLoader(ds, batch_sampler=Forever(BatchSampler(RandomSampler(ds), 8))))` that
+    `convert --run` saw train: its sampler is sharded where it is made (a TODO where it cannot
+    be), and a pass the run began over the loader reshuffles it."""
+    sampler = _existing_sampler(ctx, loader)
+    if sampler and sampler != HELD:
+        ctx.edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
+        ctx.edits.change(loader.stmt, f"the DataLoader made here (the run saw it train) reads this process's shard through `{sampler}`")
+        held = ".batch_sampler.sampler" if N.keyword(loader.call, "batch_sampler") else ".sampler"
+        for start in _pass_starts_in_run(ctx):
+            next_epoch(ctx, start.stmt, f"{start.loader_expr}{held}", shared=True)
+    return True
+
+
+def _sharded(ctx: Context, loader: Loader) -> bool:
+    """Does the loader read through a DistributedSampler already (one `convert --run` gave it, or
+    one a sampler of the project's holds), or this rank's part of its dataset?"""
+    arg = N.keyword(loader.call, "batch_sampler") or N.keyword(loader.call, "sampler")
+    found = chains(ctx, arg.value, loader) if arg is not None else []
+    if any(c.base is not None and ctx.script.is_call_to(c.base, D.DISTRIBUTED_SAMPLER) for c in found):
+        return True
+    return any(c.own is not None for c in found) and is_rank_part(ctx, loader)
 
 def _pass_starts_in_run(ctx: Context) -> list[PassStart]:
     """Where the run began each pass over the training loader: a `for` over it, or `iter(...)`
@@ -200,46 +230,55 @@ def _iterable(ctx: Context, loader: Loader) -> bool:
 
 
 def _existing_sampler(ctx: Context, loader: Loader) -> str | None:
-    """Turn a RandomSampler/SequentialSampler the loader already uses (directly or inside a
-    BatchSampler) into a DistributedSampler. Returns the sampler's name, "" when a TODO was
-    left instead, or None when the loader has no sampler of its own."""
+    """Turn the RandomSampler/SequentialSampler the loader already draws from (directly, inside a
+    BatchSampler, or held by the project's own sampler classes) into a DistributedSampler.
+    Returns the sampler's name, "" when a TODO was left instead, HELD when the samplers that hold
+    it start each new pass themselves, or None when the loader has no sampler of its own."""
     script, edits = ctx.script, ctx.edits
     call = loader.call
     batch = N.keyword(call, "batch_sampler")
-    if batch is not None:
-        batch_call = _bound_call(ctx, batch.value, loader)
-        args = N.positional(batch_call) if batch_call is not None else []
-        if not args:
-            edits.todo(loader.stmt, call, f"`{loader.name}` uses a custom batch_sampler: shard it by rank")
-            return ""
-        inner = args[0].value
-    else:
-        arg = N.keyword(call, "sampler")
-        if arg is None or N.is_name(arg.value, "None"):
-            return None  # `sampler=None` is no sampler: _take_shuffle puts the new one there
-        inner = arg.value
+    arg = batch if batch is not None else N.keyword(call, "sampler")
+    if arg is None or N.is_name(arg.value, "None"):
+        return None  # `sampler=None` is no sampler: _take_shuffle puts the new one there
+    inner = arg.value
     if batch is None and _fill_placeholder(ctx, loader, inner):
         return ref_of(inner)
     # Every sampler the loader may get: one per branch (`if args.shuffle: sampler = RandomSampler(ds)
     # else: sampler = SequentialSampler(ds)`, or `A if cond else B`); each branch is sharded.
-    sampler_calls = _bound_calls(ctx, inner, loader)
-    known = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER | D.DISTRIBUTED_SAMPLER
+    found = chains(ctx, inner, loader)
     lost = ref_of(inner)
-    if not sampler_calls and lost is not None and not script.names(inner) and not any(lost in b for b in script.bound.values()):
+    if not found and lost is not None and not script.names(inner) and not any(lost in b for b in script.bound.values()):
         # `sampler=train_sampler` with no `train_sampler` left (a partly converted script)
         edits.todo(loader.stmt, call, f"`{lost}` is not defined: make it `DistributedSampler(<dataset>, shuffle=...)` above this loader")
         return lost
-    if not sampler_calls or any(c is None or not script.is_call_to(c, known) for c in sampler_calls):
+    owns = [c.own for c in found if c.own is not None]
+    if len(found) == 1 and owns and rank_part(ctx, loader, owns[0]):
+        return HELD
+    if not found or not any(c.base is not None for c in found) or owns:
         edits.todo(loader.stmt, call, f"`{loader.name}` has a custom sampler: shard it by rank before training on several processes")
         return ""
-    for sampler_call in sampler_calls:
-        if script.is_call_to(sampler_call, D.DISTRIBUTED_SAMPLER):
-            continue  # sharded already
-        source = N.positional(sampler_call) or [N.keyword(sampler_call, "data_source")]
-        dataset = script.module.code_for_node(source[0].value)
-        shuffle = "True" if script.is_call_to(sampler_call, N.RANDOM_SAMPLER) else "False"
-        edits.replace(sampler_call, edits.expression(f"DistributedSampler({dataset}, shuffle={shuffle})"))
-    if ref_of(inner) is not None:
+    for chain in found:
+        if chain.base is None:
+            where = chain.other if chain.other is not None else call
+            edits.todo(script.statement_line(where) or loader.stmt, where, "this sampler is not split between the ranks: shard it by rank")
+        elif not script.is_call_to(chain.base, D.DISTRIBUTED_SAMPLER):
+            source = N.positional(chain.base) or [N.keyword(chain.base, "data_source")]
+            dataset = script.root_of(chain.base).code_for_node(source[0].value)
+            shuffle = "True" if script.is_call_to(chain.base, N.RANDOM_SAMPLER) else "False"
+            made = script.statement_line(chain.base) or loader.stmt
+            extra = "" if ctx.rank0_condition(made) == RANK0 else BEFORE_INIT  # made before the group exists
+            edits.replace(chain.base, edits.expression(f"DistributedSampler({dataset}, shuffle={shuffle}{extra})"))
+    wrappers = list(dict.fromkeys(w for c in found for w in c.wrappers))
+    if wrappers:
+        edits.need_import(N.SAMPLER_MODULE, "DistributedSampler")
+        if not all(advance_in_wrapper(ctx, w) for w in wrappers):
+            edits.todo(loader.stmt, call, f"call set_epoch on the DistributedSampler that `{loader.name}`'s sampler holds at each new pass")
+        return HELD
+    bases = [c.base for c in found if c.base is not None]
+    assign = script.parent(bases[0]) if len(bases) == 1 else None
+    if batch is not None and isinstance(assign, cst.Assign) and ref_of(assign.targets[0].target):
+        return ref_of(assign.targets[0].target)  # `sampler = RandomSampler(ds)`, then `BatchSampler(sampler, 8)`
+    if batch is None and ref_of(inner) is not None:
         return ref_of(inner)
     return f"{loader.name}.batch_sampler.sampler" if batch is not None else f"{loader.name}.sampler"
 
@@ -253,7 +292,7 @@ def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -
     script, ref = ctx.script, ref_of(inner)
     if ref is None:
         return False
-    bindings = _assignments(ctx, ref, loader)
+    bindings = assignments(ctx, ref, loader)
     if not bindings or not all(N.is_name(a.value, "None") for a in bindings):
         return False
     shuffle_arg = N.keyword(loader.call, "shuffle")
@@ -269,7 +308,7 @@ def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -
     if data is None:
         return False
     first = min(script.line(a) for a in bindings)
-    if any(script.line(a) > first for a in _assignments(ctx, data, loader)):
+    if any(script.line(a) > first for a in assignments(ctx, data, loader)):
         return False
     for assign in bindings:
         extra = "" if ctx.rank0_condition(assign) == RANK0 else BEFORE_INIT  # made before the group exists
@@ -277,15 +316,6 @@ def _fill_placeholder(ctx: Context, loader: Loader, inner: cst.BaseExpression) -
         if extra:
             ctx.edits.need_import("os")
     return True
-
-
-def _assignments(ctx: Context, ref: str, loader: Loader) -> list[cst.Assign]:
-    """Every `ref = ...` where the loader's code sees `ref` (its scope; every method for `self.x`)."""
-    script = ctx.script
-    return [
-        a for scope in script.scopes_for(ref, loader.scope) for a in script.assigns.get(scope, [])
-        if ref_of(a.targets[0].target) == ref
-    ]  # fmt: skip
 
 
 def _is_none_test(node: cst.BaseExpression, ref: str) -> bool:
@@ -297,45 +327,6 @@ def _is_none_test(node: cst.BaseExpression, ref: str) -> bool:
         and isinstance(node.comparisons[0].operator, cst.Is)
         and N.is_name(node.comparisons[0].comparator, "None")
     )
-
-
-def _bound_calls(ctx: Context, value: cst.BaseExpression, loader: Loader) -> list[cst.Call | None]:
-    """The calls `value` may be: itself, both sides of `A if cond else B`, or every value
-    assigned to the name it is (one per branch of an if/else); None for one that is no call."""
-    if isinstance(value, cst.IfExp):
-        return _bound_calls(ctx, value.body, loader) + _bound_calls(ctx, value.orelse, loader)
-    if isinstance(value, cst.Call):
-        return [value]
-    ref = ref_of(value)
-    if ref is None:
-        return [None]
-    found: list[cst.Call | None] = []
-    for assign in _assignments(ctx, ref, loader):
-        found += _bound_calls(ctx, assign.value, loader) if isinstance(assign.value, (cst.Call, cst.IfExp)) else [None]
-    return found
-
-
-def _bound_call(ctx: Context, value: cst.BaseExpression, loader: Loader) -> cst.Call | None:
-    """`value` itself if it is a call, else the call last assigned to the name it is."""
-    if isinstance(value, cst.Call):
-        return value
-    ref = ref_of(value)
-    if ref is None:
-        return None
-    script = ctx.script
-    found = None
-    for scope in script.scopes_for(ref, loader.scope):
-        for call in script.calls_in(scope):
-            assign = script.parent(call)
-            if isinstance(assign, cst.Assign) and assign.value is call and ref_of(assign.targets[0].target) == ref:
-                found = call
-    return found
-
-
-
-
-
-
 
 
 def _take_shuffle(ctx: Context, loader: Loader, sampler: str) -> str | None:

@@ -13,6 +13,9 @@ calling the model stay on the wrapper. `model = model.eval()` (or `.train()`, `.
 `.float()`: nn.Module's methods that return the module itself) after the wrap keeps the DDP model,
 and `scorer = model.eval()` names it too (`scorer.latent_dim` -> `scorer.module.latent_dim`);
 bound before the wrap, `scorer` is the plain network and stays as it is.
+With `convert --run`, a save the run saw store a trained model's state_dict (or the model itself)
+where the static view saw none (`torch.save({k: v.state_dict() for k, v in parts.items()}, path)`)
+saves the network inside the wrapper too: `getattr(v, "module", v)`.
 Only what was wrapped gets `.module`: the network a wrapper module keeps (`model =
 LossWrapper(model)`, then DDP around the wrapper) is never wrapped itself.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.script import data_parallel_modules, ref_of
 from ddpify.convert.context import Context
 
@@ -53,6 +57,88 @@ def run(ctx: Context) -> None:
                 edits.replace(args[0].value, edits.expression(plain))
                 edits.change(call, f"saves `{plain}`, not the DDP wrapper")
     _unwrapped_in_saved_containers(ctx)
+    _saved_as_the_run_saw(ctx)
+
+
+def _saved_as_the_run_saw(ctx: Context) -> None:
+    """`convert --run`: a save the run saw store a trained model's state_dict (or the whole model),
+    in code the passes above left as it was: each `x.state_dict()` the saved value holds (itself,
+    or the value its name was last bound to) reads the network inside a DDP wrapper, whichever
+    `x` is at run time, and so does a saved module; what cannot be found gets a TODO."""
+    script, edits, run = ctx.script, ctx.edits, ctx.options.run
+    if run is None or not ctx.wrap_after or not any(s.holds_model for s in run.saves):
+        return
+    for call in script.calls:
+        args = N.positional(call)
+        if not args or not ctx.saved_in_run(call, "model_save"):
+            continue
+        stmt = script.statement_line(call)
+        saved = run.saved_at(script.index.roots.get(script.root_of(call), ""), *ctx.lines_of(call))
+        value, scope = args[0].value, script.scope_of(call)
+        bound = _bound_value(script, value, scope, call)
+        if _edited(edits, value) or _edited(edits, bound) or _unwrapped_by_callers(ctx, scope):
+            continue  # the static view saw it: unwrapped here or by the callers
+        plain = [c for c in script.calls_in(bound) if N.call_name(c) == "state_dict" and _reads_model(N.receiver(c))]
+        plain += _saved_modules(bound, [x for s in saved for x in s.stores if x.kind == "module" and x.trained])
+        for node in plain:
+            target = N.receiver(node) if isinstance(node, cst.Call) else node
+            code = script.root_of(call).code_for_node(target)
+            edits.replace(target, edits.expression(f'getattr({code}, "module", {code})'))
+        what = "; ".join(str(x) for s in saved for x in s.stores if x.kind != "optimizer")
+        if plain:
+            edits.change(call, f"the run saw this save store {what}: it saves the network inside the DDP wrapper (no `module.` keys)")  # fmt: skip
+        else:
+            edits.todo(stmt, call, f"the run saw this save store {what}; save the network inside the DDP wrapper "
+                       "(`model.module`), or its keys start with `module.` and the single-GPU model cannot load them")  # fmt: skip
+
+
+def _bound_value(script, value: cst.BaseExpression, scope, call: cst.Call) -> cst.BaseExpression:
+    """`value`, or what its name was last bound to before `call` in the same scope."""
+    if isinstance(value, cst.Name):
+        bound = [a for a in script.assigns.get(scope, [])
+                 if len(a.targets) == 1 and N.is_name(a.targets[0].target, value.value) and script.ends_before(a, call)]  # fmt: skip
+        return bound[-1].value if bound else value
+    return value
+
+
+def _reads_model(receiver: cst.BaseExpression | None) -> bool:
+    """`x.state_dict()` of what may be a model: a name or attribute, not already `.module`, no
+    optimizer, scheduler or scaler by its name."""
+    if not isinstance(receiver, (cst.Name, cst.Attribute)) or _is_module(receiver):
+        return False
+    name = receiver.value if isinstance(receiver, cst.Name) else receiver.attr.value
+    return not any(word in name.lower() for word in ("opt", "sched", "scaler"))
+
+
+def _saved_modules(value: cst.BaseExpression, modules: list) -> list[cst.BaseExpression]:
+    """The expressions of `value` that the run saw hold a trained module: `value` itself, or the
+    entry of a dict literal under the key it saw."""
+    found = []
+    for stored in modules:
+        if stored.key is None and isinstance(value, (cst.Name, cst.Attribute)):
+            found.append(value)
+        elif stored.key is not None and isinstance(value, cst.Dict):
+            entries = [e for e in value.elements if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)]
+            found += [e.value for e in entries if e.key.evaluated_value == stored.key and isinstance(e.value, (cst.Name, cst.Attribute))]
+    return [v for v in found if not _is_module(v)]
+
+
+def _edited(edits, node: cst.CSTNode) -> bool:
+    """Has a pass rewritten `node` or anything in it?"""
+    return any(n in edits.rewrites for n in iter_nodes(node))
+
+
+def _is_module(node: cst.BaseExpression) -> bool:
+    """`x.module`: the network inside a wrapper already."""
+    return isinstance(node, cst.Attribute) and node.attr.value == "module"
+
+
+def _unwrapped_by_callers(ctx: Context, scope) -> bool:
+    """Is the function holding a save handed `x.module` by a call the passes rewrote?"""
+    if not isinstance(scope, cst.FunctionDef):
+        return False
+    script, rewrites = ctx.script, ctx.edits.rewrites
+    return any(script.local_function(c) is scope and any(a.value in rewrites for a in c.args) for c in script.calls)
 
 
 def _plain(ctx: Context, node: cst.CSTNode, model: str) -> str | None:
@@ -131,10 +217,7 @@ def _unwrapped_in_saved_containers(ctx: Context) -> None:
 def _items(script, value: cst.BaseExpression, scope, call: cst.Call) -> list[cst.BaseExpression]:
     """The values a saved container literal holds: `value`'s own, or those of the literal its
     name was last bound to before `call` in the same scope."""
-    if isinstance(value, cst.Name):
-        bound = [a for a in script.assigns.get(scope, [])
-                 if len(a.targets) == 1 and N.is_name(a.targets[0].target, value.value) and script.ends_before(a, call)]  # fmt: skip
-        value = bound[-1].value if bound else value
+    value = _bound_value(script, value, scope, call)
     if isinstance(value, cst.Dict):
         return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
     if isinstance(value, (cst.List, cst.Tuple, cst.Set)):

@@ -6,7 +6,8 @@
     dist.barrier()  # rank 0 has written this file
     model = torch.load(args.save, map_location=device)
 
-The barrier sits right before the read, which every rank executes.
+The barrier sits right before the read, which every rank executes. With `convert --run`, a call
+the run saw save (`write(state, path)` with `write=torch.save`) writes its second argument too.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def run(ctx: Context) -> None:
     own = PerProcess(script, shared)  # every process writes (and reads back) its own file: no waiting
     for call in script.calls:
         args = N.positional(call)
-        saves = script.is_call_to(call, N.TORCH_SAVE)
+        saves = script.is_call_to(call, N.TORCH_SAVE) or len(args) > 1 and ctx.saved_in_run(call)  # `write(state, path)`
         if saves and len(args) > 1:
             if not _is_handle(args[1].value, handles) and not own.path(args[1].value):
                 written.setdefault(_key(ctx, args[1].value, call), call)
@@ -131,13 +132,15 @@ def _named_in_command(ctx: Context, call: cst.Call, written: dict) -> cst.Call |
 def _path_arg(ctx: Context, call: cst.Call) -> cst.BaseExpression | None:
     """What a save writes to or a load or open reads."""
     args = N.positional(call)
-    return args[1].value if ctx.script.is_call_to(call, N.TORCH_SAVE) and len(args) > 1 else args[0].value if args else None
+    saves = ctx.script.is_call_to(call, N.TORCH_SAVE) or ctx.saved_in_run(call)
+    return args[1].value if saves and len(args) > 1 else args[0].value if args else None
 
 
 def _file_names(ctx: Context, node: cst.BaseExpression | None) -> set[str]:
-    """The file names (`checkpoint.pth`, `best_model.pt`) a path expression spells as literals."""
+    """The file names (`checkpoint.pth`, `best_model.pt`, a template `{}.pkl` formatted with
+    another variable on each side) a path expression spells as literals."""
     names = {text.rsplit("/", 1)[-1] for text in _strings(ctx, node)}
-    return {n for n in names if re.fullmatch(r"[\w.-]+\.(pt|pth|ckpt|pkl|tar|bin|safetensors|npy|npz|json|pickle)", n)}
+    return {n for n in names if re.fullmatch(r"[\w.{}%:-]+\.(pt|pth|ckpt|pkl|tar|bin|safetensors|npy|npz|json|pickle)", n)}
 
 
 def _strings(ctx: Context, node: cst.BaseExpression | None, depth: int = 0) -> set[str]:

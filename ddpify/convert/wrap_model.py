@@ -24,7 +24,7 @@ import libcst as cst
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis.script import AnalysisError, kept_by_objects, mentions, ref_of
-from ddpify.convert.context import Context
+from ddpify.convert.context import LOCAL_RANK_ENV, Context
 from ddpify.convert.unwrapped import send_unwrapped
 from ddpify.convert.wrap_point import branch_points, moved_before, runs_model, statements_up_to, wrap_point
 
@@ -44,6 +44,8 @@ def run(ctx: Context) -> None:
             send_unwrapped(ctx, model, scope)
         else:
             _wrap(ctx, model, scope)
+    for model, scope in ctx.script.sibling_models:  # another trainer's model of the same name
+        _wrap(ctx, model, scope, sibling=True)
     for model, scope in ctx.script.frozen_models.items():
         _send_frozen(ctx, model, scope)
 
@@ -61,18 +63,19 @@ def _send_frozen(ctx: Context, model: str, scope) -> None:
     ctx.edits.change(last, f"`{model}` is frozen (no parameter requires a gradient): not wrapped in DDP, its weights are rank 0's")
 
 
-def _wrap(ctx: Context, model: str, scope) -> None:
+def _wrap(ctx: Context, model: str, scope, sibling: bool = False) -> None:
     script, edits = ctx.script, ctx.edits
     body = list(script.block_of(scope).body)
     wrapped = _existing_wrap(ctx, model, scope)
     if wrapped is not None:
         if wrapped in body:
-            ctx.wrap_after[model] = wrapped
+            _remember_wrap(ctx, model, scope, wrapped, sibling)
         return
     _returned_model(ctx, model, scope, body)
     last = wrap_point(ctx, model, scope, body, into_blocks=True)
     points = branch_points(script, model, last) or [last]  # built and trained in several branches: in each
-    last = ctx.wrap_after[model] = points[0]
+    last = points[0]
+    _remember_wrap(ctx, model, scope, last, sibling)
     synced = any(
         script.is_call_to(c, D.SYNC_BATCHNORM) and c.args and mentions(c.args[0].value, model) for c in script.calls
     )
@@ -89,6 +92,14 @@ def _wrap(ctx: Context, model: str, scope) -> None:
     edits.change(last, f"`{model}` is wrapped in DistributedDataParallel (unwrapped: `{model}.module`)")
 
 
+def _remember_wrap(ctx: Context, model: str, scope, stmt: cst.CSTNode, sibling: bool) -> None:
+    """The statement the wrap follows, for the passes that ask whether code sees the wrapped model."""
+    if sibling:
+        ctx.sibling_wraps[(model, scope)] = stmt
+    else:
+        ctx.wrap_after[model] = stmt
+
+
 def _insert_wrap(ctx: Context, model: str, scope, last: cst.CSTNode) -> None:
     """`model = DDP(model, ...)` right after `last` (and the object that kept the plain model
     before it takes the wrapped one)."""
@@ -96,7 +107,13 @@ def _insert_wrap(ctx: Context, model: str, scope, last: cst.CSTNode) -> None:
     if ctx.gpus_per_process > 1:
         edits.insert_after(last, f"{model} = DDP({model})  # spans several GPUs: no device_ids\n")
     else:
-        index = ctx.local_rank if ctx.local_rank_visible(scope) else f"{ctx.device_type.removesuffix('.type')}.index"
+        if ctx.local_rank_visible(scope):
+            index = ctx.local_rank
+        elif ctx.device_visible(scope):
+            index = f"{ctx.device_type.removesuffix('.type')}.index"
+        else:  # a trainer of its own (another module, or a sibling of the one that sets up)
+            index = LOCAL_RANK_ENV
+            edits.need_import("os")
         wrap = WRAP
         if script.uses_gpu and not moved_before(script, statements_up_to(script, last, scope), model):  # `Trainer(model, ...)` moves it later
             wrap = MOVE_AND_WRAP

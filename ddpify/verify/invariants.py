@@ -87,6 +87,43 @@ def training_passes(trace: dict, loader: int) -> list[dict]:
     return [p for p in trace["passes"] if p["loader"] == loader and p.get("steps")]
 
 
+TORCH_SAMPLERS = {"RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler", "DistributedSampler"}
+
+
+def sampler_rounds(passes: list[dict], length: int | None) -> list[dict]:
+    """Passes of an endless loader (a sampler that starts over inside one iterator) cut into its
+    sampler's rounds of `length` indices (in whole batches: where the first index that comes again
+    on any rank showed a round ends); other passes as they are."""
+    if length is None:
+        return passes
+    out = []
+    for p in passes:
+        if p.get("planned") is not None or len(p["indices"]) <= length:
+            out.append(p)
+            continue
+        rounds = [dict(p, indices=[], sizes=[])]
+        for batch in batches(p):
+            if len(rounds[-1]["indices"]) + len(batch) > length:
+                rounds.append(dict(p, indices=[], sizes=[]))
+            rounds[-1]["indices"] += batch
+            rounds[-1]["sizes"].append(len(batch))
+        out += rounds
+    return out
+
+
+def first_round(p: dict) -> int | None:
+    """How many indices the pass reads before the batch in which one comes again (None: none does,
+    or its sampler is torch's own, which may draw with replacement)."""
+    if p.get("planned") is not None or None in p["indices"] or p.get("sampler") in TORCH_SAMPLERS:
+        return None
+    seen: set = set()
+    for batch in batches(p):
+        if seen & set(batch) or len(set(batch)) < len(batch):
+            return len(seen) or None
+        seen |= set(batch)
+    return None
+
+
 def batches(p: dict) -> list[list]:
     out, at = [], 0
     for size in p.get("sizes", []):
@@ -250,6 +287,8 @@ def sharded(runs: Runs) -> Result:
         return Result(3, NA, "no optimizer step happened while a DataLoader was read")
     info = runs.ddp[0]["loaders"][loader]
     epochs = [training_passes(t, loader) for t in runs.ddp]
+    length = min((n for e in epochs for p in e if (n := first_round(p))), default=None)
+    epochs = [sampler_rounds(e, length) for e in epochs]
     if all(i is None for e in epochs for p in e for i in p["indices"]):
         return Result(3, NA, f"the training data is an iterable dataset ({info['dataset_type']}){_where(info)}: it has no "
                       "indices to shard; how it splits the stream over ranks is its own code")  # fmt: skip

@@ -22,7 +22,9 @@ wraps a few torch entry points to take notes, always calling the original:
 * ``torch.save`` / ``torch.load`` and ``open()``: the files each process writes and reads, with
   the script line and the number of collectives it had passed (a read after the writer's
   barrier is ordered after the write). A state_dict saved is compared with every DDP model's
-  unwrapped module: ``loads_into`` names the one it loads into.
+  unwrapped module: ``loads_into`` names the one it loads into. ``stores`` says what each save
+  held: a trained model's state_dict (with or without ``module.`` keys), a whole module, an
+  optimizer's state, each with the key of the saved dict it sits under.
 * ``torch.optim.Optimizer.__init__`` and a global step post-hook: after every ``optimizer.step()``
   a checksum of that optimizer's parameters (blake2b of their bytes) is appended to
   ``optimizer_steps[<optimizer index>]``; DDP keeps them bitwise identical on every rank.
@@ -34,8 +36,9 @@ wraps a few torch entry points to take notes, always calling the original:
   None when no step had such gradients): a model run with weights passed in (MAML) is not
   wrapped, its gradients are averaged after backward.
 * every module's forward (global hooks): the first training forward of a model whose parameters
-  an optimizer trains, when no DDP model holds them yet (``unwrapped_forwards``, with the
-  optimizers that train those parameters); dropout and
+  an optimizer trains, when no DDP model holds them yet (``unwrapped_forwards``, with the device
+  of its parameters and of that forward's tensors, the optimizers that train those parameters,
+  and ``cuda_available``); dropout and
   batch statistics in training mode and data loading that draws random numbers (``randomness``).
 * ``torch.distributed``: ``init_process_group`` / ``destroy_process_group`` (backend, world
   size, rank), the collectives the script calls, and the ``DistributedDataParallel``
@@ -113,10 +116,12 @@ from torch.utils.data import (
     DistributedSampler,
     RandomSampler,
     SequentialSampler,
+    Subset,
     SubsetRandomSampler,
 )
 
 _original_save, _original_load, _original_open = torch.save, torch.load, builtins.open
+_TRAINED_MODELS: list = []  # the modules of unwrapped_forwards (not in _state, which compiled code reads)
 _HERE = os.path.abspath(__file__)
 _trace: dict = {}
 _optimizers: list = []
@@ -134,6 +139,7 @@ class StopRun(BaseException):
 def _new_trace(label: str | None, script: str, args: list[str], config: dict | None = None) -> None:
     _optimizers.clear()
     _ddp_models.clear()
+    _TRAINED_MODELS.clear()
     _trace.clear()
     _trace.update(
         label=label,
@@ -163,6 +169,7 @@ def _new_trace(label: str | None, script: str, args: list[str], config: dict | N
         hand_averaged=[],
         final_checksums=[],
         unwrapped_forwards=[],
+        cuda_available=None,
         uncovered=[],
         losses=[],
         randomness=[],
@@ -349,11 +356,27 @@ def _iter_init(original):
             where=_user_frame(),
         )
         self._ddpify_pass = record
+        self._ddpify_part = _part_of(loader.dataset, sampler)
         _trace["passes"].append(record)
         original(self, loader, *args, **kwargs)
         _state.pop("rng", None)  # a new pass draws its base seed: the next step starts a new comparison
 
     return __init__
+
+
+def _part_of(dataset, sampler):
+    """A Subset a sampler of the script's own draws from (this rank's part of a dataset): its
+    indices are noted as the whole dataset's, so the ranks' parts compare. None otherwise."""
+    if not isinstance(dataset, Subset) or type(sampler).__module__.startswith("torch."):
+        return None
+    return dataset
+
+
+def _whole_index(part, i):
+    """The index in the whole dataset of item `i` of a (nested) Subset."""
+    while isinstance(part, Subset) and i is not None:
+        i, part = _as_index(part.indices[i]), part.dataset
+    return i
 
 
 def _as_index(i):
@@ -392,11 +415,12 @@ def _next_index(original):
         if record is not None:
             if torch.is_grad_enabled():  # a pass read under no_grad/inference_mode (evaluation mid-epoch) trains nothing
                 _state["current_pass"] = record
+            part = getattr(self, "_ddpify_part", None)
             if isinstance(index, (list, tuple)):
-                record["indices"].extend(_as_index(i) for i in index)
+                record["indices"].extend(_whole_index(part, _as_index(i)) for i in index)
                 record["sizes"].append(len(index))
             else:
-                record["indices"].append(_as_index(index))
+                record["indices"].append(_whole_index(part, _as_index(index)))
                 record["sizes"].append(1)
         return index
 
@@ -518,6 +542,40 @@ def _loads_into(state) -> int | None:
     return None
 
 
+def _stores(obj) -> list[dict]:
+    """What a saved object holds, at its top or under a key of the dict saved: a trained model's
+    state_dict (``model``: its class, ``prefixed``: its keys start with ``module.``), a module
+    (``module``: its class; ``trained``: a model an optimizer trains, or the wrapper around one),
+    an optimizer's state_dict."""
+    items = [(None, obj)] + ([(str(k), v) for k, v in obj.items()] if isinstance(obj, Mapping) else [])
+    found = []
+    for key, value in items:
+        if isinstance(value, torch.nn.Module):
+            plain = getattr(value, "module", value)
+            trained = any(plain is m for m in _TRAINED_MODELS)
+            found.append(dict(kind="module", key=key, module=type(value).__name__, trained=trained))
+        elif isinstance(value, Mapping) and {"state", "param_groups"} <= set(value):
+            found.append(dict(kind="optimizer", key=key))
+        elif isinstance(value, Mapping) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+            model, prefixed = _trained_model_of(value)
+            if model is not None:
+                found.append(dict(kind="state_dict", key=key, model=model, prefixed=prefixed))
+    return found
+
+
+def _trained_model_of(state) -> tuple[str | None, bool]:
+    """The class of the trained model whose state_dict `state` is (same keys and shapes, with or
+    without ``module.`` before each key), and whether its keys have that prefix."""
+    shapes = _shape_map(state)
+    prefixed = bool(shapes) and all(k.startswith("module.") for k in shapes)
+    if prefixed:
+        shapes = {k[len("module."):]: v for k, v in shapes.items()}
+    for model in _TRAINED_MODELS:
+        if _shape_map(model.state_dict()) == shapes:
+            return type(model).__name__, prefixed
+    return None, prefixed
+
+
 def _by_torch() -> bool:
     """Whether torch's own machinery (compile caches, extensions) opens the file, not the script."""
     frame = sys._getframe(3)
@@ -562,6 +620,7 @@ def _save(original):
                 module_prefix=prefixed if state is not None else None,
                 loads_into=_loads_into(state) if state is not None else None,
                 unprefixed_loads_into=_loads_into(stripped) if stripped else None,
+                stores=_stores(obj),
                 where=_user_frame(),
             )
         )
@@ -893,11 +952,37 @@ def _any_forward_pre(module, inputs):
     if not trained:
         _state["seen_modules"].discard(id(module))  # no optimizer trains it (yet)
     elif not trained <= _state["ddp_params"]:
+        _remember_trained(module)
+        if _trace["cuda_available"] is None:
+            _trace["cuda_available"] = torch.cuda.is_available()
         outside = trained - _state["ddp_params"]
         optimizers = [i for i, opt in enumerate(_optimizers) if any(id(p) in outside for p in _optimizer_params(opt))]
         _trace["unwrapped_forwards"].append(
-            dict(module=type(module).__name__, where=_user_frame(), event=_event(), optimizers=optimizers)
-        )
+            dict(module=type(module).__name__, where=_user_frame(), event=_event(), optimizers=optimizers,
+                 device=_device_of(module.parameters()), batch_device=_device_of(_tensors(inputs)))
+        )  # fmt: skip
+
+
+@torch.compiler.disable
+def _remember_trained(module) -> None:
+    """Keep the model for what a later torch.save stores (outside a compiled forward's graph:
+    dynamo must not track the module through the tracer's state)."""
+    _TRAINED_MODELS.append(module)
+
+
+def _tensors(inputs):
+    """The tensors a forward was given: its arguments, and those in a list, tuple or dict among them."""
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple, Mapping)):
+            yield from (v for v in (x.values() if isinstance(x, Mapping) else x) if isinstance(v, torch.Tensor))
+
+
+def _device_of(tensors) -> str | None:
+    """The device the tensors are on ("cpu", "cuda:0"; several joined by "+"), None for none."""
+    devices = sorted({str(t.device) for t in tensors})
+    return "+".join(devices) if devices else None
 
 
 def _any_forward(module, inputs, output):
