@@ -1394,7 +1394,7 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
     return found
 
 
-def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> list[PassStart]:
+def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0, holders: frozenset[str] = frozenset()) -> list[PassStart]:
     """Step-based training over loader `ref`: the statements that start each new pass."""
     found: list[PassStart] = []
     if depth > 3:
@@ -1414,7 +1414,7 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
             fn = script.local_function(call) or script.method_of_object(call)
             param = param_receiving(fn, call, ref) if fn is not None else None
             if N.is_name(call.func, "iter") and call.args and mentions(call.args[0].value, ref):
-                if _drawn_in_training(script, call, where):  # `it = iter(loader)`
+                if _drawn_in_training(script, call, where, holders):  # `it = iter(loader)`
                     stmt = script.statement_line(call) or call
                     found.append(PassStart(stmt, where, ref, _restarts(script, call, where)))
             elif param and script.nodes_in(fn, cst.Yield) and _drawn_in_training(script, call, where):
@@ -1422,8 +1422,10 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
                 found += [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
             elif param and fn in script.training_functions:  # `train(model, loader, max_steps)`
                 found += _pass_starts(script, param, fn, depth + 1)
-        for attr, init in kept_by_objects(script, ref, where):  # `Solver(loader, config)`: `iter(self.loader)`
-            found += [s for s in _pass_starts(script, attr, init, depth + 1) if s not in found]
+        kept = kept_by_objects(script, ref, where)
+        held = _holders(script, ref, where) if kept else frozenset()
+        for attr, init in kept:  # `Solver(loader, config)`: `iter(self.loader)`
+            found += [s for s in _pass_starts(script, attr, init, depth + 1, held) if s not in found]
     return found
 
 
@@ -1453,7 +1455,20 @@ def _ancestors_in(script: Script, node: cst.CSTNode, scope: ScopeNode) -> list[c
     return found
 
 
-def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
+def _holders(script: Script, ref: str, scope: ScopeNode) -> frozenset[str]:
+    """The names bound to the objects that keep `ref` (`fetcher = Prefetcher(loader, device)`):
+    where their methods draw from it is training only where the training loop calls them on these."""
+    found = set()
+    for call in script.calls_in(scope):
+        assign = script.parent(call)
+        cls = script.class_called(call)
+        init = script.methods(cls).get("__init__") if cls is not None else None
+        if init is not None and isinstance(assign, cst.Assign) and assign.value is call and param_receiving(init, call, ref):
+            found.add(ref_of(assign.targets[0].target))
+    return frozenset(n for n in found if n)
+
+
+def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode, holders: frozenset[str] = frozenset()) -> bool:
     """`it = <call>` and `next(it)` inside a loop that calls backward: in `scope`, or, for an
     iterator kept on `self`, in a method that a training loop calls on an object of the class
     (`batch = batch_loader.next()`, an endless-loader class)."""
@@ -1468,23 +1483,30 @@ def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool
                 continue  # an evaluation batch drawn mid-training
             if script.in_training_loop(draw, where):
                 return True
-            if isinstance(where, cst.FunctionDef) and _method_called_in_training(script, where):
+            if isinstance(where, cst.FunctionDef) and _method_called_in_training(script, where, holders):
                 return True
     return False
 
 
-def _method_called_in_training(script: Script, method: cst.FunctionDef) -> bool:
-    """Is `obj.method()` called, on an object of the method's class, in a loop that calls backward?"""
+def _method_called_in_training(script: Script, method: cst.FunctionDef, holders: frozenset[str] = frozenset(), depth: int = 0) -> bool:
+    """Is `obj.method()` called, on an object of the method's class (`holders`: on one of these
+    names, the objects that hold the loader), in a loop that calls backward; or `self.method()`
+    from a method of the class that is (`next()` calling `self.preload()`)?"""
     cls = script.class_of(method)
-    if cls is None:
+    if cls is None or depth > 2:
         return False
-    owners = {name for name, kind in script.objects().items() if kind is cls}
+    owners = holders or {name for name, kind in script.objects().items() if kind is cls}
     for call in script.calls:
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == method.name.value):
             continue
+        caller = script.scope_of(call)
+        if N.is_name(call.func.value, "self") and isinstance(caller, cst.FunctionDef) and script.class_of(caller) is cls:
+            if caller is not method and _method_called_in_training(script, caller, holders, depth + 1):
+                return True
+            continue
         if ref_of(call.func.value) not in owners:
             continue
-        if script.in_training_loop(call, script.scope_of(call)):
+        if script.in_training_loop(call, caller):
             return True
     return False
 
