@@ -1364,7 +1364,7 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
             ref_of(a.targets[0].target) for a in _assignments_in(script, where) if mentions(a.value, ref)
         }
         for loop in _loops_in(script, where):
-            if any(mentions(loop.iter, r) for r in aliases if r) and _has_backward(script, loop.body):
+            if any(mentions(loop.iter, r) for r in aliases - _untrained_picks(script, where, ref, loop) if r) and _has_backward(script, loop.body):
                 outer = script.enclosing_loop(loop, where)
                 if outer is not None and _picks_split(loop, outer):
                     outer = script.enclosing_loop(outer, where)
@@ -1391,6 +1391,31 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
             kept = _epoch_loops(script, attr, init, depth + 1)
             if kept is not None:
                 found = (found or []) + kept
+    return found
+
+
+def _untrained_picks(script: Script, where: ScopeNode, ref: str, loop: cst.For | cst.While) -> set[str]:
+    """Names bound to `ref` by `x = A if test else B` on the side the loop's training steps never
+    see: `data_loader = self.tr_loader if not cross_valid else self.cv_loader`, with every backward
+    of the loop under `if not cross_valid:`, never trains on `self.cv_loader`."""
+    code = script.root_of(loop).code_for_node
+    guards = set()
+    for call in script.calls_in(loop.body):
+        if N.call_name(call) == "backward" and N.receiver(call) is not None:
+            tests = [code(a.test) for a in script.ancestors(call) if isinstance(a, cst.If) and script.inside(a, loop)]
+            guards.add(tuple(tests))
+    if not guards or any(not g for g in guards):
+        return set()
+    found = set()
+    for assign in _assignments_in(script, where):
+        pick = assign.value
+        if not isinstance(pick, cst.IfExp) or ref not in (ref_of(pick.body), ref_of(pick.orelse)):
+            continue
+        test = code(pick.test)
+        negated = test[4:] if test.startswith("not ") else f"not {test}"
+        side = ref_of(pick.body) if all(negated in g for g in guards) else ref_of(pick.orelse) if all(test in g for g in guards) else None
+        if side == ref:
+            found.add(ref_of(assign.targets[0].target))
     return found
 
 
@@ -1587,12 +1612,39 @@ def kept_by_objects(script: Script, ref: str, scope: ScopeNode, rebound: bool = 
         param = param_receiving(init, call, ref) if init is not None and script.scope_of(call) is scope else None
         if param is not None:
             found += _kept_by_init(script, init, param)
+        elif init is not None and script.scope_of(call) is scope:
+            for key, held in _handed_in_dicts(script, init, call, ref, scope):  # `Solver({"train": loader}, ...)`
+                found += _kept_by_init(script, init, held, key=key)
     return found
 
 
-def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int = 0) -> list[tuple[str, cst.FunctionDef]]:
-    """The `self.` attributes a constructor stores its parameter `param` in, its base classes'
-    constructors included (`super().__init__(model, ...)`, pytorch-template's BaseTrainer)."""
+def _handed_in_dicts(script: Script, init: cst.FunctionDef, call: cst.Call, ref: str, scope: ScopeNode) -> list[tuple[str, str]]:
+    """`data = {"tr_loader": tr_loader, ...}; Solver(data, ...)`: (key, parameter) for each dict
+    the call hands the constructor that holds `ref` under a string key."""
+    found = []
+    for arg in call.args:
+        value, name = arg.value, ref_of(arg.value)
+        if name is not None and not isinstance(value, cst.Dict):
+            bound = [a.value for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == name]
+            value = bound[-1] if bound else value
+        if not isinstance(value, cst.Dict):
+            continue
+        param = param_receiving(init, call, name) if name is not None else None
+        if param is None and not arg.keyword and arg in call.args:
+            positional = [p.name.value for p in init.params.params][1:]
+            index = [a for a in call.args if not a.keyword].index(arg)
+            param = positional[index] if index < len(positional) else None
+        for element in value.elements:
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and ref_of(element.value) == ref:
+                if param is not None:
+                    found.append((element.key.evaluated_value, param))
+    return found
+
+
+def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int = 0, key: str | None = None) -> list[tuple[str, cst.FunctionDef]]:
+    """The `self.` attributes a constructor stores its parameter `param` in (`key`: the item of
+    the dict it is, `param["tr_loader"]`), its base classes' constructors included
+    (`super().__init__(model, ...)`, pytorch-template's BaseTrainer)."""
     found = []
     star = init.params.star_kwarg
     kwargs = star.name.value if isinstance(star, cst.Param) and param not in {p.name.value for p in init.params.params} else None
@@ -1600,6 +1652,10 @@ def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int 
     def given(node: cst.CSTNode) -> bool:
         """`param`; or, passed in `**kwargs` (the keyword `model=` of the call), `kwargs["model"]`
         or `kwargs.get("model", ...)`."""
+        if key is not None:
+            return (isinstance(node, cst.Subscript) and N.is_name(node.value, param) and N.is_string(N.sole_index(node), key)) or (
+                N.is_method_call(node, "get") and N.is_name(N.receiver(node), param) and bool(node.args) and N.is_string(node.args[0].value, key)
+            )  # fmt: skip
         if kwargs is None:
             return N.is_name(node, param)
         if isinstance(node, cst.Subscript):
