@@ -92,6 +92,9 @@ def reduced_after(script, loop: cst.CSTNode, name: str) -> cst.Call | None:
         return None
     for stmt in body[body.index(loop) + 1 :]:
         found = reduction_of(script, stmt, name)
+        if found is None and isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock):
+            # `if not scoring: total = all_reduce_sum(total)`: reduced on the pass that trains
+            found = next((f for s in stmt.body.body if (f := reduction_of(script, s, name)) is not None), None)
         if found is not None:
             return found
     return None

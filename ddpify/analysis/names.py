@@ -153,6 +153,8 @@ TRACKER_CLIENTS = spelled({"visdom.Visdom", "comet_ml.Experiment", "aim.Run", "c
                            "neptune.init_run", "tensorboard_logger.Logger"})  # fmt: skip
 MAKEDIRS = frozenset({"os.makedirs"})
 MKDIR = frozenset({"os.mkdir"})
+# Random generators a script makes for itself (`rng = random.Random(seed)`), whose methods draw.
+GENERATOR_MAKERS = spelled({"random.Random", "numpy.random.default_rng", "numpy.random.RandomState", "torch.Generator"})
 RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at random
     {"torch.randint", "torch.randperm", "torch.randn", "torch.rand", "torch.normal", "numpy.random.randn",
      "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",

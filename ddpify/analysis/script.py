@@ -1369,7 +1369,7 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
             ref_of(a.targets[0].target) for a in _assignments_in(script, where) if mentions(a.value, ref)
         }
         for loop in _loops_in(script, where):
-            if any(mentions(loop.iter, r) for r in aliases if r) and _has_backward(script, loop.body):
+            if any(mentions(loop.iter, r) for r in aliases - _untrained_picks(script, where, ref, loop) if r) and _has_backward(script, loop.body):
                 outer = script.enclosing_loop(loop, where)
                 if outer is not None and _picks_split(loop, outer):
                     outer = script.enclosing_loop(outer, where)
@@ -1399,7 +1399,32 @@ def _epoch_loops(script: Script, ref: str, scope: ScopeNode, depth: int) -> list
     return found
 
 
-def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> list[PassStart]:
+def _untrained_picks(script: Script, where: ScopeNode, ref: str, loop: cst.For | cst.While) -> set[str]:
+    """Names bound to `ref` by `x = A if test else B` on the side the loop's training steps never
+    see: `data_loader = self.tr_loader if not cross_valid else self.cv_loader`, with every backward
+    of the loop under `if not cross_valid:`, never trains on `self.cv_loader`."""
+    code = script.root_of(loop).code_for_node
+    guards = set()
+    for call in script.calls_in(loop.body):
+        if N.call_name(call) == "backward" and N.receiver(call) is not None:
+            tests = [code(a.test) for a in script.ancestors(call) if isinstance(a, cst.If) and script.inside(a, loop)]
+            guards.add(tuple(tests))
+    if not guards or any(not g for g in guards):
+        return set()
+    found = set()
+    for assign in _assignments_in(script, where):
+        pick = assign.value
+        if not isinstance(pick, cst.IfExp) or ref not in (ref_of(pick.body), ref_of(pick.orelse)):
+            continue
+        test = code(pick.test)
+        negated = test[4:] if test.startswith("not ") else f"not {test}"
+        side = ref_of(pick.body) if all(negated in g for g in guards) else ref_of(pick.orelse) if all(test in g for g in guards) else None
+        if side == ref:
+            found.add(ref_of(assign.targets[0].target))
+    return found
+
+
+def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0, holders: frozenset[str] = frozenset()) -> list[PassStart]:
     """Step-based training over loader `ref`: the statements that start each new pass."""
     found: list[PassStart] = []
     if depth > 3:
@@ -1419,7 +1444,7 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
             fn = script.local_function(call) or script.method_of_object(call)
             param = param_receiving(fn, call, ref) if fn is not None else None
             if N.is_name(call.func, "iter") and call.args and mentions(call.args[0].value, ref):
-                if _drawn_in_training(script, call, where):  # `it = iter(loader)`
+                if _drawn_in_training(script, call, where, holders):  # `it = iter(loader)`
                     stmt = script.statement_line(call) or call
                     found.append(PassStart(stmt, where, ref, _restarts(script, call, where)))
             elif param and script.nodes_in(fn, cst.Yield) and _drawn_in_training(script, call, where):
@@ -1427,8 +1452,10 @@ def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0) -> 
                 found += [PassStart(loop, fn, param) for loop in _loops_in(script, fn) if mentions(loop.iter, param)]
             elif param and fn in script.training_functions:  # `train(model, loader, max_steps)`
                 found += _pass_starts(script, param, fn, depth + 1)
-        for attr, init in kept_by_objects(script, ref, where):  # `Solver(loader, config)`: `iter(self.loader)`
-            found += [s for s in _pass_starts(script, attr, init, depth + 1) if s not in found]
+        kept = kept_by_objects(script, ref, where)
+        held = _holders(script, ref, where) if kept else frozenset()
+        for attr, init in kept:  # `Solver(loader, config)`: `iter(self.loader)`
+            found += [s for s in _pass_starts(script, attr, init, depth + 1, held) if s not in found]
     return found
 
 
@@ -1458,7 +1485,20 @@ def _ancestors_in(script: Script, node: cst.CSTNode, scope: ScopeNode) -> list[c
     return found
 
 
-def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool:
+def _holders(script: Script, ref: str, scope: ScopeNode) -> frozenset[str]:
+    """The names bound to the objects that keep `ref` (`fetcher = Prefetcher(loader, device)`):
+    where their methods draw from it is training only where the training loop calls them on these."""
+    found = set()
+    for call in script.calls_in(scope):
+        assign = script.parent(call)
+        cls = script.class_called(call)
+        init = script.methods(cls).get("__init__") if cls is not None else None
+        if init is not None and isinstance(assign, cst.Assign) and assign.value is call and param_receiving(init, call, ref):
+            found.add(ref_of(assign.targets[0].target))
+    return frozenset(n for n in found if n)
+
+
+def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode, holders: frozenset[str] = frozenset()) -> bool:
     """`it = <call>` and `next(it)` inside a loop that calls backward: in `scope`, or, for an
     iterator kept on `self`, in a method that a training loop calls on an object of the class
     (`batch = batch_loader.next()`, an endless-loader class)."""
@@ -1473,23 +1513,30 @@ def _drawn_in_training(script: Script, call: cst.Call, scope: ScopeNode) -> bool
                 continue  # an evaluation batch drawn mid-training
             if script.in_training_loop(draw, where):
                 return True
-            if isinstance(where, cst.FunctionDef) and _method_called_in_training(script, where):
+            if isinstance(where, cst.FunctionDef) and _method_called_in_training(script, where, holders):
                 return True
     return False
 
 
-def _method_called_in_training(script: Script, method: cst.FunctionDef) -> bool:
-    """Is `obj.method()` called, on an object of the method's class, in a loop that calls backward?"""
+def _method_called_in_training(script: Script, method: cst.FunctionDef, holders: frozenset[str] = frozenset(), depth: int = 0) -> bool:
+    """Is `obj.method()` called, on an object of the method's class (`holders`: on one of these
+    names, the objects that hold the loader), in a loop that calls backward; or `self.method()`
+    from a method of the class that is (`next()` calling `self.preload()`)?"""
     cls = script.class_of(method)
-    if cls is None:
+    if cls is None or depth > 2:
         return False
-    owners = {name for name, kind in script.objects().items() if kind is cls}
+    owners = holders or {name for name, kind in script.objects().items() if kind is cls}
     for call in script.calls:
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == method.name.value):
             continue
+        caller = script.scope_of(call)
+        if N.is_name(call.func.value, "self") and isinstance(caller, cst.FunctionDef) and script.class_of(caller) is cls:
+            if caller is not method and _method_called_in_training(script, caller, holders, depth + 1):
+                return True
+            continue
         if ref_of(call.func.value) not in owners:
             continue
-        if script.in_training_loop(call, script.scope_of(call)):
+        if script.in_training_loop(call, caller):
             return True
     return False
 
@@ -1570,12 +1617,39 @@ def kept_by_objects(script: Script, ref: str, scope: ScopeNode, rebound: bool = 
         param = param_receiving(init, call, ref) if init is not None and script.scope_of(call) is scope else None
         if param is not None:
             found += _kept_by_init(script, init, param)
+        elif init is not None and script.scope_of(call) is scope:
+            for key, held in _handed_in_dicts(script, init, call, ref, scope):  # `Solver({"train": loader}, ...)`
+                found += _kept_by_init(script, init, held, key=key)
     return found
 
 
-def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int = 0) -> list[tuple[str, cst.FunctionDef]]:
-    """The `self.` attributes a constructor stores its parameter `param` in, its base classes'
-    constructors included (`super().__init__(model, ...)`, pytorch-template's BaseTrainer)."""
+def _handed_in_dicts(script: Script, init: cst.FunctionDef, call: cst.Call, ref: str, scope: ScopeNode) -> list[tuple[str, str]]:
+    """`data = {"tr_loader": tr_loader, ...}; Solver(data, ...)`: (key, parameter) for each dict
+    the call hands the constructor that holds `ref` under a string key."""
+    found = []
+    for arg in call.args:
+        value, name = arg.value, ref_of(arg.value)
+        if name is not None and not isinstance(value, cst.Dict):
+            bound = [a.value for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == name]
+            value = bound[-1] if bound else value
+        if not isinstance(value, cst.Dict):
+            continue
+        param = param_receiving(init, call, name) if name is not None else None
+        if param is None and not arg.keyword and arg in call.args:
+            positional = [p.name.value for p in init.params.params][1:]
+            index = [a for a in call.args if not a.keyword].index(arg)
+            param = positional[index] if index < len(positional) else None
+        for element in value.elements:
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and ref_of(element.value) == ref:
+                if param is not None:
+                    found.append((element.key.evaluated_value, param))
+    return found
+
+
+def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int = 0, key: str | None = None) -> list[tuple[str, cst.FunctionDef]]:
+    """The `self.` attributes a constructor stores its parameter `param` in (`key`: the item of
+    the dict it is, `param["tr_loader"]`), its base classes' constructors included
+    (`super().__init__(model, ...)`, pytorch-template's BaseTrainer)."""
     found = []
     star = init.params.star_kwarg
     kwargs = star.name.value if isinstance(star, cst.Param) and param not in {p.name.value for p in init.params.params} else None
@@ -1583,6 +1657,10 @@ def _kept_by_init(script: Script, init: cst.FunctionDef, param: str, depth: int 
     def given(node: cst.CSTNode) -> bool:
         """`param`; or, passed in `**kwargs` (the keyword `model=` of the call), `kwargs["model"]`
         or `kwargs.get("model", ...)`."""
+        if key is not None:
+            return (isinstance(node, cst.Subscript) and N.is_name(node.value, param) and N.is_string(N.sole_index(node), key)) or (
+                N.is_method_call(node, "get") and N.is_name(N.receiver(node), param) and bool(node.args) and N.is_string(node.args[0].value, key)
+            )  # fmt: skip
         if kwargs is None:
             return N.is_name(node, param)
         if isinstance(node, cst.Subscript):

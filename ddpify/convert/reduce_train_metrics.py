@@ -53,6 +53,26 @@ def run(ctx: Context) -> None:
                 ctx.edits.todo(inner, inner, COLLECTED.format(names=", ".join(f"`{n}`" for n in kept)))
 
 
+def _training_guard(ctx: Context, loop: cst.For) -> str | None:
+    """`feed = self.fit_feed if not scoring else self.score_feed`, then `for ... in feed:` with every
+    backward under `if not scoring:`: the test (`not scoring`) under which the pass trains."""
+    script = ctx.script
+    name = script.module.code_for_node(loop.iter) if isinstance(loop.iter, (cst.Name, cst.Attribute)) else None
+    picks = [a.value for a in script.assigns.get(script.scope_of(loop), []) if script.root_of(a).code_for_node(a.targets[0].target) == name]
+    if name is None or len(picks) != 1 or not isinstance(picks[0], cst.IfExp):
+        return None
+    code = script.root_of(loop).code_for_node
+    test = code(picks[0].test)
+    guards = [
+        {code(a.test) for a in script.ancestors(c) if isinstance(a, cst.If) and script.inside(a, loop)}
+        for c in script.calls_in(loop.body) if N.call_name(c) == "backward"
+    ]  # fmt: skip
+    negated = test[len("not ") :] if test.startswith("not ") else f"not {test}"
+    if not guards:
+        return None
+    return test if all(test in g for g in guards) else negated if all(negated in g for g in guards) else None
+
+
 def _collected(ctx: Context, loop: cst.For) -> list[str]:
     """Lists the pass appends to and meters it updates (`losses.append(...)`, `top1.update(...)`)."""
     found = list(meters(ctx, loop))
@@ -72,7 +92,12 @@ def _reduce(ctx: Context, loop: cst.For, sums: list[str]) -> None:
     average = per_rank_denominator(ctx, loop)
     world = ctx.rank_and_world(loop)[1]
     tail = f" / {world}" if average else ""
-    ctx.edits.insert_after(loop, "".join(f"{name} = all_reduce_sum({name}){tail}\n" for name in sums))
+    reduced = "".join(f"{name} = all_reduce_sum({name}){tail}\n" for name in sums)
+    if (guard := _training_guard(ctx, loop)) is not None:  # the same pass reads a whole held-out loader too
+        reduced = f"if {guard}:  # the pass over the training loader (the other is whole on every rank)\n" + "".join(
+            f"    {line}\n" for line in reduced.splitlines()
+        )
+    ctx.edits.insert_after(loop, reduced)
     how = "averaged" if average else "summed"
     ctx.edits.change(
         loop,

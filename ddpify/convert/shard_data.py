@@ -118,9 +118,15 @@ def _fresh(ctx: Context, name: str, loader: str) -> str:
 
 def _serves_other_loaders(ctx: Context, start: PassStart) -> bool:
     """Is the pass start in a function the script calls from more than one place (a generator
-    that cycles the training and the validation loader alike)?"""
-    fn = start.scope
-    return isinstance(fn, cst.FunctionDef) and sum(ctx.script.local_function(c) is fn for c in ctx.script.calls) > 1
+    that cycles the training and the validation loader alike), or in a method of a class it makes
+    more than one object of?"""
+    fn, script = start.scope, ctx.script
+    if not isinstance(fn, cst.FunctionDef):
+        return False
+    cls = script.class_of(fn)
+    if cls is not None and sum(script.class_called(c) is cls for c in script.calls) > 1:
+        return True  # a method of a class the script makes several of (a prefetcher per loader)
+    return sum(script.local_function(c) is fn for c in script.calls) > 1
 
 
 def _sample_in_place(ctx: Context, call: cst.Call) -> bool:

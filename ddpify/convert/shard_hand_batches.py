@@ -241,7 +241,18 @@ def _random_draws(ctx: Context, loop: cst.For) -> bool:
         fn = script.local_function(call)
         if fn is not None:
             calls += script.calls_in(fn)
-    return any(_draws(script, c) for c in calls)
+    return any(_draws(script, c) for c in calls) or bool(_generators_drawn(script, calls))
+
+
+def _generators_drawn(script, calls: list[cst.Call]) -> list[cst.Call]:
+    """The script's own generators (`rng = random.Random(0)`) whose methods the calls draw from
+    (`rng.sample(memory, 32)`): the calls that make them."""
+    made = {
+        ref_of(a.targets[0].target): a.value for assigns in script.assigns.values() for a in assigns
+        if isinstance(a.value, cst.Call) and script.is_call_to(a.value, N.GENERATOR_MAKERS)
+    }  # fmt: skip
+    used = {ref_of(c.func.value) for c in calls if isinstance(c.func, cst.Attribute)} & set(made)
+    return [made[name] for name in sorted(used)]
 
 
 def _draws(script, call: cst.Call) -> bool:
@@ -270,6 +281,9 @@ def _seed_by_rank(ctx: Context, loop: cst.For) -> None:
                 edits.change(start, f"{names}: made at random without a seed, rank 0's copy is used on every rank")
             edits.insert_before(start, SEED_BEFORE_TRAINING.format(rank=rank))
             edits.change(loop, "batches are drawn at random: torch is seeded with its seed + rank before training")
+    for made in _generators_drawn(script, calls):
+        if len(made.args) == 1 and not made.args[0].keyword and not D.reads_rank(script, made):
+            offset_by_rank(ctx, made, "the generator's seed is offset by the rank: each process draws its own random batches")
     for call in script.calls:
         seeds_module = {name.split(".")[0] for name in script.names(call.func) & N.SEEDS} - {"torch"}
         if not seeds_module & draws or len(call.args) != 1 or call in seeded_by_rank:

@@ -58,7 +58,13 @@ def run(ctx: Context) -> None:
         elif script.is_call_to(call, N.TORCH_LOAD) and args and not _is_handle(args[0].value, handles):
             reads.append((_key(ctx, args[0].value, call), call))
         elif script.is_call_to(call, N.COMMANDS):
-            reads.append((None, call))
+            if _redirects(ctx, call) and (stmt := _statement(script, call)) is not None:
+                if not D.guarded_by_rank(script, call):
+                    _run_on_rank0(ctx, stmt, call)  # rank 0 runs it after writing its inputs: nothing to wait for
+                for name in _redirects(ctx, call):
+                    written.setdefault(("command", name), call)
+            elif not D.guarded_by_rank(script, call):
+                reads.append((None, call))
     waited = set()  # statements that read after a barrier
     for path, call in reads:
         first_write, anywhere = _writer_of(ctx, path, call, written)
@@ -71,8 +77,9 @@ def run(ctx: Context) -> None:
             continue
         waited.add(stmt)
         previous = D.sibling(script, stmt, -1)
-        if previous in waited or isinstance(previous, (cst.SimpleStatementLine, cst.If)) and D.barrier_in(script, previous):
-            continue  # every rank waits there already (or right before the read above)
+        waits = isinstance(previous, (cst.SimpleStatementLine, cst.If, cst.Try)) and D.barrier_in(script, previous)
+        if (previous in waited or waits) and not (previous is not None and script.inside(first_write, previous)):
+            continue  # every rank waits there already (or right before the read above), after the write
         edits.insert_before(stmt, BARRIER if ctx.rank0_condition(stmt) == RANK0 else GUARDED_BARRIER)
         edits.change(call, "every rank reads this file after rank 0 wrote it (barrier)")
     for name, stmt in shared.items():
@@ -88,6 +95,8 @@ def _writer_of(ctx: Context, path: tuple | None, call: cst.Call, written: dict) 
     if path is not None and (writer := _written_in_run(ctx, call, written)) is not None:
         return writer, True
     writer = _same_file_name(ctx, call, written) if path is not None else _named_in_command(ctx, call, written)
+    if writer is None and path is not None:
+        writer = _written_by_command(ctx, call, written)
     return writer, writer is not None and ctx.script.scope_of(writer) is not ctx.script.scope_of(call)
 
 
@@ -115,6 +124,26 @@ def _same_file_name(ctx: Context, call: cst.Call, written: dict) -> cst.Call | N
     if not names:
         return None
     return next((w for w in written.values() if names & _file_names(ctx, _path_arg(ctx, w))), None)
+
+
+def _written_by_command(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
+    """A command whose shell redirection writes the file the read opens (`... > eval/result.txt`,
+    then `open(os.path.join(EVAL_DIR, "result.txt"))`)."""
+    names = {text.rsplit("/", 1)[-1] for text in _strings(ctx, _path_arg(ctx, call))}
+    return next((w for key, w in written.items() if key[0] == "command" and key[1] in names), None)
+
+
+def _redirects(ctx: Context, call: cst.Call) -> set[str]:
+    """The file names a command's shell redirection writes (`perl score.pl ... > {0}/result.txt`)."""
+    texts = {text for arg in call.args for text in _strings(ctx, arg.value)}
+    return {w.rsplit("/", 1)[-1] for text in texts for w in re.findall(r">>?\s*([\w./{}-]+\.\w+)", text)}
+
+
+def _run_on_rank0(ctx: Context, stmt: cst.CSTNode, call: cst.Call) -> None:
+    """A command that writes a file through its shell runs once: every rank would truncate and
+    rewrite the same file while the others read it."""
+    ctx.edits.guard(stmt, ctx.rank0_condition(stmt))
+    ctx.edits.change(call, "the command writes its output file: it runs on rank 0 only, the others read that file after a barrier")
 
 
 def _named_in_command(ctx: Context, call: cst.Call, written: dict) -> cst.Call | None:
