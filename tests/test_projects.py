@@ -369,7 +369,7 @@ def test_check_follows_the_project(tmp_path):
     assert both.returncode == 1, both.stdout + both.stderr
     findings = [line for line in both.stdout.splitlines() if "DDP116" in line]
     assert findings == [
-        "train.py:9:5: DDP116 collective inside a rank-0-only branch hangs the other ranks; call it on every rank,"
+        "train.py:9:5: DDP116 collective inside a branch only some ranks take (rank 0 only, or a test of the rank) hangs the other ranks; call it on every rank,"
         " outside the branch (the call leads to `dist.all_reduce(t)` in utils.py:5)"
     ]
     alone = ddpify("check", "utils.py", "--select", "DDP116", cwd=tmp_path)

@@ -36,6 +36,7 @@ class RankAnalysis:
         self._resolving: set[str] = set()  # flag names being resolved (a flag bound from itself)
         self._reads_rank: dict[cst.CSTNode, bool] = {}
         self._rank_names: Optional[set[str]] = None
+        self._per_rank_names: Optional[set[tuple[Optional[Func], str]]] = None
 
     def is_rank_expr(self, e: cst.BaseExpression) -> bool:
         """``rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])``, ``args.rank % ngpus``..."""
@@ -72,6 +73,52 @@ class RankAnalysis:
                     if info is not None and info.qnames & N.RANK_CALLS:
                         self._rank_names.add(b.dotted)
         return name in self._rank_names
+
+    def per_rank(self, expr: cst.BaseExpression, func: Optional[Func] = None) -> bool:
+        """Does this value differ by rank: it reads the rank, the local rank or the process
+        (``f"[rank {rank}]"``, ``os.getpid()``), or a name bound to such a value, however
+        far back (``device = torch.device(f"cuda:{local_rank}")``, ``out = f"run/{device}"``)?
+        `func` is the function whose local names `expr` reads."""
+        if RANK_TEXT.search(self.index.code(expr)):
+            return True
+        names = self.per_rank_names
+        return any((func, n) in names or (None, n) in names for n in _dotted_names_in(expr))
+
+    @property
+    def per_rank_names(self) -> set[tuple[Optional[Func], str]]:
+        """(function, name) pairs bound to a per-rank identifier (a string, number, path or
+        device built from the rank); module names and attribute chains (``self.device``,
+        ``args.gpu``) with function None. Found once, to a fixed point. A model moved to a
+        per-rank device is not one: its contents are the same on every rank."""
+        if self._per_rank_names is None:
+            found: set[tuple[Optional[Func], str]] = set()
+            pending = [b for b in self.index.assignments if _identifier_like(b.value) or self._local_call(b.value)]
+            returns = [r for r in iter_nodes(self.index.module) if isinstance(r, cst.Return) and r.value is not None]
+            for _ in range(6):
+                more = set()
+                per_rank = lambda e, f: RANK_TEXT.search(self.index.code(e)) or any(  # noqa: E731
+                    (f, n) in found or (None, n) in found for n in _dotted_names_in(e)
+                )
+                giving = {f for r in returns if (f := self.index.enclosing_func(r)) is not None and per_rank(r.value, f)}
+                for b in pending:
+                    key = (None if b.func is None or "." in b.dotted else b.func, b.dotted)
+                    if key in found:
+                        continue
+                    callees = self._local_call(b.value)
+                    if callees and any(f in giving for f in callees) or (
+                        not callees and (RANK_TEXT.search(b.dotted) or per_rank(b.value, b.func))
+                    ):
+                        more.add(key)
+                if not more:
+                    break
+                found |= more
+            self._per_rank_names = found
+        return self._per_rank_names
+
+    def _local_call(self, value: cst.CSTNode) -> list[Func]:
+        """The file's functions a call runs (``device = start_group()``), if it is one."""
+        info = self.index.call_info.get(value) if isinstance(value, cst.Call) else None
+        return self.index.local_callees(info) if info is not None else []
 
     def _is_single_process(self, e: cst.BaseExpression) -> bool:
         """Operands of ``or`` that are false whenever several processes run."""
@@ -243,33 +290,56 @@ class RankAnalysis:
 
 def mentions_rank(index: FileIndex, call: cst.Call) -> bool:
     """Output tagged with the rank or the process (``print(f"[rank {rank}] ...")``,
-    ``print(os.getpid(), ...)``) is per-rank on purpose; so is a name the same function binds
-    to such a value (``path = f"queue{rank}.pth"; torch.save(q, path)``)."""
+    ``print(os.getpid(), ...)``), or naming a per-rank value (``print(f"on {device}")`` with
+    ``device`` built from the local rank; ``path = f"queue{rank}.pth"; torch.save(q, path)``),
+    is per-rank on purpose."""
     ranks = rank_analysis(index)
-
-    def tagged(expr: cst.BaseExpression) -> bool:
-        if RANK_TEXT.search(index.code(expr)):
-            return True
-        return any(ranks._bound_to_rank(n.value) for n in _names_in(expr))  # `me = dist.get_rank()`
-
-    if any(tagged(a.value) for a in call.args):
-        return True
-    names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
-    if not names:
-        return False
     func = index.enclosing_func(call)
-    return any(b.dotted in names and b.func is func and tagged(b.value) for b in index.assignments)
+    if any(ranks.per_rank(a.value, func) for a in call.args):
+        return True
+    names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}  # `own = FileHandler(f"{rank}.log")`
+    return bool(names) and any(
+        b.dotted in names and b.func is func and RANK_TEXT.search(index.code(b.value)) for b in index.assignments
+    )
 
 
-def _names_in(expr: cst.BaseExpression) -> list[cst.Name]:
-    found: list[cst.Name] = []
+def _dotted_names_in(expr: cst.BaseExpression) -> set[str]:
+    """The names and attribute chains whose values an expression uses (``device`` in
+    ``f"on {device}"`` or ``str(device)``), not the receivers of its calls (``model`` in
+    ``model.module.state_dict()``)."""
+    found: set[str] = set()
 
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            found.append(node)
+    def walk(node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            name = dotted_name(node)
+            if name:
+                found.add(name)
+                return
+        for child in node.children:
+            if isinstance(node, cst.Call) and child is node.func:
+                continue
+            walk(child)
 
-    expr.visit(_Names())
+    walk(expr)
     return found
+
+
+_IDENTIFIER_CALLS = frozenset({
+    "device", "str", "int", "format", "join", "Path", "get", "getenv", "get_rank", "get_local_rank",
+    "get_node_local_rank", "getpid", "abspath", "expanduser", "current_device",
+})  # fmt: skip
+
+
+def _identifier_like(value: cst.CSTNode) -> bool:
+    """A value that names something (a string, number, path, device), not an object with contents."""
+    if isinstance(value, cst.IfExp):
+        return _identifier_like(value.body) and _identifier_like(value.orelse)
+    if isinstance(value, cst.Call):
+        return last_name(value.func) in _IDENTIFIER_CALLS
+    return isinstance(
+        value, (cst.BaseString, cst.BinaryOperation, cst.Name, cst.Attribute, cst.Subscript, cst.Integer, cst.Comparison,
+                cst.BooleanOperation, cst.UnaryOperation),
+    )  # fmt: skip
 
 
 def rank_analysis(index: FileIndex) -> RankAnalysis:

@@ -76,29 +76,6 @@ def writes_named_file(name: str, args: list[str]) -> bool:
     return bool(words & N.WRITER_WORDS) and not words & N.READER_WORDS and any(_OUTPUT_FILE.search(a) for a in args)
 
 
-_EXITS = ("exit", "_exit", "abort", "quit")
-
-
-def before_exit(ancestors) -> bool:
-    """Is a call (given its ancestors, innermost first) in a block that ends by leaving the
-    program (`exit(1)`, `sys.exit(...)`, `raise ...`)? Then a print there is an error report:
-    each failing rank says why, and it stays on every rank."""
-    block = next((a for a in ancestors if isinstance(a, cst.IndentedBlock)), None)
-    if block is None or not block.body:
-        return False
-    last = block.body[-1]
-    if not isinstance(last, cst.SimpleStatementLine) or not last.body:
-        return False
-    last = last.body[-1]
-    if isinstance(last, cst.Raise):
-        return True
-    if isinstance(last, cst.Expr) and isinstance(last.value, cst.Call):
-        func = last.value.func
-        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        return name in _EXITS
-    return False
-
-
 def receiver_root(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
     """The name a receiver chain starts from: `Image` in `Image.fromarray(a).convert("L")`."""
     while node is not None and not isinstance(node, cst.Name):

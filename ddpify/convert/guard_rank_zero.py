@@ -16,6 +16,7 @@ import libcst as cst
 from ddpify.analysis import distributed as D
 from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
+from ddpify.analysis.flow import flow
 from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.multinode import cache_test, written_and_read_back
 from ddpify.analysis.rank0_objects import RANK0_WRITERS, rank0_objects, rank0_uses
@@ -56,7 +57,7 @@ def run(ctx: Context) -> None:
             continue  # no side effect to guard (the cheap tests first: most calls stop here), or a collective save
         if script.scope_of(call) in eval_helpers or D.guarded_by_rank(script, call):
             continue  # runs on rank 0 only already
-        if script.is_call_to(call, N.PRINT) and side_effects.before_exit(script.ancestors(call)):
+        if script.is_call_to(call, N.PRINT) and flow(script.index).on_exit_path(call, returns=False):
             continue  # an error report right before the process gives up: each failing rank says why
         if own.in_pipeline(call):
             continue  # a Dataset method, collate_fn or worker_init_fn: runs per sample on every rank

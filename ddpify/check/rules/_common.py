@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 
 import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.analysis import rank
+from ddpify.analysis.flow import flow
 from ddpify.check.context import FileContext, dotted_name, last_name
 
 
@@ -22,22 +22,10 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
     return not ctx.in_rank0(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
 
 
-_DISTRIBUTED_TEST = re.compile(r"(distributed|\bddp\b|is_initialized|world_size\s*>\s*1|\bis_dist)", re.IGNORECASE)
-
-
 def single_process_branch(ctx: FileContext, node: cst.CSTNode) -> bool:
-    """Is `node` in the branch of `if args.distributed:` (`if ddp:`, `if dist.is_initialized():`,
-    `if world_size > 1:`) that runs without a group: its `else`, or the body of `if not ...`?"""
-    child = node
-    for p in ctx.ancestors(node):
-        if isinstance(p, cst.If) and _DISTRIBUTED_TEST.search(ctx.code(p.test)):
-            negated = isinstance(p.test, cst.UnaryOperation) and isinstance(p.test.operator, cst.Not)
-            if (child is p.orelse) != negated:
-                return True
-        if isinstance(p, (cst.FunctionDef, cst.ClassDef)):
-            return False
-        child = p
-    return False
+    """Is `node` in a branch that runs without a process group (`else` of `if args.distributed:`,
+    after `assert not dist.is_initialized()`, a flag the script asserts off under DDP)?"""
+    return flow(ctx.index).single_process(node)
 
 
 def iterated_name(for_node: cst.For) -> str | None:
@@ -80,10 +68,9 @@ def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
             break
     if func is not None and (ctx.step_function(func) or func in funcs_with_step_loops(ctx)):
         return True
-    line, root = ctx.line(node), ctx.index.root_of(node)
-    owner = ctx.enclosing_func(node)
+    root, owner, paths = ctx.index.root_of(node), ctx.enclosing_func(node), flow(ctx.index)
     if any(
-        c.func is owner and ctx.index.root_of(c.node) is root and ctx.line(c.node) < line and starts_group(ctx, c)
+        c.func is owner and ctx.index.root_of(c.node) is root and starts_group(ctx, c) and paths.reaches(c.node, node)
         for c in ctx.calls
     ):
         return True
@@ -145,18 +132,14 @@ def exclusive(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
 
 
 def may_precede(ctx: FileContext, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    """Can `a` run before `b` in one pass through their function (same function, earlier in the
-    source, not in the other branch of an `if`)? Loops running again are not considered."""
-    return ctx.enclosing_func(a) is ctx.enclosing_func(b) and before(ctx, a, b) and not exclusive(ctx, a, b)
+    """Can `a` run before `b` in one pass through their function (same function, earlier, not in
+    the other branch of an `if`, no `return`/`raise`/`break`/`sys.exit()` between)?"""
+    return flow(ctx.index).reaches(a, b)
 
 
 def dominates(ctx: FileContext, stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
-    """Does `stmt` run on every path to `node` in their function: earlier, in a block that
-    holds `node` too (not in a branch of its own)?"""
-    if not may_precede(ctx, stmt, node):
-        return False
-    block = next((p for p in ctx.ancestors(stmt) if isinstance(p, (cst.IndentedBlock, cst.Module))), None)
-    return block is not None and any(p is block for p in ctx.ancestors(node))
+    """Does `stmt` run on every path to `node` in their function?"""
+    return flow(ctx.index).dominates(stmt, node)
 
 
 def library_code(ctx: FileContext, node: cst.CSTNode, setup_helper: bool = False) -> bool:

@@ -1,16 +1,21 @@
 import libcst as cst
 
+from ddpify.analysis.flow import flow
+from ddpify.analysis.index import iter_nodes
 from ddpify.check.context import COLLECTIVES
 from ddpify.check.rule import Invalid, Report, Rule
 
 
 class CollectiveInRankZeroBranch(Rule):
-    """Collective call that only rank 0 reaches.
+    """Collective call that only rank 0 (or only some ranks) reaches.
 
     ## What it does
     Flags `barrier`, `all_reduce`, `broadcast`, `all_gather`, ... inside a rank-0-only branch
     (`if rank == 0:`, `if dist.get_rank() == 0:`, `if is_main_process():`, after
-    `if rank != 0: return`), including in functions that are only called from such branches.
+    `if rank != 0: return`), including in functions that are only called from such branches,
+    and in a branch of any test of a per-rank value (`if rank % 2 == 0:`, `if device.index < 2:`)
+    whose other branch calls no collective. Tests of the run's mode (`if local_rank != -1:`,
+    `if args.distributed:`) are the same on every rank and are not flagged.
 
     ## Why is this bad?
     A collective completes only when every rank calls it. Rank 0 waits forever for the
@@ -40,7 +45,7 @@ class CollectiveInRankZeroBranch(Rule):
     CODE = "DDP116"
     FOLLOWS_CALLS = True
     NAME = "collective-in-rank-zero-branch"
-    MESSAGE = "collective inside a rank-0-only branch hangs the other ranks; call it on every rank, outside the branch"
+    MESSAGE = "collective inside a branch only some ranks take (rank 0 only, or a test of the rank) hangs the other ranks; call it on every rank, outside the branch"
     VALID = [
         "import torch.distributed as dist\ndist.all_reduce(t)\nif dist.get_rank() == 0:\n    print(t)\n",
         "import torch.distributed as dist\nif dist.get_rank() != 0:\n    dist.barrier()\nprepare()\n"
@@ -50,13 +55,35 @@ class CollectiveInRankZeroBranch(Rule):
         Invalid("import torch.distributed as dist\nif dist.get_rank() == 0:\n    dist.barrier()\n"),
         Invalid("import torch.distributed as dist\ndef report(t):\n    dist.all_reduce(t)\n"
                 "if args.local_rank in (-1, 0):\n    report(t)\n"),
+        Invalid("import torch.distributed as dist\nrank = dist.get_rank()\nif rank % 2 == 0:\n    dist.all_reduce(t)\n"),
     ]
 
     def check(self, ctx):
         collectives = ctx.calls_to(*COLLECTIVES)
         for ci in collectives:
-            if ci.name not in ("destroy_process_group",) and ctx.in_rank0(ci.node) and not _paired(ctx, ci, collectives):
+            if ci.name in ("destroy_process_group",):
+                continue
+            if ctx.in_rank0(ci.node) and not _paired(ctx, ci, collectives) or _in_rank_split(ctx, ci, collectives):
                 yield Report(ci.node)
+
+
+def _in_rank_split(ctx, ci, collectives) -> bool:
+    """In one branch of a test of a per-rank value (not of the run's mode) whose other branch
+    calls no collective: the ranks that take the other branch never join."""
+    ranks, modes = ctx._rank, flow(ctx.index)
+    child = ci.node
+    for p in ctx.ancestors(ci.node):
+        if isinstance(p, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(p, cst.If) and child in (p.body, p.orelse):
+            if ranks.per_rank(p.test, ctx.enclosing_func(p)) and not modes.mode_test(p.test):
+                other = p.orelse if child is p.body else p.body
+                inside = set(iter_nodes(p))
+                if ci.name == "barrier" and any(o.name == "barrier" and o.func is ci.func and o.node not in inside for o in collectives):
+                    return False  # "rank 0 first": the others wait at a barrier of their own
+                return other is None or not any(o.node in set(iter_nodes(other)) for o in collectives)
+        child = p
+    return False
 
 
 def _paired(ctx, ci, collectives) -> bool:

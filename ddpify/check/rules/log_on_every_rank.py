@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis.flow import flow
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
 
@@ -77,6 +78,8 @@ class LogOnEveryRank(Rule):
                 continue
             if not (ci.is_("logging.info", "logging.debug") or ctx.code(ci.receiver) in loggers):
                 continue
+            if flow(ctx.index).on_exit_path(ci.node):
+                continue  # a message on the way out (an error, nothing to do): each rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
 

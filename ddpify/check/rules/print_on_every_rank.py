@@ -1,4 +1,4 @@
-from ddpify.analysis.side_effects import before_exit
+from ddpify.analysis.flow import flow
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
 
@@ -57,8 +57,8 @@ class PrintOnEveryRank(Rule):
         for ci in ctx.calls_to("builtins.print"):
             if _to_own_file(ci.node) or any(a.keyword is not None and a.keyword.value == "force" for a in ci.node.args):
                 continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's); `force=True`: on purpose
-            if before_exit(ctx.ancestors(ci.node)):
-                continue  # an error message right before the process gives up: each failing rank says why
+            if flow(ctx.index).on_exit_path(ci.node):
+                continue  # an error or no-work message right before the function gives up: each rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
 

@@ -1,0 +1,293 @@
+"""Control flow inside one function, resolved once per file: where a path ends (``return``,
+``raise``, ``sys.exit()``, ``break``, ``continue``), which statement can run after which, and
+which branches run without a process group (``if not dist.is_initialized():``, ``if
+world_size > 1:``'s ``else``, after ``assert not args.distributed``, a flag the script asserts
+off under DDP). Loops running again are not considered: "after" is one pass through the code."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes
+
+FUNCTION, LOOP = "function", "loop"  # how far an ending statement sends control
+_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort", "builtins.exit", "builtins.quit"})
+_SEQUENCES = (cst.Module, cst.IndentedBlock, cst.SimpleStatementSuite, cst.SimpleStatementLine)
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+DISTRIBUTED_TEST = re.compile(
+    r"(distributed|\bddp\b|is_initialized|world_size\s*>\s*1|\bis_dist|num_gpus\s*>\s*1|\bworld_size\s*!=\s*1)",
+    re.IGNORECASE,
+)
+_SINGLE_TEST = re.compile(r"(world_size\s*(==|<=)\s*1|local_rank\s*==\s*-1|\brank\s*==\s*-1)", re.IGNORECASE)
+
+
+class Flow:
+    """Path ends, reach and distributed/single-process branches over one file's index."""
+
+    def __init__(self, index: FileIndex) -> None:
+        self.index = index
+        self._ends: dict[cst.CSTNode, Optional[str]] = {}
+        self._off_flags: Optional[frozenset[str]] = None
+
+    # where paths end ------------------------------------------------------------------------------
+    def ends(self, stmt: cst.CSTNode) -> Optional[str]:
+        """``FUNCTION`` when running `stmt` always leaves its function (return, raise, exit),
+        ``LOOP`` when it always leaves the loop's pass (break, continue), else None."""
+        if stmt not in self._ends:
+            self._ends[stmt] = None  # a statement never ends through itself
+            self._ends[stmt] = self._compute_end(stmt)
+        return self._ends[stmt]
+
+    def _compute_end(self, stmt: cst.CSTNode) -> Optional[str]:
+        if isinstance(stmt, (cst.Return, cst.Raise)):
+            return FUNCTION
+        if isinstance(stmt, (cst.Break, cst.Continue)):
+            return LOOP
+        if isinstance(stmt, cst.Expr) and isinstance(stmt.value, cst.Call):
+            return FUNCTION if self.index.qnames(stmt.value.func) & _EXITS or dotted_name(stmt.value.func) in _EXITS else None
+        if isinstance(stmt, cst.Assert):
+            return FUNCTION if isinstance(stmt.test, cst.Name) and stmt.test.value == "False" else None
+        if isinstance(stmt, _SEQUENCES) or isinstance(stmt, cst.Else):
+            return self.block_ends(stmt)
+        if isinstance(stmt, cst.With):
+            return self.block_ends(stmt.body)
+        if isinstance(stmt, cst.If):
+            if stmt.orelse is None:
+                return None
+            return _weakest(self.block_ends(stmt.body), self.ends(stmt.orelse))
+        if isinstance(stmt, cst.Try):
+            if stmt.finalbody is not None and self.block_ends(stmt.finalbody.body):
+                return self.block_ends(stmt.finalbody.body)
+            main = self.block_ends(stmt.orelse.body) if stmt.orelse is not None else None
+            main = _weakest(self.block_ends(stmt.body), main) if main else self.block_ends(stmt.body)
+            for handler in stmt.handlers:
+                main = _weakest(main, self.block_ends(handler.body))
+            return main
+        return None
+
+    def block_ends(self, block: cst.CSTNode) -> Optional[str]:
+        """The end of the first statement of a block (or an `else`) that always ends."""
+        if isinstance(block, cst.Else):
+            block = block.body
+        elif isinstance(block, cst.If):  # `elif`
+            return self.ends(block)
+        for stmt in getattr(block, "body", ()):
+            end = self.ends(stmt)
+            if end:
+                return end
+        return None
+
+    def on_exit_path(self, node: cst.CSTNode, returns: bool = True) -> bool:
+        """Is `node` in a branch that then leaves its function: an error or no-work path
+        (`if not files: print("nothing to do"); return`, `except E: print(e); sys.exit(1)`)?
+        With `returns=False` only a `raise` or an exit counts."""
+        child = node
+        for p in self.index.ancestors(node):
+            if isinstance(p, _SCOPES):
+                return False
+            if isinstance(p, cst.IndentedBlock) and not isinstance(child, cst.BaseSuite):
+                owner = self.index.parent(p)
+                if not isinstance(owner, (cst.If, cst.Else, cst.ExceptHandler, cst.FunctionDef)):
+                    return False
+                returns = returns and not isinstance(owner, cst.FunctionDef)  # a function's own `return` is its end, not a way out
+                body = list(p.body)
+                for stmt in body[body.index(child) :] if child in body else ():
+                    end = self.ends(stmt)
+                    if end == LOOP:
+                        return False
+                    if end == FUNCTION:
+                        return returns or not any(isinstance(n, cst.Return) for n in iter_nodes(stmt))
+                return False
+            child = p
+        return False
+
+    # reach ----------------------------------------------------------------------------------------
+    def reaches(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        """Can `b` run after `a` in one pass through their function: same function, later in the
+        source, not in the other branch of an `if`, and no statement between them that always
+        leaves (a `return` after `a` in its branch, a `raise`, `sys.exit()`, a `break` out of the
+        loop `b` is in)?"""
+        index = self.index
+        if index.enclosing_func(a) is not index.enclosing_func(b) or a is b:
+            return False
+        start = index.source_order()[0]
+        if start[a] >= start[b] or index.exclusive(a, b):
+            return False
+        holders_of_b = set(index.ancestors(b))
+        leaving_loop: Optional[cst.CSTNode] = None  # a `break`/`continue` sent control past this loop
+        in_try = self._in_try(a)
+        child = a
+        for p in index.ancestors(a):
+            if p in holders_of_b:  # the first node holding both: the rest is the way down to `b`
+                if leaving_loop is not None:
+                    return False
+                if isinstance(p, _SEQUENCES):
+                    return self._path_down(p, child, b, in_try)
+                return self._enters(p, b, in_try)
+            if isinstance(p, _SCOPES):
+                return False
+            if isinstance(p, (cst.For, cst.While)) and p is leaving_loop:
+                leaving_loop = None  # out of the loop: go on after it
+            if isinstance(p, cst.Try):
+                if child is p.body and any(h in holders_of_b for h in (*p.handlers, p.finalbody) if h is not None):
+                    return True  # an exception on the way reaches its handler
+            if leaving_loop is None and isinstance(p, _SEQUENCES):
+                end = self._first_end_after(p, child, in_try)
+                if end == FUNCTION:
+                    return False
+                if end == LOOP:
+                    leaving_loop = next((q for q in index.ancestors(p) if isinstance(q, (cst.For, cst.While))), None)
+                    if leaving_loop is None:
+                        return False
+            child = p
+        return False
+
+    def _in_try(self, node: cst.CSTNode) -> bool:
+        """Is `node` in the body of a `try` of its function (a `raise` there may be caught)?"""
+        child = node
+        for p in self.index.ancestors(node):
+            if isinstance(p, _SCOPES):
+                return False
+            if isinstance(p, cst.Try) and child is p.body:
+                return True
+            child = p
+        return False
+
+    def _first_end_after(self, seq: cst.CSTNode, child: cst.CSTNode, in_try: bool) -> Optional[str]:
+        body = list(seq.body)
+        rest = body[body.index(child) + 1 :] if child in body else []
+        for stmt in rest:
+            end = self._end_here(stmt, in_try)
+            if end:
+                return end
+        return None
+
+    def _end_here(self, stmt: cst.CSTNode, in_try: bool) -> Optional[str]:
+        """A statement's end, where a `raise` or exit inside a `try` may be caught (so not an end)."""
+        end = self.ends(stmt)
+        if end == FUNCTION and in_try and any(isinstance(n, (cst.Raise, cst.Call)) for n in iter_nodes(stmt)):
+            return None
+        return end
+
+    def _path_down(self, seq: cst.CSTNode, child: cst.CSTNode, b: cst.CSTNode, in_try: bool) -> bool:
+        """From statement `child` of `seq` down to `b`: no statement in between always ends."""
+        body = list(seq.body)
+        i = body.index(child) if child in body else -1
+        holders = set(self.index.ancestors(b))
+        for stmt in body[i + 1 :]:
+            if stmt is b:
+                return True
+            if stmt in holders:
+                return self._enters(stmt, b, in_try)
+            if self._end_here(stmt, in_try):
+                return False
+        return False
+
+    def _enters(self, node: cst.CSTNode, b: cst.CSTNode, in_try: bool) -> bool:
+        """Does control entering compound `node` get to `b` inside it (no ending statement before
+        `b` in any block on the way down)?"""
+        path = []
+        for p in self.index.ancestors(b):
+            if p is node:
+                break
+            path.append(p)
+        child = b
+        for p in path:
+            if isinstance(p, _SEQUENCES):
+                body = list(p.body)
+                if child in body and any(self._end_here(s, in_try) for s in body[: body.index(child)]):
+                    return False
+            child = p
+        return True
+
+    def dominates(self, stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
+        """Does `stmt` run on every path to `node`: it reaches `node`, from a block that holds
+        `node` too (not a branch of its own)?"""
+        if not self.reaches(stmt, node):
+            return False
+        block = next((p for p in self.index.ancestors(stmt) if isinstance(p, (cst.IndentedBlock, cst.Module))), None)
+        return block is not None and any(p is block for p in self.index.ancestors(node))
+
+    # single-process branches ----------------------------------------------------------------------
+    def single_process(self, node: cst.CSTNode) -> bool:
+        """Does `node` run only where no process group is (the branch of `if args.distributed:`
+        that runs without one, the code after `assert not dist.is_initialized()` or `assert
+        world_size == 1`, a branch on a flag the script asserts off under DDP)?"""
+        child = node
+        for p in self.index.ancestors(node):
+            if isinstance(p, (cst.If, cst.IfExp)):
+                side = self._test_side(p.test)
+                if side and (child is p.body) == (side > 0):
+                    return True
+            if isinstance(p, (cst.IndentedBlock, cst.Module)) and not isinstance(child, cst.BaseSuite):
+                body = list(p.body)
+                if child in body and any(self._asserts_single(s) for s in body[: body.index(child)]):
+                    return True
+            if isinstance(p, _SCOPES):
+                return False
+            child = p
+        return False
+
+    def _test_side(self, test: cst.BaseExpression) -> int:
+        """-1: the test is true only under a group (its `else` runs without); +1: true only
+        without a group; 0: neither."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return -self._test_side(test.expression)
+        code = self.index.code(test)
+        if _SINGLE_TEST.search(code):
+            return 1
+        if DISTRIBUTED_TEST.search(code) and not isinstance(test, cst.BooleanOperation):
+            return -1
+        if dotted_name(test) in self.flags_off_under_ddp:
+            return 1
+        return 0
+
+    def mode_test(self, test: cst.BaseExpression) -> bool:
+        """Does the test ask about the run's mode, the same answer on every rank (`if
+        local_rank != -1:`, `if args.rank is not None:`, `if args.distributed:`)?"""
+        if self._test_side(test):
+            return True
+        return bool(_MODE_COMPARISON.search(self.index.code(test)))
+
+    def _asserts_single(self, stmt: cst.CSTNode) -> bool:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            return False
+        return any(isinstance(s, cst.Assert) and self._test_side(s.test) > 0 for s in stmt.body)
+
+    @property
+    def flags_off_under_ddp(self) -> frozenset[str]:
+        """Flags the script asserts false when distributed: ``if LOCAL_RANK != -1: assert not
+        opt.evolve, "--evolve is not compatible with DDP"``."""
+        if self._off_flags is None:
+            found = set()
+            for node in iter_nodes(self.index.module):
+                if isinstance(node, cst.If) and _UNDER_GROUP.search(self.index.code(node.test)):
+                    for stmt in node.body.body:
+                        for small in getattr(stmt, "body", ()):
+                            if isinstance(small, cst.Assert) and isinstance(small.test, cst.UnaryOperation) and isinstance(
+                                small.test.operator, cst.Not
+                            ):
+                                name = dotted_name(small.test.expression)
+                                if name:
+                                    found.add(name)
+            self._off_flags = frozenset(found)
+        return self._off_flags
+
+
+_MODE_COMPARISON = re.compile(r"(!=|==|>=|<|>)\s*-1\b|\bis\s+(not\s+)?None\b|>=\s*0\b")
+_UNDER_GROUP = re.compile(r"(rank\s*!=\s*-1|^\s*(args\.|opt\.|self\.)?(distributed|ddp|is_distributed)\s*$|world_size\s*>\s*1)", re.IGNORECASE)
+
+
+def _weakest(x: Optional[str], y: Optional[str]) -> Optional[str]:
+    """Both branches end: control leaves as far as the nearer of the two sends it."""
+    if not x or not y:
+        return None
+    return LOOP if LOOP in (x, y) else FUNCTION
+
+
+def flow(index: FileIndex) -> Flow:
+    """The file's control-flow facts, made once per index."""
+    return index.cached("flow", Flow)

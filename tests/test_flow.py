@@ -1,0 +1,112 @@
+"""The shared control-flow facts (ddpify/analysis/flow.py): where paths end, what can follow
+what, and which branches run without a process group."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from ddpify.analysis.flow import flow
+from ddpify.analysis.index import index_of, iter_nodes
+
+PATHS = '''
+import sys
+def setup():
+    if cuda():
+        a()
+        return 1
+    b()
+    for x in y:
+        c()
+        if z:
+            continue
+        d()
+        break
+        e()
+    g()
+    try:
+        h()
+        raise X
+    except E:
+        i()
+    j()
+    if q:
+        k()
+        sys.exit(1)
+    else:
+        l()
+        return
+    m()
+'''
+
+MODES = '''
+import torch.distributed as dist
+def main():
+    if LOCAL_RANK != -1:
+        assert not opt.evolve, "no"
+    if not opt.evolve:
+        train()
+    else:
+        evolve()
+    if args.distributed:
+        ddp()
+    else:
+        single()
+def solo():
+    assert not dist.is_initialized()
+    p()
+def quit_early(files):
+    if not files:
+        warn()
+        return
+    if files is None:
+        fail()
+        raise SystemExit(1)
+    work()
+'''
+
+
+def _calls(src: str):
+    module = cst.parse_module(src)
+    index = index_of(module)
+    by_name = {module.code_for_node(c.func): c for c in iter_nodes(module) if isinstance(c, cst.Call)}
+    return flow(index), by_name
+
+
+@pytest.mark.parametrize(
+    "a, b, reaches",
+    [
+        ("a", "b", False),  # `return` ends the branch
+        ("b", "c", True),
+        ("c", "d", True),  # `continue` only under an `if`
+        ("d", "e", False),  # after `break`
+        ("c", "g", True),  # out of the loop
+        ("e", "g", True),
+        ("h", "i", True),  # the `raise` in `try` goes to its handler
+        ("h", "j", True),
+        ("k", "l", False),  # the other branch
+        ("j", "k", True),
+        ("k", "m", False),  # `sys.exit()`
+        ("l", "m", False),
+        ("j", "m", False),  # both branches leave
+        ("m", "a", False),  # earlier in the source
+    ],
+)
+def test_reaches(a, b, reaches):
+    paths, calls = _calls(PATHS)
+    assert paths.reaches(calls[a], calls[b]) is reaches
+
+
+@pytest.mark.parametrize(
+    "name, single",
+    [("train", False), ("evolve", True), ("ddp", False), ("single", True), ("p", True), ("work", False)],
+)
+def test_single_process_branches(name, single):
+    paths, calls = _calls(MODES)
+    assert paths.single_process(calls[name]) is single
+
+
+@pytest.mark.parametrize("name, returns, on_exit", [("warn", True, True), ("warn", False, False), ("fail", False, True), ("work", True, False)])
+def test_on_exit_path(name, returns, on_exit):
+    paths, calls = _calls(MODES)
+    assert paths.on_exit_path(calls[name], returns=returns) is on_exit
