@@ -92,10 +92,20 @@ def _starts_unguarded(ctx, ci, depth: int = 0) -> bool:
 
 
 def _guarded(ctx, node: cst.CSTNode) -> bool:
-    """Under `if not dist.is_initialized():` (or a test naming it), or after an early return on it."""
-    return any(isinstance(p, (cst.If, cst.IfExp)) and "is_initialized" in ctx.code(p.test) for p in ctx.ancestors(node)) or (
-        (func := ctx.enclosing_func(node)) is not None and "is_initialized" in ctx.code(func.body)
-    )
+    """Under `if not dist.is_initialized():` (or a test naming it), or in a function that asks
+    it (an early return on it)."""
+    if any(isinstance(p, (cst.If, cst.IfExp)) and "is_initialized" in ctx.code(p.test) for p in ctx.ancestors(node)):
+        return True
+    func = ctx.enclosing_func(node)
+    return func is not None and func in _asking_initialized(ctx)
+
+
+def _asking_initialized(ctx) -> set:
+    """The functions that call `is_initialized()`."""
+    found = ctx.__dict__.get("_asking_initialized")
+    if found is None:
+        found = ctx.__dict__["_asking_initialized"] = {c.func for c in ctx.calls if c.name == "is_initialized"}
+    return found
 
 
 def _runs_twice(ctx, func, depth: int) -> bool:
