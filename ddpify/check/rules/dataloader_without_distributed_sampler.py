@@ -91,7 +91,13 @@ class DataLoaderWithoutDistributedSampler(Rule):
                 continue
             shuffle = kwarg(call, "shuffle")
             if trains or (shuffle is not None and is_true(shuffle.value) and not _evaluates(ctx, call, name)):
-                yield Report(call)
+                yield Report(call, None if name and name in step_iterated else self.MESSAGE + _assumed(name))
+
+
+def _assumed(name: str) -> str:
+    """The premise the finding rests on when no loop that trains is seen iterating the loader."""
+    why = "its name says so" if "train" in name.lower() else "it shuffles"
+    return f" (assumed the training loader: {why}; no loop here that calls backward iterates it)"
 
 
 def _sharded_by_hand(ctx, call: cst.Call) -> bool:

@@ -1,4 +1,5 @@
-from ddpify.analysis.literals import is_false
+from ddpify.analysis import names as N
+from ddpify.analysis.literals import is_false, is_true
 from ddpify.check.context import kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -67,7 +68,18 @@ class DDPForwardInRankZeroBranch(Rule):
         for ci in ctx.calls:
             forward = ctx.is_ddp(ci.node.func) or (ci.name == "forward" and ctx.is_ddp(ci.receiver))
             if forward and ctx.in_rank0(ci.node):
-                yield Report(ci.node)
+                yield Report(ci.node, None if _forward_collectives_seen(ctx) else self.MESSAGE + _ASSUMED)
+
+
+_ASSUMED = " (assumed: no BatchNorm, buffer or `find_unused_parameters=True` is in sight, the model's classes may have them)"
+
+
+def _forward_collectives_seen(ctx) -> bool:
+    """Does the file show why this forward talks to the other ranks: a BatchNorm layer or a
+    registered buffer (broadcast before each forward), or the search for unused parameters?"""
+    return bool(ctx.calls_to(*N.BATCHNORMS)) or bool(ctx.method_calls("register_buffer")) or any(
+        (kw := kwarg(ci.node, "find_unused_parameters")) is not None and is_true(kw.value) for ci in ctx.ddp_calls
+    )
 
 
 def _no_forward_collectives(call) -> bool:
