@@ -110,3 +110,8 @@ def test_single_process_branches(name, single):
 def test_on_exit_path(name, returns, on_exit):
     paths, calls = _calls(MODES)
     assert paths.on_exit_path(calls[name], returns=returns) is on_exit
+
+
+def test_flags_asserted_off_in_a_one_line_suite_or_block():
+    paths, _ = _calls("if world_size > 1: assert not opt.search\nif args.distributed:\n    if x:\n        pass\n    assert not opt.evolve\n")
+    assert paths.flags_off_under_ddp == {"opt.search", "opt.evolve"}

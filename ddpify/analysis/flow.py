@@ -265,16 +265,19 @@ class Flow:
             found = set()
             for node in iter_nodes(self.index.module):
                 if isinstance(node, cst.If) and _UNDER_GROUP.search(self.index.code(node.test)):
-                    for stmt in node.body.body:
-                        for small in getattr(stmt, "body", ()):
-                            if isinstance(small, cst.Assert) and isinstance(small.test, cst.UnaryOperation) and isinstance(
-                                small.test.operator, cst.Not
-                            ):
-                                name = dotted_name(small.test.expression)
-                                if name:
-                                    found.add(name)
-            self._off_flags = frozenset(found)
+                    for small in _small_statements(node.body):
+                        test = small.test if isinstance(small, cst.Assert) else None
+                        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                            found.add(dotted_name(test.expression))
+            self._off_flags = frozenset(found - {None})
         return self._off_flags
+
+
+def _small_statements(block: cst.BaseSuite) -> list[cst.BaseSmallStatement]:
+    """The simple statements directly in a block (`x = 1; assert y` lines, or a one-line suite)."""
+    if isinstance(block, cst.SimpleStatementSuite):
+        return list(block.body)
+    return [small for stmt in block.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body]
 
 
 _MODE_COMPARISON = re.compile(r"(!=|==|>=|<|>)\s*-1\b|\bis\s+(not\s+)?None\b|>=\s*0\b")
