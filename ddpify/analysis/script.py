@@ -1403,25 +1403,32 @@ def _untrained_picks(script: Script, where: ScopeNode, ref: str, loop: cst.For |
     """Names bound to `ref` by `x = A if test else B` on the side the loop's training steps never
     see: `data_loader = self.tr_loader if not cross_valid else self.cv_loader`, with every backward
     of the loop under `if not cross_valid:`, never trains on `self.cv_loader`."""
-    code = script.root_of(loop).code_for_node
-    guards = set()
-    for call in script.calls_in(loop.body):
-        if N.call_name(call) == "backward" and N.receiver(call) is not None:
-            tests = [code(a.test) for a in script.ancestors(call) if isinstance(a, cst.If) and script.inside(a, loop)]
-            guards.add(tuple(tests))
-    if not guards or any(not g for g in guards):
-        return set()
     found = set()
     for assign in _assignments_in(script, where):
         pick = assign.value
         if not isinstance(pick, cst.IfExp) or ref not in (ref_of(pick.body), ref_of(pick.orelse)):
             continue
-        test = code(pick.test)
-        negated = test[4:] if test.startswith("not ") else f"not {test}"
-        side = ref_of(pick.body) if all(negated in g for g in guards) else ref_of(pick.orelse) if all(test in g for g in guards) else None
-        if side == ref:
-            found.add(ref_of(assign.targets[0].target))
+        guard = pick_training_test(script, loop, pick)
+        if guard is not None:
+            untrained = pick.orelse if guard == script.root_of(loop).code_for_node(pick.test) else pick.body
+            if ref_of(untrained) == ref:
+                found.add(ref_of(assign.targets[0].target))
     return found
+
+
+def pick_training_test(script: Script, loop: cst.For | cst.While, pick: cst.IfExp) -> str | None:
+    """For `x = A if test else B` read by `loop`: the test every backward of the loop runs under,
+    when it is the pick's (`test`: A trains) or its negation (`not test`: B trains)."""
+    code = script.root_of(loop).code_for_node
+    guards = [
+        {code(a.test) for a in script.ancestors(c) if isinstance(a, cst.If) and script.inside(a, loop)}
+        for c in script.calls_in(loop.body) if N.call_name(c) == "backward" and N.receiver(c) is not None
+    ]  # fmt: skip
+    if not guards:
+        return None
+    test = code(pick.test)
+    negated = test[len("not ") :] if test.startswith("not ") else f"not {test}"
+    return test if all(test in g for g in guards) else negated if all(negated in g for g in guards) else None
 
 
 def _pass_starts(script: Script, ref: str, scope: ScopeNode, depth: int = 0, holders: frozenset[str] = frozenset()) -> list[PassStart]:

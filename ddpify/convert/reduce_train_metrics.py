@@ -23,7 +23,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import ScopeNode
+from ddpify.analysis.script import ScopeNode, pick_training_test
 from ddpify.convert.context import Context
 from ddpify.convert.metrics import accumulators, define_helper, meters, per_rank_denominator, unreduced
 
@@ -61,16 +61,7 @@ def _training_guard(ctx: Context, loop: cst.For) -> str | None:
     picks = [a.value for a in script.assigns.get(script.scope_of(loop), []) if script.root_of(a).code_for_node(a.targets[0].target) == name]
     if name is None or len(picks) != 1 or not isinstance(picks[0], cst.IfExp):
         return None
-    code = script.root_of(loop).code_for_node
-    test = code(picks[0].test)
-    guards = [
-        {code(a.test) for a in script.ancestors(c) if isinstance(a, cst.If) and script.inside(a, loop)}
-        for c in script.calls_in(loop.body) if N.call_name(c) == "backward"
-    ]  # fmt: skip
-    negated = test[len("not ") :] if test.startswith("not ") else f"not {test}"
-    if not guards:
-        return None
-    return test if all(test in g for g in guards) else negated if all(negated in g for g in guards) else None
+    return pick_training_test(script, loop, picks[0])
 
 
 def _collected(ctx: Context, loop: cst.For) -> list[str]:
