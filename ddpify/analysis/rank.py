@@ -10,6 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.analysis.flow import flow
 from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, iter_nodes, last_name
 from ddpify.analysis.literals import int_value, string_value
 
@@ -208,17 +209,10 @@ class RankAnalysis:
         if block in self._guard_index:
             return self._guard_index[block]
         idx = 1 << 30
+        paths = flow(self.index)
         for i, stmt in enumerate(getattr(block, "body", ())):
             if isinstance(stmt, cst.If) and stmt.orelse is None and self.rank_test(stmt.test) == -1:
-                body = stmt.body.body
-                last = body[-1] if body else None
-                if isinstance(last, cst.SimpleStatementLine):
-                    last = last.body[-1] if last.body else None
-                if isinstance(last, (cst.Return, cst.Continue, cst.Raise)) or (
-                    isinstance(last, cst.Expr)
-                    and isinstance(last.value, cst.Call)
-                    and (last_name(last.value.func) in ("exit", "_exit"))
-                ):
+                if paths.block_ends(stmt.body):  # `return`, `continue`, `raise`, `sys.exit()`, or both branches of an `if` inside
                     idx = i
                     break
         self._guard_index[block] = idx
