@@ -147,7 +147,10 @@ def _stdout(data: bytes) -> None:
 
 @app.command()
 def convert(
-    src: Path = typer.Argument(..., help="The single-GPU training script.", show_default=False),
+    srcs: list[Path] = typer.Argument(
+        ..., metavar="SRC", show_default=False,
+        help="The single-GPU training script; several are each converted in this one process (with --in-place, --diff, or -o DIR/).",
+    ),
     output_arg: Optional[str] = typer.Option(
         None, "-o", "--output", metavar="PATH", help="Write the DDP script here (DIR/: a converted copy of the project)."
     ),
@@ -192,12 +195,50 @@ def convert(
     device: Device = typer.Option(Device.auto, "--device", help="--run: auto (GPUs with NCCL when there are enough) or cpu."),
     python: Optional[str] = typer.Option(None, "--python", help="--run: the Python with torch that runs the scripts."),
 ) -> None:
-    """Convert SRC into a script that trains with DistributedDataParallel under torchrun.
+    """Convert SRC (each SRC) into a script that trains with DistributedDataParallel under torchrun.
 
     Without -o, --in-place or --diff the converted script goes to stdout. Arguments after `--`
     go to the script in the launch commands: ddpify convert train.py -o out.py --launch slurm -- --epochs 10.
     With --run they also go to the script in its runs: ddpify convert train.py -o out.py --run -- --epochs 1
+
+    Several scripts, in one process: ddpify convert a.py b.py -o converted/ (or --in-place, --diff; --check with -o DIR/).
     """
+    options = dict(locals())
+    del options["srcs"]
+    if len(srcs) == 1:
+        _convert_one(srcs[0], **options)
+        return
+    if run:
+        _fail("--run converts one script at a time", 2)
+    if output_arg is not None and not output_arg.endswith(("/", os.sep)):
+        _fail("several scripts go to a folder (-o DIR/), --in-place or --diff", 2)
+    if output_arg is None and not (in_place or diff):
+        _fail("several scripts: pass -o DIR/, --in-place or --diff", 2)
+    names = [src.name for src in srcs]
+    if output_arg is not None and len(set(names)) < len(names):
+        _fail(f"two scripts named {next(n for n in names if names.count(n) > 1)} would write one file in {output_arg}", 2)
+    if output_arg is not None and not check:
+        try:
+            Path(output_arg).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"{output_arg}: {exc.strerror or exc}")
+    worst = 0
+    for src in srcs:  # one process: the pipeline is imported once
+        if output_arg is not None:
+            options["output_arg"] = os.path.join(output_arg, src.name)
+        try:
+            _convert_one(src, **options)
+        except typer.Exit as exc:
+            worst = max(worst, exc.exit_code)
+    if worst:
+        raise typer.Exit(worst)
+
+
+def _convert_one(
+    src: Path, output_arg, in_place, diff, check, strict, sync_batchnorm, global_batch, launcher, eval_on_rank0, launch,
+    nodes, nproc_per_node, shared_fs, to, shard, sharded_checkpoints, run, steps, timeout, device, python,
+) -> None:
+    """One script: what `ddpify convert SRC` does."""
     output = Path(output_arg) if output_arg else None
     # `-o out/` is a folder (pathlib drops the slash), also when only the entry changes
     folder = output is not None and output_arg.endswith(("/", os.sep))

@@ -436,3 +436,40 @@ def test_a_model_wrapped_where_a_trainer_keeps_it_counts_as_wrapped(tmp_path: Pa
     result = ddpify("convert", str(script), "-o", str(tmp_path / "out.py"))
     assert result.returncode == 0 and "already distributed" in result.stderr
     assert "not converted" not in result.stderr, result.stderr
+
+
+def test_several_scripts_convert_in_one_call_into_a_folder_and_check_against_it(tmp_path: Path) -> None:
+    """`ddpify convert a.py b.py -o out/`: each script into the folder, one process; `--check`
+    then passes, and fails (exit 1) once one output is stale; a missing script fails alone."""
+    sources = []
+    for name in ("a.py", "b.py"):
+        path = tmp_path / name
+        path.write_text(FLAT.read_text())
+        sources.append(str(path))
+    out = tmp_path / "out"
+    result = ddpify("convert", *sources, "-o", f"{out}/")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["a.py", "b.py"]
+    assert all("init_process_group" in (out / n).read_text() for n in ("a.py", "b.py"))
+    assert ddpify("convert", *sources, "-o", f"{out}/", "--check").returncode == 0
+    (out / "b.py").write_text((out / "b.py").read_text() + "# edited\n")
+    stale = ddpify("convert", *sources, "-o", f"{out}/", "--check")
+    assert stale.returncode == 1 and "b.py" in stale.stdout + stale.stderr
+    missing = ddpify("convert", sources[0], str(tmp_path / "gone.py"), "-o", f"{tmp_path / 'out2'}/")
+    assert missing.returncode == 1 and "gone.py" in missing.stderr
+    assert (tmp_path / "out2" / "a.py").exists()  # the other script still converted
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-o", "one.py"], "several scripts go to a folder"),
+        ([], "several scripts: pass -o DIR/, --in-place or --diff"),
+        (["--run"], "--run converts one script at a time"),
+    ],
+)
+def test_several_scripts_need_a_folder_in_place_or_diff(tmp_path: Path, args: list[str], message: str) -> None:
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(FLAT.read_text())
+    result = ddpify("convert", str(tmp_path / "a.py"), str(tmp_path / "b.py"), *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
