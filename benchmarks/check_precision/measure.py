@@ -29,6 +29,7 @@ import csv
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -67,6 +68,7 @@ def fetch_pypi(root: Path, project: dict[str, str]) -> Path:
         )
         (archive,) = Path(download).iterdir()
         unpacked = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(unpacked, ignore_errors=True)  # left by an interrupted run
         if archive.suffix == ".whl":
             with zipfile.ZipFile(archive) as wheel:
                 wheel.extractall(unpacked)
