@@ -16,6 +16,8 @@ from ddpify.verify.invariants import step_differences
 from ddpify.verify.launch import Launch as ProductLaunch
 from ddpify.verify.launch import run_plan as launch_plan
 
+from conftest_precision import pytest_terminal_summary  # noqa: F401  (the precision figure)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Every conversion the tests make, in this process and in the ddpify commands they start, also

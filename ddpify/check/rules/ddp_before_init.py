@@ -1,3 +1,5 @@
+import libcst as cst
+
 from ddpify.analysis import names as N
 from ddpify.analysis.index import main_guard
 from ddpify.check.context import DDP_CLASSES
@@ -11,7 +13,9 @@ class DDPBeforeInitProcessGroup(Rule):
     Flags `DistributedDataParallel(...)` in a file that never calls
     `torch.distributed.init_process_group`, or that calls it later in the same function. A
     library module (functions and classes, no `if __name__ == "__main__":`) that wraps a model in
-    a function leaves the process group to its caller, and is not flagged.
+    a function leaves the process group to its caller, and is not flagged; so is a wrap under a
+    test that the group is up (`if dist.is_initialized():`, a project's `is_enabled()` helper)
+    in a file that never starts it.
 
     ## Why is this bad?
     DDP broadcasts the parameters of rank 0 when it is constructed; without a default
@@ -48,8 +52,16 @@ class DDPBeforeInitProcessGroup(Rule):
         "def setup():\n    dist.init_process_group('gloo')\ndef main():\n    setup()\n    model = DDP(net)\n",
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
         "class Trainer:\n    def __init__(self, net):\n        self.model = DDP(net)\n",
+        "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "def main():\n    if dist.is_initialized():\n        model = DDP(net)\n"
+        "if __name__ == '__main__':\n    main()\n",
     ]
     INVALID = [
+        Invalid(
+            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "def main():\n    if not dist.is_initialized():\n        model = DDP(net)\n"
+            "if __name__ == '__main__':\n    main()\n"
+        ),
         Invalid("import torch\nmodel = torch.nn.parallel.DistributedDataParallel(net)\n"),
         Invalid(
             "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
@@ -68,9 +80,23 @@ class DDPBeforeInitProcessGroup(Rule):
         library = main_guard(ctx.module) is None  # a module of functions other programs call
         for ci in ctx.calls_to(*DDP_CLASSES):
             if not inits:
-                if not helper and (ci.func is None or not library):
+                if not helper and (ci.func is None or not library) and not _under_group_test(ctx, ci.node):
                     yield Report(ci.node)
                 continue
             same = [i for i in inits if i.func is ci.func and ci.func is not None]
             if same and all(ctx.line(i.node) > ctx.line(ci.node) for i in same):
                 yield Report(ci.node)
+
+
+GROUP_IS_UP = ("is_initialized", "is_enabled", "is_dist_avail_and_initialized")
+
+
+def _under_group_test(ctx, node) -> bool:
+    """Is `node` in the body of `if <group is up>():` (`dist.is_initialized()`, `distributed.is_enabled()`)?"""
+    child = node
+    for a in ctx.ancestors(node):
+        test = ctx.code(a.test) if isinstance(a, cst.If) and child is a.body else ""
+        if "not " not in test and any(f"{n}(" in test for n in GROUP_IS_UP):
+            return True
+        child = a
+    return False

@@ -6,6 +6,7 @@ from ddpify.check.rule import Invalid, Report, Rule
 
 _RANK = re.compile(r"rank", re.IGNORECASE)
 _SPLIT = ("array_split", "chunk", "tensor_split", "split")
+_TIMES_WORLD = re.compile(r"\*\s*[\w.]*world_size\b", re.IGNORECASE)
 
 
 class ManualRankSharding(Rule):
@@ -15,7 +16,9 @@ class ManualRankSharding(Rule):
     Flags `data[rank::world_size]`, `np.array_split(data, world_size)[rank]`-style shards and
     contiguous ranges of indices (`Subset(data, range(rank * per, (rank + 1) * per))`) unless
     their size is a floor division (`per = len(data) // world_size`: equal shards, the
-    remainder dropped). A slice of a tensor by rank (a chunk of optimizer state) is not a shard
+    remainder dropped), or a strided pick from parts whose count is a multiple of the world size
+    (`parts = seeds.tensor_split(n * world_size)`: every rank the same number of parts). A
+    slice of a tensor by rank (a chunk of optimizer state) is not a shard
     of the data and is left alone.
 
     ## Why is this bad?
@@ -44,7 +47,11 @@ class ManualRankSharding(Rule):
     CODE = "DDP114"
     NAME = "manual-rank-sharding"
     MESSAGE = "hand-made per-rank shards can have uneven batch counts (hang); use DistributedSampler or `Join`"
-    VALID = ["import torch.distributed as dist\nfirst = data[0::2]\n"]
+    VALID = [
+        "import torch.distributed as dist\nfirst = data[0::2]\n",
+        "import torch.distributed as dist\nn = (len(seeds) // 64 + 1) * world_size\n"
+        "parts = seeds.tensor_split(n)\nmine = parts[rank::world_size]\n",
+    ]
     INVALID = [
         Invalid("import torch.distributed as dist\nshard = data[rank::world_size]\n"),
         Invalid("import numpy as np, torch.distributed as dist\nshard = np.array_split(data, world_size)[rank]\n"),
@@ -58,7 +65,8 @@ class ManualRankSharding(Rule):
             s = node.slice[0].slice
             if isinstance(s, cst.Slice) and s.lower is not None and s.step is not None:
                 if _RANK.search(ctx.code(s.lower)) and "world" in ctx.code(s.step).lower() + "size":
-                    yield Report(node)
+                    if not _parts_per_rank_equal(ctx, node.value):
+                        yield Report(node)
             elif isinstance(s, cst.Index) and _RANK.search(ctx.code(s.value)):
                 v = node.value
                 if isinstance(v, cst.Call) and ctx.info(v).name in _SPLIT:
@@ -75,6 +83,20 @@ def _even(ctx, low: cst.BaseExpression) -> bool:
     number of samples, the remainder dropped?"""
     sizes = {n.value for n in _names(low)}
     return any(b.dotted in sizes and "//" in ctx.code(b.value) for b in ctx.assignments) or "//" in ctx.code(low)
+
+
+def _parts_per_rank_equal(ctx, value: cst.BaseExpression) -> bool:
+    """`parts = x.tensor_split(n)` with `n = (...) * world_size`: a strided pick gives every rank
+    n / world_size parts."""
+    if not isinstance(value, cst.Name):
+        return False
+    counts = {
+        n.value
+        for b in ctx.assignments
+        if b.dotted == value.value and isinstance(b.value, cst.Call) and ctx.info(b.value).name in _SPLIT
+        for a in b.value.args for n in _names(a.value)
+    }
+    return any(b.dotted in counts and _TIMES_WORLD.search(ctx.code(b.value)) for b in ctx.assignments)
 
 
 def _names(node: cst.CSTNode) -> list[cst.Name]:

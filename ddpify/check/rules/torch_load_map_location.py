@@ -14,7 +14,8 @@ class TorchLoadWithoutMapLocation(Rule):
     Flags `torch.load(path)` without `map_location` in a file that uses torch.distributed.
 
     A file named after the rank (`f"state_{rank}.pt"`, also through a variable) is left alone:
-    this rank saved it from its own GPU, and its tensors come back to that GPU.
+    this rank saved it from its own GPU, and its tensors come back to that GPU. So is a load
+    on rank 0 only (`if rank in (-1, 0):`): GPU 0 is rank 0's own.
 
     ## Why is this bad?
     Tensors are restored onto the device they were saved from, usually `cuda:0`: every rank
@@ -47,6 +48,7 @@ class TorchLoadWithoutMapLocation(Rule):
     VALID = [
         "import torch, torch.distributed as dist\ns = torch.load(p, map_location='cpu')\n",
         "import torch\ns = torch.load(p)\n",
+        "import torch, torch.distributed as dist\nif dist.get_rank() == 0:\n    s = torch.load(p)\n",
     ]
     INVALID = [
         Invalid(
@@ -66,5 +68,7 @@ class TorchLoadWithoutMapLocation(Rule):
                 continue
             if mentions_rank(ctx, call):
                 continue  # this rank's own file (`f"queue{rank}.pth"`): saved from its GPU, it comes back there
+            if ctx.in_rank0(call):
+                continue  # rank 0 alone loads it, and GPU 0 is its own
             fixed = add_kwarg(call, "map_location", cst.SimpleString('"cpu"'))
             yield Report(call, fixes=[(call, fixed)])
