@@ -16,7 +16,8 @@ class CommandOutputOnEveryRank(Rule):
 
     ## What it does
     Flags `os.system(...)`, `os.popen(...)` and `subprocess` calls with `shell=True` outside a rank-0 branch whose
-    command (given inline, or through a name bound to it in the same function) redirects its
+    command (given inline, or through a name bound to it once in the same function or the
+    module) redirects its
     output into a file (`perl score.pl ... > eval/result.txt`). A file name that reads the rank,
     and `/dev/null`, are left alone.
 
@@ -82,6 +83,8 @@ def _command(ctx, ci):
     if name is None or isinstance(arg, cst.SimpleString):
         return arg
     bound = [b for b in ctx.assignments if b.dotted == name and b.func is ci.func]
+    if not bound and "." not in name:  # a module constant
+        bound = [b for b in ctx.assignments if b.dotted == name and b.func is None and ctx.index.root_of(b.value) is ctx.module]
     return bound[0].value if len(bound) == 1 else None
 
 
