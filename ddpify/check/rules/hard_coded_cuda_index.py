@@ -1,5 +1,6 @@
 import re
 
+import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.check.context import int_value, positional, string_value
@@ -12,7 +13,7 @@ class HardCodedCudaIndex(Rule):
     """Hard-coded GPU index in a distributed script.
 
     ## What it does
-    Flags `"cuda:0"`-style strings passed to a call, `torch.device("cuda", 0)` and
+    Flags `"cuda:0"`-style strings passed to a call (also as a side of `"cuda:0" if ... else "cpu"`), `torch.device("cuda", 0)` and
     `.cuda(0)` in a file that uses torch.distributed, unless the program gives each process a
     GPU of its own first (`os.environ["CUDA_VISIBLE_DEVICES"]` set from the rank, here or in the
     launcher that imports the file: `cuda:0` is then that GPU).
@@ -51,6 +52,7 @@ class HardCodedCudaIndex(Rule):
         Invalid("import torch.distributed as dist\nx = x.to('cuda:0')\n"),
         Invalid("import torch, torch.distributed as dist\nd = torch.device('cuda', 0)\n"),
         Invalid("import torch.distributed as dist\nmodel = model.cuda(0)\n"),
+        Invalid("import torch, torch.distributed as dist\nDEVICE = torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')\n"),
     ]
 
     def check(self, ctx):
@@ -68,6 +70,14 @@ class HardCodedCudaIndex(Rule):
                     yield Report(ci.node)
                     continue
             for arg in args:
-                s = string_value(arg.value)
-                if s is not None and _CUDA_N.match(s):
-                    yield Report(arg.value)
+                for value in _choices(arg.value):
+                    s = string_value(value)
+                    if s is not None and _CUDA_N.match(s):
+                        yield Report(value)
+
+
+def _choices(expr):
+    """The values an argument may take: itself, or each side of `"cuda:0" if cuda else "cpu"`."""
+    if isinstance(expr, cst.IfExp):
+        return [*_choices(expr.body), *_choices(expr.orelse)]
+    return [expr]
