@@ -16,7 +16,8 @@ class HardCodedCudaIndex(Rule):
     Flags `"cuda:0"`-style strings passed to a call (also as a side of `"cuda:0" if ... else "cpu"`), `torch.device("cuda", 0)` and
     `.cuda(0)` in a file that uses torch.distributed, unless the program gives each process a
     GPU of its own first (`os.environ["CUDA_VISIBLE_DEVICES"]` set from the rank, here or in the
-    launcher that imports the file: `cuda:0` is then that GPU).
+    launcher that imports the file: `cuda:0` is then that GPU), or binds the name holding the
+    device again from the rank (`DEVICE = torch.device(f"cuda:{local_rank}")` once set up).
 
     ## Why is this bad?
     Every process puts its tensors on the same GPU: the other GPUs idle, GPU 0 runs out of
@@ -69,6 +70,8 @@ class HardCodedCudaIndex(Rule):
                 if pos and int_value(pos[0].value) is not None:
                     yield Report(ci.node)
                     continue
+            if _rebound_per_process(ctx, ci.node):
+                continue
             for arg in args:
                 for value in _choices(arg.value):
                     s = string_value(value)
@@ -81,3 +84,13 @@ def _choices(expr):
     if isinstance(expr, cst.IfExp):
         return [*_choices(expr.body), *_choices(expr.orelse)]
     return [expr]
+
+
+def _rebound_per_process(ctx, call: cst.Call) -> bool:
+    """`DEVICE = torch.device("cuda:0" ...)` at the top, bound again to this process's GPU once
+    the rank is known (`DEVICE = torch.device(f"cuda:{local_rank}")` in the main block)."""
+    parent = ctx.parent(call)
+    if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+        return False
+    name = parent.targets[0].target.value
+    return any(b.dotted == name and b.value is not call and ctx.reads_rank(b.value) for b in ctx.assignments)
