@@ -15,7 +15,9 @@ class BatchesByHandOnEveryRank(Rule):
     `data[:, i:i + steps]`), or `for x, y in get_batches(...)` where `get_batches` is a
     generator of the program that yields slices of what it is handed. A range, a slice or an
     argument that reads the rank (`range(rank * bs, n, world * bs)`, `x[rank::world]`) is a
-    split and is left alone.
+    split and is left alone, and so is cutting a batch a loader already gave this rank
+    (`batch = next(data)`, `for batch in loader`, also through the callers' arguments): that is
+    micro-batching.
 
     ## Why is this bad?
     No `DistributedSampler` is involved, so nothing splits the data: every rank walks all of
@@ -80,8 +82,11 @@ def _strided_slices(ctx, loop: cst.For) -> str | None:
         return None
     if any(ctx.reads_rank(a.value) for a in it.args):
         return None
+    func = ctx.enclosing_func(loop)
+    if any(_a_batch(ctx, name, func, own=loop) for a in it.args for name in _names(a.value)):
+        return None  # `range(0, batch.shape[0], micro)`: micro-batches of this rank's batch
     for sliced in _slices(loop.body, target):
-        if not _sharded(ctx, sliced, loop):
+        if not _sharded(ctx, sliced, loop) and not _a_batch(ctx, sliced, ctx.enclosing_func(loop), own=loop):
             return f"`{ctx.code(sliced)}[...{target}...]` cuts batches from the whole data by `{ctx.code(it)}`"
     return None
 
@@ -96,6 +101,8 @@ def _generator_slices(ctx, loop: cst.For) -> str | None:
     ci = ctx.info(it)
     if any(ctx.reads_rank(a.value) or _sharded(ctx, a.value, loop) for a in it.args):
         return None
+    if any(_a_batch(ctx, a.value, ctx.enclosing_func(loop), own=loop) for a in it.args):
+        return None  # micro-batches of a batch a loader gave this rank
     callees = ctx.local_callees(ci) or ctx.index.functions.get(ci.name, [])
     if len(callees) != 1 or not _yields(callees[0]) or _mentions_rank(ctx, callees[0]):
         return None
@@ -160,3 +167,60 @@ def _sharded(ctx, value: cst.BaseExpression, site: cst.CSTNode) -> bool:
         return False
     func = ctx.enclosing_func(site)
     return any(ctx.reads_rank(b.value) for b in ctx.assignments if b.dotted == name and b.func is func)
+
+
+def _a_batch(ctx, value, func, depth: int = 0, own: cst.For | None = None) -> bool:
+    """Is the value a batch already drawn (`batch = next(loader)`, `for batch in loader`), here
+    or in what the callers of its function hand it: cutting it is micro-batching, not a split."""
+    name = dotted_name(value)
+    if name is None or func is None or depth > 3:
+        return False
+    for assign in _assigns(func):
+        if _reads(assign.value, "next") and any(_reads(t.target, name.split(".")[0]) for t in assign.targets):
+            return True  # `batch = next(data)`, `batch, cond = next(self.data)`
+    for node in _loop_targets(func):
+        if node is not own and _reads(node.target, name.split(".")[0]) and not (isinstance(node.iter, cst.Call) and dotted_name(node.iter.func) == "range"):
+            return True
+    if name not in ctx.index.param_names(func):
+        return False
+    for site in ctx.call_sites(func):
+        for index, arg in enumerate(a for a in site.node.args if a.keyword is None):
+            if ctx.index.param_for(func, index, arg) == name and _a_batch(ctx, arg.value, site.func, depth + 1):
+                return True
+        for arg in site.node.args:
+            if arg.keyword is not None and arg.keyword.value == name and _a_batch(ctx, arg.value, site.func, depth + 1):
+                return True
+    return False
+
+
+def _names(expr) -> list[cst.Name]:
+    found = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.append(node)
+
+    expr.visit(Collect())
+    return found
+
+
+def _assigns(func: cst.FunctionDef) -> list[cst.Assign]:
+    found = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            found.append(node)
+
+    func.body.visit(Collect())
+    return found
+
+
+def _loop_targets(func: cst.FunctionDef) -> list[cst.For]:
+    found = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_For(self, node: cst.For) -> None:
+            found.append(node)
+
+    func.body.visit(Collect())
+    return found
