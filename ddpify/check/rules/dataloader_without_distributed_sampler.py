@@ -1,3 +1,5 @@
+import re
+
 import libcst as cst
 
 from ddpify.analysis import names as N
@@ -6,13 +8,14 @@ from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import assigned_name, iterated_name
 
 _LOCAL_SAMPLERS = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER
+_TRAINING_NAME = re.compile(r"train|(^|[._])tr_")  # `train_loader`, `tr_loader`, `self.tr_dl`
 
 
 class DataLoaderWithoutDistributedSampler(Rule):
     """Training DataLoader without a `DistributedSampler`.
 
     ## What it does
-    Flags a training `DataLoader` (shuffled, named like a training loader, or iterated by the
+    Flags a training `DataLoader` (shuffled, named like a training loader (`train_loader`, `tr_loader`), or iterated by the
     step loop) with no sampler, or with a `RandomSampler`/`SequentialSampler`, in a
     distributed script; any loader with a `RandomSampler`. Loaders used on rank 0 only,
     in-order (`SequentialSampler`) loaders that do not look like training, and loaders over a
@@ -81,7 +84,7 @@ class DataLoaderWithoutDistributedSampler(Rule):
             if sampler is None and len(call.args) > 3 and call.args[3].keyword is None:
                 sampler = call.args[3]
             name = assigned_name(ctx, call) or ""
-            trains = "train" in name.lower() or (name and name in step_iterated)
+            trains = bool(_TRAINING_NAME.search(name.lower())) or (name and name in step_iterated)
             if sampler is not None:
                 local = self._local_sampler(ctx, sampler.value)
                 if local == "RandomSampler" or (local and trains):  # in-order evaluation is fine

@@ -1,5 +1,6 @@
 import re
 
+import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.check.context import int_value, positional, string_value
@@ -12,10 +13,11 @@ class HardCodedCudaIndex(Rule):
     """Hard-coded GPU index in a distributed script.
 
     ## What it does
-    Flags `"cuda:0"`-style strings passed to a call, `torch.device("cuda", 0)` and
+    Flags `"cuda:0"`-style strings passed to a call (also as a side of `"cuda:0" if ... else "cpu"`), `torch.device("cuda", 0)` and
     `.cuda(0)` in a file that uses torch.distributed, unless the program gives each process a
     GPU of its own first (`os.environ["CUDA_VISIBLE_DEVICES"]` set from the rank, here or in the
-    launcher that imports the file: `cuda:0` is then that GPU).
+    launcher that imports the file: `cuda:0` is then that GPU), or binds the name holding the
+    device again from the rank (`DEVICE = torch.device(f"cuda:{local_rank}")` once set up).
 
     ## Why is this bad?
     Every process puts its tensors on the same GPU: the other GPUs idle, GPU 0 runs out of
@@ -51,6 +53,7 @@ class HardCodedCudaIndex(Rule):
         Invalid("import torch.distributed as dist\nx = x.to('cuda:0')\n"),
         Invalid("import torch, torch.distributed as dist\nd = torch.device('cuda', 0)\n"),
         Invalid("import torch.distributed as dist\nmodel = model.cuda(0)\n"),
+        Invalid("import torch, torch.distributed as dist\nDEVICE = torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')\n"),
     ]
 
     def check(self, ctx):
@@ -67,7 +70,27 @@ class HardCodedCudaIndex(Rule):
                 if pos and int_value(pos[0].value) is not None:
                     yield Report(ci.node)
                     continue
+            if _rebound_per_process(ctx, ci.node):
+                continue
             for arg in args:
-                s = string_value(arg.value)
-                if s is not None and _CUDA_N.match(s):
-                    yield Report(arg.value)
+                for value in _choices(arg.value):
+                    s = string_value(value)
+                    if s is not None and _CUDA_N.match(s):
+                        yield Report(value)
+
+
+def _choices(expr):
+    """The values an argument may take: itself, or each side of `"cuda:0" if cuda else "cpu"`."""
+    if isinstance(expr, cst.IfExp):
+        return [*_choices(expr.body), *_choices(expr.orelse)]
+    return [expr]
+
+
+def _rebound_per_process(ctx, call: cst.Call) -> bool:
+    """`DEVICE = torch.device("cuda:0" ...)` at the top, bound again to this process's GPU once
+    the rank is known (`DEVICE = torch.device(f"cuda:{local_rank}")` in the main block)."""
+    parent = ctx.parent(call)
+    if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+        return False
+    name = parent.targets[0].target.value
+    return any(b.dotted == name and b.value is not call and ctx.reads_rank(b.value) for b in ctx.assignments)

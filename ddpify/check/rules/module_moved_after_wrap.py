@@ -184,7 +184,7 @@ def _moved_after(ctx, wrap, moves):
     converted = any(kind == "dtype" for kind, _ in placed)
     training = [ci for ci in ctx.index.calls_under(func if func is not None else ctx.module) if ci.func is func and trains(ctx, ci)]
     for ci in moves:
-        held = dotted_name(_strip_moves(ctx, ci.receiver)[0])  # `net.cuda().half()`: `net`
+        held = dotted_name(_strip_modes(_strip_moves(ctx, ci.receiver)[0]))  # `net.cuda().half()`, `net.eval().cpu()`: `net`
         if held not in names or ci.node is call or any(p is call for p in ctx.ancestors(ci.node)):
             continue
         move = _move(ctx, ci.node)
@@ -211,6 +211,13 @@ def _moved_after(ctx, wrap, moves):
             f"`{ctx.code(ci.node)}` after `{ctx.code(call.func)}(...)` moves the {what}: DDP's gradient hooks and "
             "buckets stay on the old parameters (gradients are no longer averaged); move it before the wrap"
         )
+
+
+def _strip_modes(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`net` in `net.eval()`, `net.train()` (they return the module itself)."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("eval", "train"):
+        expr = expr.func.value
+    return expr
 
 
 def _rebound(ctx, name: str, wrap: cst.Call, move: cst.Call) -> bool:
