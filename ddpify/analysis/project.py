@@ -52,7 +52,8 @@ def project_root(entry: Path) -> Path:
     imported as `toolkit.layers`), or the entry's own folder."""
     folder = entry.resolve().parent
     for candidate in (folder, *folder.parents):
-        if any((candidate / marker).exists() for marker in ROOT_MARKERS):
+        package = (candidate / "__init__.py").is_file()  # its `setup.py` is a module (dinov2/eval/setup.py)
+        if any((candidate / marker).exists() for marker in ROOT_MARKERS if not (package and marker.startswith("setup."))):
             return candidate
     while (folder / "__init__.py").is_file() and folder.parent != folder:
         folder = folder.parent

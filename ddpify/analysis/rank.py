@@ -293,8 +293,9 @@ def mentions_rank(index: FileIndex, call: cst.Call) -> bool:
         return True
     names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}  # `own = FileHandler(f"{rank}.log")`
     return bool(names) and any(
-        b.dotted in names and b.func is func and RANK_TEXT.search(index.code(b.value)) for b in index.assignments
-    )
+        b.dotted in names and b.func is func and (RANK_TEXT.search(index.code(b.value)) or ranks.per_rank(b.value, func))
+        for b in index.assignments
+    )  # `handler = StreamHandler(open(log_path))` with a per-rank `log_path`
 
 
 def _dotted_names_in(expr: cst.BaseExpression) -> set[str]:

@@ -24,6 +24,7 @@ from ddpify.analysis.index import (  # re-exported for the rules
     Loop,
     dotted_name,
     index_of,
+    iter_nodes,
     last_name,
 )
 from ddpify.analysis.literals import (  # re-exported for the rules
@@ -46,7 +47,8 @@ from ddpify.analysis.names import (  # re-exported for the rules
     SET_DEVICE_CALLS,
     SPAWN,
 )
-from ddpify.analysis.rank import rank_analysis
+from ddpify.analysis.flow import flow
+from ddpify.analysis.rank import mentions_rank, rank_analysis
 from ddpify.analysis.training import StepAnalysis, step_analysis
 
 __all__ = [
@@ -154,6 +156,29 @@ class FileContext:
             for index in self._importers for ci in index.calls for q in ci.qnames
         )  # fmt: skip
 
+    def rank0_or_idle(self, node: cst.CSTNode) -> bool:
+        """As far as the program in sight shows (files that import this one are read), does the
+        module-level function around `node` run on rank 0 only or not at all: nothing calls it, or
+        every call, here or in an importer, is in rank-0-only code (`if rank == 0:
+        misc.print_module_summary(net)`)?"""
+        func = self.enclosing_func(node)
+        if func is None or not self.has_importers or not isinstance(self.parent(func), cst.Module):
+            return False
+        found = self.__dict__.setdefault("_rank0_or_idle", {})
+        if func not in found:
+            names = self.index.qnames(func.name)
+            remote = [
+                (index, ci) for index in self._importers for ci in index.calls
+                if any(q in names or any(q.endswith("." + n) for n in names) for q in ci.qnames)
+            ]  # fmt: skip
+            local = self.call_sites(func)
+            found[func] = (not local and not remote and not _referenced(self, func)) or (
+                bool(local or remote)
+                and all(self.in_rank0(s.node) for s in local)
+                and all(rank_analysis(index).in_rank0(ci.node) for index, ci in remote)
+            )
+        return found[func]
+
     def info(self, call: cst.Call) -> CallInfo:
         return self.call_info[call]
 
@@ -233,6 +258,23 @@ class FileContext:
             return True  # (a call in a function nothing calls does not count)
         return any(  # the launcher that imports this file turns its other ranks down (`main.py` before `train.main()`)
             _quiets_others(rank_analysis(index), ci) for index in self._importers for ci in index.calls
+        )
+
+    @cached_property
+    def log_handlers_on_rank0_only(self) -> bool:
+        """The program attaches its log handlers (`logging.basicConfig`, `addHandler`) on rank 0
+        only, or on each rank to the rank's own file; here, in a module it imports, or in a program
+        that imports this file (dinov2's `setup_logging`: the console on the main process, a
+        `log.txt.rank{N}` file on the others). The other ranks' info messages reach no console."""
+        sites = [(self._rank, self.index, ci) for ci in self.calls]
+        sites += [(rank_analysis(index), index, ci) for index in self._importers for ci in index.calls]
+        setup = [
+            (rank, index, ci) for rank, index, ci in sites
+            if ci.is_("logging.basicConfig") or (ci.name == "addHandler" and not _null_handler(index, ci.node))
+        ]  # fmt: skip
+        return bool(setup) and all(
+            rank.in_rank0(ci.node) or mentions_rank(index, ci.node) or flow(index).single_process(ci.node)
+            for rank, index, ci in setup
         )
 
     @cached_property
@@ -335,6 +377,26 @@ class FileContext:
         return self.program_calls_to(*SET_DEVICE_CALLS) or any(
             kwarg(c.node, "device_id") for c in self.calls_to(INIT_PROCESS_GROUP)
         )
+
+
+def _referenced(ctx: "FileContext", func: Func) -> bool:
+    """Is the function's name used other than as its definition (a callback, `hooks.append(f)`,
+    `__all__`)? Then "nothing calls it" is not known."""
+    used = ctx.__dict__.get("_names_used")
+    if used is None:
+        defined = {id(f.name) for f in ctx.index.all_functions}
+        used = ctx.__dict__["_names_used"] = {
+            n.value for n in iter_nodes(ctx.module) if isinstance(n, cst.Name) and id(n) not in defined
+        } | {n.value.strip("'\"") for n in iter_nodes(ctx.module) if isinstance(n, cst.SimpleString)}
+    return func.name.value in used
+
+
+def _null_handler(index: FileIndex, call: cst.Call) -> bool:
+    """`logger.addHandler(logging.NullHandler())`: the dummy logger of the other ranks writes nothing."""
+    return any(
+        isinstance(a.value, cst.Call) and a.value in index.call_info and index.call_info[a.value].is_("logging.NullHandler")
+        for a in call.args
+    )
 
 
 def _quiets_others(rank, ci: CallInfo) -> bool:

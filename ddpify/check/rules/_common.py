@@ -18,8 +18,11 @@ def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
 
 def every_rank(ctx: FileContext, call: cst.Call) -> bool:
     """A side effect that runs on every rank (not rank-0-only, not tagged with the rank, not in
-    the branch a one-process run takes)."""
-    return not ctx.in_rank0(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
+    the branch a one-process run takes, not in a helper the program calls only on rank 0 or never)."""
+    return (
+        not ctx.in_rank0(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
+        and not ctx.rank0_or_idle(call)
+    )  # fmt: skip
 
 
 def single_process_branch(ctx: FileContext, node: cst.CSTNode) -> bool:

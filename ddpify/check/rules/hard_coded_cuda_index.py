@@ -5,6 +5,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import int_value, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import library_code
 
 _CUDA_N = re.compile(r"^cuda:\d+$")
 
@@ -70,8 +71,8 @@ class HardCodedCudaIndex(Rule):
                 if pos and int_value(pos[0].value) is not None:
                     yield Report(ci.node)
                     continue
-            if _rebound_per_process(ctx, ci.node):
-                continue
+            if _rebound_per_process(ctx, ci.node) or library_code(ctx, ci.node):
+                continue  # a helper module's function: its caller decides which device it gets (or never calls it)
             for arg in args:
                 for value in _choices(arg.value):
                     s = string_value(value)

@@ -1,5 +1,3 @@
-import libcst as cst
-
 from ddpify.analysis.flow import flow
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
@@ -59,13 +57,8 @@ class LogOnEveryRank(Rule):
     ]
 
     def check(self, ctx):
-        setup = [
-            ci
-            for ci in ctx.calls
-            if ci.is_("logging.basicConfig") or (ci.name == "addHandler" and not _null_handler(ctx, ci.node))
-        ]
-        if setup and not any(every_rank(ctx, ci.node) for ci in setup):
-            return  # logging is configured on rank 0 only: other ranks' info goes nowhere
+        if ctx.log_handlers_on_rank0_only:
+            return  # handlers attached on rank 0 only (or to each rank's own file): other ranks' info reaches no console
         if ctx.logging_quiet_off_rank0:
             return  # the other ranks log warnings and errors only
         loggers = {
@@ -82,11 +75,3 @@ class LogOnEveryRank(Rule):
                 continue  # a message on the way out (an error, nothing to do): each rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
-
-
-def _null_handler(ctx, call) -> bool:
-    """`logger.addHandler(logging.NullHandler())`: the dummy logger of the other ranks writes nothing."""
-    return any(
-        isinstance(a.value, cst.Call) and a.value in ctx.call_info and ctx.info(a.value).is_("logging.NullHandler")
-        for a in call.args
-    )
