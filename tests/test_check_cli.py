@@ -272,6 +272,7 @@ UNSAFE = textwrap.dedent(
         model = DDP(net)
         if dist.get_rank() == 0:
             torch.save(model.state_dict(), "model.pt")
+        dist.barrier()  # written before any rank reads it
         state = torch.load("model.pt")
         dist.destroy_process_group()
     """
@@ -362,7 +363,7 @@ def test_unsafe_fixes_need_their_own_flag(tmp_path):
     p.write_text(UNSAFE)
     r = run("check", str(p))
     assert f"{p}:10:20: DDP120 `state_dict()`" in r.output  # no [*]: --fix alone will not apply it
-    assert f"{p}:11:13: DDP109 [*]" in r.output
+    assert f"{p}:12:13: DDP109 [*]" in r.output
     assert "Found 2 findings (1 fixable with --fix). (1 hidden fix can be enabled with the --unsafe-fixes option.)" in r.output
     safe = run("check", "--fix", str(p))
     assert "Fixed 1 finding." in safe.output and "model.state_dict()" in p.read_text()

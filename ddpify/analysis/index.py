@@ -790,6 +790,8 @@ class FileIndex:
     def local_callees(self, ci: CallInfo) -> list[Func]:
         """The functions of this file a call may reach (``f(...)`` or ``self.f(...)``)."""
         f = ci.node.func
+        if isinstance(f, cst.Name) and ci.qnames:  # not one the name is bound to something else at the call (`from thop import profile`)
+            return [fn for fn in self.functions.get(ci.name, []) if not (q := self.qnames(fn.name)) or q & ci.qnames]
         if isinstance(f, cst.Name) or (
             isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value in ("self", "cls")
         ):

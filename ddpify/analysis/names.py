@@ -193,6 +193,10 @@ GLOBAL_RANK_CALLS = spelled({"torch.distributed.get_rank"})
 RANK_CALLS = GLOBAL_RANK_CALLS | spelled({"torch.distributed.get_node_local_rank"})
 GET_RANK = spelled({"torch.distributed.get_rank"})
 GET_WORLD_SIZE = spelled({"torch.distributed.get_world_size"})
+# calls that make a new tensor from their arguments (a copy: reducing it leaves the originals as they were)
+TENSOR_FACTORIES = spelled({"torch.tensor", "torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.stack", "torch.cat"})
+ACTIVATION_CHECKPOINTS = spelled({"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"})
+TORCH_NN = "torch.nn."  # the prefix of torch.nn's layers and Parameter
 # Collectives: every rank must call them, in the same order.
 COLLECTIVES = spelled(
     "torch.distributed." + n

@@ -40,6 +40,7 @@ class Project:
     imports: dict[Path, list[Path]] = field(default_factory=dict)  # file -> the project files it imports
     unreadable: dict[str, str] = field(default_factory=dict)  # dotted name -> why it cannot be analysed (a syntax error)
     parsed: dict[Path, cst.Module] = field(default_factory=dict, repr=False)  # file -> its module, parsed once
+    truncated: bool = False  # the walk stopped at its limit: some imported project modules were not read
 
     @property
     def files(self) -> list[Path]:
@@ -78,6 +79,7 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None, l
         if path in project.modules:
             continue
         if limit is not None and len(project.modules) >= limit:
+            project.truncated = True
             break
         try:
             module = parse(read(path), str(path))

@@ -38,6 +38,7 @@ class RankAnalysis:
         self._reads_rank: dict[cst.CSTNode, bool] = {}
         self._rank_names: Optional[set[str]] = None
         self._per_rank_names: Optional[set[tuple[Optional[Func], str]]] = None
+        self._rank0_names: Optional[frozenset[tuple[Optional[Func], str]]] = None
 
     def is_rank_expr(self, e: cst.BaseExpression) -> bool:
         """``rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])``, ``args.rank % ngpus``..."""
@@ -150,6 +151,9 @@ class RankAnalysis:
             ok_l = left == 1 or self._is_single_process(e.left)
             ok_r = right == 1 or self._is_single_process(e.right)
             return 1 if (ok_l and ok_r and 1 in (left, right)) else 0
+        if isinstance(e, cst.Comparison) and len(e.comparisons) == 1 and _is_none(e.comparisons[0].comparator):
+            if isinstance(e.comparisons[0].operator, (cst.Is, cst.IsNot)) and self._rank0_only(e.left):
+                return 1 if isinstance(e.comparisons[0].operator, cst.IsNot) else -1  # `if saver is not None:`
         if isinstance(e, cst.Comparison) and len(e.comparisons) == 1:
             comp = e.comparisons[0]
             op, right, left = comp.operator, comp.comparator, e.left
@@ -179,7 +183,7 @@ class RankAnalysis:
             return 1 if MAIN_PROCESS_RE.match(n) else 0
         if isinstance(e, (cst.Name, cst.Attribute)):
             n = last_name(e) or ""
-            if MAIN_PROCESS_RE.match(n):
+            if MAIN_PROCESS_RE.match(n) or self._rank0_only(e):
                 return 1
             name = dotted_name(e)
             if name in self._resolving:  # `flag = flag and x`: a flag bound from itself
@@ -192,6 +196,42 @@ class RankAnalysis:
             finally:
                 self._resolving.discard(name)
         return 0
+
+    def _rank0_only(self, e: cst.BaseExpression) -> bool:
+        name = dotted_name(e)
+        return name is not None and (self.index.enclosing_func(e), name) in self.rank0_only_names
+
+    @property
+    def rank0_only_names(self) -> frozenset[tuple[Optional[Func], str]]:
+        """Names that hold a value on rank 0 and None on the other ranks: every binding but
+        `x = None` is in rank-0 code (`saver = None`, `if rank == 0: saver = CheckpointSaver(...)`;
+        then `best = saver.save(...)` under `if saver is not None:`, with `best = None` before).
+        Found to a fixed point (a test of one such name makes the next one's binding rank 0's)."""
+        if self._rank0_names is None:
+            self._rank0_names = frozenset()
+            nones: set[tuple[Optional[Func], str]] = set()
+            values: dict[tuple[Optional[Func], str], list[cst.CSTNode]] = {}  # where each name gets a value
+            for b in self.index.assignments:
+                if "." not in b.dotted and b._node is not None:
+                    if _is_none(b.value):
+                        nones.add((b.func, b.dotted))
+                    else:
+                        values.setdefault((b.func, b.dotted), []).append(b._node)
+            for node in iter_nodes(self.index.module):  # `best, epoch = saver.save(...)`
+                if isinstance(node, cst.Assign):
+                    for target in node.targets:
+                        for element in getattr(target.target, "elements", ()):
+                            if isinstance(element.value, cst.Name):
+                                key = (self.index.enclosing_func(element.value), element.value.value)
+                                values.setdefault(key, []).append(element.value)
+            candidates = {key: nodes for key, nodes in values.items() if key in nones}
+            for _ in range(4):
+                found = frozenset(key for key, nodes in candidates.items() if all(self.in_rank0(n) for n in nodes))
+                if found == self._rank0_names:
+                    break
+                self._rank0_names = found
+                self._rank0_cache.clear()
+        return self._rank0_names
 
     @property
     def rank_flags(self) -> list[Binding]:
@@ -296,6 +336,10 @@ def mentions_rank(index: FileIndex, call: cst.Call) -> bool:
         b.dotted in names and b.func is func and (RANK_TEXT.search(index.code(b.value)) or ranks.per_rank(b.value, func))
         for b in index.assignments
     )  # `handler = StreamHandler(open(log_path))` with a per-rank `log_path`
+
+
+def _is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
 
 
 def _dotted_names_in(expr: cst.BaseExpression) -> set[str]:

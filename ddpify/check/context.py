@@ -10,6 +10,7 @@ same index, so both commands agree on names, rank 0 and the step loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from functools import cached_property
 from typing import Iterable, Optional
 
@@ -67,6 +68,7 @@ class ProjectModules:
     paths: dict[str, str]
     packages: frozenset[str] = frozenset()
     importers: tuple[cst.Module, ...] = ()  # the rest of the programs that import the checked file
+    truncated: bool = False  # more project modules are imported than were read (a large package)
 
 
 class FileContext:
@@ -166,10 +168,10 @@ class FileContext:
             return False
         found = self.__dict__.setdefault("_rank0_or_idle", {})
         if func not in found:
-            names = self.index.qnames(func.name)
+            own = {f"{Path(self.path).stem}.{n}" for n in self.index.qnames(func.name)}  # `torch_utils.profile`
             remote = [
                 (index, ci) for index in self._importers for ci in index.calls
-                if any(q in names or any(q.endswith("." + n) for n in names) for q in ci.qnames)
+                if any(q in own or any(q.endswith("." + n) for n in own) for q in ci.qnames)
             ]  # fmt: skip
             local = self.call_sites(func)
             found[func] = (not local and not remote and not _referenced(self, func)) or (
@@ -373,22 +375,33 @@ class FileContext:
 
     @cached_property
     def has_set_device(self) -> bool:
-        """Is this process's GPU set, here or elsewhere in the program (an importer included)?"""
-        return self.program_calls_to(*SET_DEVICE_CALLS) or any(
-            kwarg(c.node, "device_id") for c in self.calls_to(INIT_PROCESS_GROUP)
-        )
+        """Is this process's GPU set, here or elsewhere in the program (an importer included; a
+        `set_device` method of whatever namespace holds it, `getattr(torch, kind).set_device(...)`),
+        or can the program not be read whole (the walk stopped at its limit: not known, so assumed)?"""
+        return (
+            self.program_calls_to(*SET_DEVICE_CALLS) or self.program_method_calls("set_device")
+            or any(kwarg(c.node, "device_id") for c in self.calls_to(INIT_PROCESS_GROUP))
+            or (self.project is not None and self.project.truncated)
+        )  # fmt: skip
 
 
 def _referenced(ctx: "FileContext", func: Func) -> bool:
     """Is the function's name used other than as its definition (a callback, `hooks.append(f)`,
-    `__all__`)? Then "nothing calls it" is not known."""
+    `__all__`)? Then "nothing calls it" is not known. A name that resolves to something else
+    (`from thop import profile` in another function), an import's or an attribute's name is not it."""
     used = ctx.__dict__.get("_names_used")
     if used is None:
-        defined = {id(f.name) for f in ctx.index.all_functions}
-        used = ctx.__dict__["_names_used"] = {
-            n.value for n in iter_nodes(ctx.module) if isinstance(n, cst.Name) and id(n) not in defined
-        } | {n.value.strip("'\"") for n in iter_nodes(ctx.module) if isinstance(n, cst.SimpleString)}
-    return func.name.value in used
+        skip = {id(f.name) for f in ctx.index.all_functions}
+        skip |= {id(n.attr) for n in iter_nodes(ctx.module) if isinstance(n, cst.Attribute)}
+        skip |= {id(n) for a in iter_nodes(ctx.module) if isinstance(a, cst.ImportAlias) for n in iter_nodes(a)}
+        used = ctx.__dict__["_names_used"] = {}
+        for n in iter_nodes(ctx.module):
+            if isinstance(n, cst.Name) and id(n) not in skip:
+                used.setdefault(n.value, []).append(n)
+            elif isinstance(n, cst.SimpleString):
+                used.setdefault(n.value.strip("'\""), []).append(None)
+    own = ctx.index.qnames(func.name)
+    return any(n is None or not (q := ctx.index.qnames(n)) or q & own for n in used.get(func.name.value, ()))
 
 
 def _null_handler(index: FileIndex, call: cst.Call) -> bool:

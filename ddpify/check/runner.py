@@ -298,7 +298,7 @@ def project_modules(path: Path, source: Optional[str] = None):
     others = {name: project.parsed[file] for file, name in project.modules.items() if name != "__main__"}
     paths = {name: os.path.relpath(file) for file, name in project.modules.items()}
     packages = frozenset(name for file, name in project.modules.items() if file.name == "__init__.py")
-    return ProjectModules(others, paths, packages, importers), module
+    return ProjectModules(others, paths, packages, importers, project.truncated), module
 
 
 _TEXTS: dict[tuple[Path, float], str] = {}  # (path, mtime) -> text, per worker process

@@ -85,12 +85,12 @@ def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
 def starts_group(ctx: FileContext, ci) -> bool:
     """Is this call `init_process_group`, or a call of a function (of this file or a project
     module) that reaches it?"""
-    return bool(ci.qnames & N.INIT_PROCESS_GROUP) or any(f in _group_starters(ctx) for f in ctx.local_callees(ci))
+    return bool(ci.qnames & N.INIT_PROCESS_GROUP) or any(f in group_starters(ctx) for f in ctx.local_callees(ci))
 
 
-def _group_starters(ctx: FileContext) -> set:
+def group_starters(ctx: FileContext) -> set:
     """The functions that start the process group, directly or through the functions they call."""
-    found = ctx.__dict__.get("_group_starters")
+    found = ctx.__dict__.get("group_starters")
     if found is None:
         found = {c.func for c in ctx.calls_to(*N.INIT_PROCESS_GROUP) if c.func is not None}
         for _ in range(4):  # callers of callers, a few levels up
@@ -98,7 +98,7 @@ def _group_starters(ctx: FileContext) -> set:
             if not more:
                 break
             found |= more
-        ctx.__dict__["_group_starters"] = found
+        ctx.__dict__["group_starters"] = found
     return found
 
 

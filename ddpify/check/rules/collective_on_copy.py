@@ -8,7 +8,6 @@ from ddpify.check.rules._inplace import asynchronous, in_place_collectives, tens
 
 # methods that return a new tensor (a copy), always or whenever they convert or move it
 COPYING = frozenset({"clone", "float", "double", "half", "bfloat16", "long", "int", "to", "cuda", "cpu"})
-TENSOR_FACTORIES = frozenset({"torch.tensor", "torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.stack", "torch.cat"})
 
 
 def _copy(ctx, expr: cst.BaseExpression) -> str | None:
@@ -18,7 +17,7 @@ def _copy(ctx, expr: cst.BaseExpression) -> str | None:
     f = expr.func
     if isinstance(f, cst.Attribute) and f.attr.value in COPYING:
         return f.attr.value
-    if ctx.call_info[expr].qnames & TENSOR_FACTORIES:
+    if ctx.call_info[expr].qnames & N.TENSOR_FACTORIES:
         return ctx.code(f)
     return None
 

@@ -5,7 +5,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import int_value, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import library_code
+from ddpify.check.rules._common import library_code, single_process_branch
 
 _CUDA_N = re.compile(r"^cuda:\d+$")
 
@@ -61,6 +61,8 @@ class HardCodedCudaIndex(Rule):
         if ctx.gpu_per_process_by_launcher:
             return  # each process sees one GPU: `cuda:0` is its own
         for ci in ctx.calls:
+            if single_process_branch(ctx, ci.node):
+                continue  # `else:` of `if world_size > 1:`: one process, its GPU 0 is right
             args = ci.node.args
             if ci.is_(*N.TORCH_DEVICE) and len(args) >= 2 and int_value(args[1].value) is not None:
                 if string_value(args[0].value) == "cuda":
@@ -71,7 +73,7 @@ class HardCodedCudaIndex(Rule):
                 if pos and int_value(pos[0].value) is not None:
                     yield Report(ci.node)
                     continue
-            if _rebound_per_process(ctx, ci.node) or library_code(ctx, ci.node):
+            if _rebound_per_process(ctx, ci.node) or library_code(ctx, ci.node) or ctx.rank0_or_idle(ci.node):
                 continue  # a helper module's function: its caller decides which device it gets (or never calls it)
             for arg in args:
                 for value in _choices(arg.value):

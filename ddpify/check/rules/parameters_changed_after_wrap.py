@@ -4,6 +4,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
+from ddpify.analysis import names as N
 from ddpify.check.context import is_true, kwarg, positional
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import assigned_name, exclusive, may_precede, trains
@@ -40,7 +41,7 @@ def _new_parameter_or_module(ctx, value: cst.BaseExpression) -> bool:
     """`nn.Parameter(...)`, `nn.Linear(...)`: a constructor of torch.nn."""
     if not isinstance(value, cst.Call):
         return False
-    return any(q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper() for q in ctx.call_info[value].qnames)
+    return any(q.startswith(N.TORCH_NN) and q.rsplit(".", 1)[1][:1].isupper() for q in ctx.call_info[value].qnames)
 
 
 class ParametersChangedAfterWrap(Rule):

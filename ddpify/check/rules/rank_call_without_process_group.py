@@ -4,10 +4,10 @@ import libcst as cst
 
 from ddpify.analysis import names as N
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import _group_starters, before, dominates, exclusive, starts_group
+from ddpify.check.rules._common import group_starters, before, dominates, exclusive, starts_group
 
 # torch.distributed calls that need the default process group
-NEEDS_GROUP = N.GLOBAL_RANK_CALLS | N.COLLECTIVES | N.spelled({"torch.distributed.get_world_size"})
+NEEDS_GROUP = N.GLOBAL_RANK_CALLS | N.COLLECTIVES | N.GET_WORLD_SIZE
 
 
 class RankCallWithoutProcessGroup(Rule):
@@ -79,7 +79,7 @@ class RankCallWithoutProcessGroup(Rule):
     ]
 
     def check(self, ctx):
-        starters = _group_starters(ctx)
+        starters = group_starters(ctx)
         group_calls = [ci for ci in ctx.calls if _starts(ctx, ci)]
         if not group_calls:
             return
@@ -113,7 +113,7 @@ def _starts(ctx, ci) -> bool:
     definitions = ctx.index.definitions()
     inits = [definitions.get(q + ".__init__") for q in ci.qnames]
     inits += [f for f in ctx.index.functions.get("__init__", []) if _class_name(ctx, f) == ci.name]
-    return any(f is not None and f in _group_starters(ctx) for f in inits)
+    return any(f is not None and f in group_starters(ctx) for f in inits)
 
 
 def _class_name(ctx, func) -> str | None:

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
+from ddpify.analysis import names as N
 from ddpify.check.context import is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
-CHECKPOINTS = frozenset({"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"})
 
 
 class ReentrantCheckpointWithUnusedSearch(Rule):
@@ -67,7 +67,7 @@ class ReentrantCheckpointWithUnusedSearch(Rule):
         if not searching:
             return
         wrap = searching[0]
-        for ci in ctx.calls_to(*CHECKPOINTS):
+        for ci in ctx.calls_to(*N.ACTIVATION_CHECKPOINTS):
             k = kwarg(ci.node, "use_reentrant")
             if k is not None and is_true(k.value):
                 yield Report(ci.node, f"`{ctx.code(ci.node.func)}(..., use_reentrant=True)` under "

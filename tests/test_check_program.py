@@ -1,0 +1,135 @@
+"""`ddpify check` reads the program around a file: the modules it imports, and the files that
+import it (a helper called on rank 0 only, logging set up by the launcher, a package whose
+own `setup.py` module is not the project's root)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from ddpify.analysis.project import find_project
+from ddpify.check.rule import select_rules
+from ddpify.check.runner import check_paths
+
+TRAIN = """\
+import torch.distributed as dist
+import summary
+
+
+def main(net, batches, opt):
+    dist.init_process_group("gloo")
+    for x in batches:
+        opt.zero_grad()
+        net(x).sum().backward()
+        opt.step()
+    {call}
+    dist.destroy_process_group()
+"""
+
+SUMMARY = """\
+import torch.distributed as dist
+
+
+def show(net):
+    for name, p in net.named_parameters():
+        print(name, tuple(p.shape), "of", dist.get_world_size())
+"""
+
+
+def _codes(path: Path) -> list[str]:
+    [result] = check_paths([(path, frozenset(select_rules(None)))], jobs=1)
+    return [f"{f.line} {f.code}" for f in result.findings]
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(textwrap.dedent(text))
+
+
+def test_a_helper_the_program_calls_on_rank0_only_prints_once(tmp_path: Path) -> None:
+    _write(tmp_path, {"pyproject.toml": "", "summary.py": SUMMARY,
+                      "train.py": TRAIN.format(call="if dist.get_rank() == 0:\n        summary.show(net)")})
+    assert _codes(tmp_path / "summary.py") == []
+
+
+def test_a_helper_the_program_calls_on_every_rank_prints_on_every_rank(tmp_path: Path) -> None:
+    _write(tmp_path, {"pyproject.toml": "", "summary.py": SUMMARY, "train.py": TRAIN.format(call="summary.show(net)")})
+    assert _codes(tmp_path / "summary.py") == ["6 DDP302"]
+
+
+LOG_SETUP = """\
+import logging
+import sys
+
+import torch.distributed as dist
+
+
+def setup_logging(folder):
+    log = logging.getLogger("run")
+    log.setLevel(logging.INFO)
+    if dist.get_rank() == 0:
+        log.addHandler(logging.StreamHandler(sys.stdout))
+    {other}
+"""
+
+FIT = """\
+import logging
+
+import torch.distributed as dist
+from log_setup import setup_logging
+
+log = logging.getLogger("run")
+
+
+def fit(net, batches, opt, folder):
+    dist.init_process_group("gloo")
+    setup_logging(folder)
+    for step, x in enumerate(batches):
+        opt.zero_grad()
+        net(x).sum().backward()
+        opt.step()
+        log.info("step %d", step)
+    dist.destroy_process_group()
+"""
+
+
+def test_console_on_rank0_and_a_file_per_rank_keep_info_off_other_consoles(tmp_path: Path) -> None:
+    own_file = 'path = f"{folder}/log.rank{dist.get_rank()}.txt"\n    log.addHandler(logging.FileHandler(path))'
+    _write(tmp_path, {"pyproject.toml": "", "log_setup.py": LOG_SETUP.format(other=own_file), "fit.py": FIT})
+    assert _codes(tmp_path / "fit.py") == []
+
+
+def test_a_console_handler_on_every_rank_logs_on_every_rank(tmp_path: Path) -> None:
+    shared = "log.addHandler(logging.StreamHandler(sys.stderr))"
+    _write(tmp_path, {"pyproject.toml": "", "log_setup.py": LOG_SETUP.format(other=shared), "fit.py": FIT})
+    assert _codes(tmp_path / "fit.py") == ["16 DDP303"]
+
+
+def test_a_packages_own_setup_module_is_not_the_project_root(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/tools.py": "def helper():\n    return 1\n",
+        "pkg/eval/__init__.py": "",
+        "pkg/eval/setup.py": "def build():\n    return 2\n",
+        "pkg/eval/linear.py": "from pkg.tools import helper\nfrom pkg.eval.setup import build\nhelper()\nbuild()\n",
+    })  # fmt: skip
+    found = find_project(tmp_path / "pkg" / "eval" / "linear.py")
+    assert found.root == tmp_path.resolve()
+    assert {"pkg.tools", "pkg.eval.setup"} <= set(found.modules.values())
+
+
+def test_a_call_of_a_name_imported_over_a_local_function_is_not_a_call_of_it() -> None:
+    import libcst as cst
+
+    from ddpify.analysis.index import index_of
+
+    module = cst.parse_module(
+        "def profile(x):\n    return x\n"
+        "def flops(model):\n    from thop import profile\n    return profile(model)\n"
+        "def twice(x):\n    return profile(profile(x))\n"
+    )
+    index = index_of(module)
+    [local] = [f for f in index.all_functions if f.name.value == "profile"]
+    assert [module.code_for_node(c.node) for c in index.call_sites(local)] == ["profile(profile(x))", "profile(x)"]
