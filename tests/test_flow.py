@@ -115,3 +115,20 @@ def test_on_exit_path(name, returns, on_exit):
 def test_flags_asserted_off_in_a_one_line_suite_or_block():
     paths, _ = _calls("if world_size > 1: assert not opt.search\nif args.distributed:\n    if x:\n        pass\n    assert not opt.evolve\n")
     assert paths.flags_off_under_ddp == {"opt.search", "opt.evolve"}
+
+
+@pytest.mark.parametrize(
+    "body, ends",
+    [
+        ("try:\n    a()\nexcept E:\n    return 1\nelse:\n    return 2\n", "function"),  # both ways out
+        ("try:\n    return a()\nexcept E:\n    pass\n", None),  # the handler goes on
+        ("try:\n    a()\nfinally:\n    raise X\n", "function"),
+        ("if x:\n    break\nelse:\n    return\n", "loop"),  # the nearer way out
+        ("with lock:\n    sys.exit(1)\n", "function"),
+    ],
+)
+def test_where_a_statement_ends(body, ends):
+    module = cst.parse_module("import sys\ndef f():\n    for _ in y:\n" + "".join(f"        {line}\n" for line in body.splitlines()))
+    paths = flow(index_of(module))
+    loop = module.body[1].body.body[0]
+    assert paths.ends(loop.body.body[0]) == ends

@@ -61,8 +61,7 @@ class Flow:
         if isinstance(stmt, cst.Try):
             if stmt.finalbody is not None and self.block_ends(stmt.finalbody.body):
                 return self.block_ends(stmt.finalbody.body)
-            main = self.block_ends(stmt.orelse.body) if stmt.orelse is not None else None
-            main = _weakest(self.block_ends(stmt.body), main) if main else self.block_ends(stmt.body)
+            main = self.block_ends(stmt.body) or (self.block_ends(stmt.orelse.body) if stmt.orelse is not None else None)
             for handler in stmt.handlers:
                 main = _weakest(main, self.block_ends(handler.body))
             return main
