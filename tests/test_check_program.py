@@ -133,3 +133,32 @@ def test_a_call_of_a_name_imported_over_a_local_function_is_not_a_call_of_it() -
     index = index_of(module)
     [local] = [f for f in index.all_functions if f.name.value == "profile"]
     assert [module.code_for_node(c.node) for c in index.call_sites(local)] == ["profile(profile(x))", "profile(x)"]
+
+
+def test_a_launcher_that_imports_the_training_module_by_name_is_read(tmp_path: Path) -> None:
+    """`importlib.import_module(f"app.{name}.train")` in a launcher that turns logging down off
+    rank 0: the training module's info lines are rank 0's (DDP303 silent); without the
+    launcher's line they are every rank's."""
+    train = "import logging\n\nimport torch.distributed as dist\n\nlog = logging.getLogger()\n\n\ndef main(net, batches, opt):\n" \
+            "    dist.init_process_group('gloo')\n    for x in batches:\n        opt.zero_grad()\n" \
+            "        net(x).sum().backward()\n        opt.step()\n        log.info('step')\n" \
+            "    dist.destroy_process_group()\n"  # fmt: skip
+    launcher = "import importlib\nimport logging\nimport os\n\n\ndef run(name):\n" \
+               "    if int(os.environ['RANK']) != 0:\n        logging.getLogger().setLevel(logging.ERROR)\n" \
+               "    importlib.import_module(f'app.{name}.train').main(None, [], None)\n"  # fmt: skip
+    _write(tmp_path, {"pyproject.toml": "", "app/__init__.py": "", "app/vision/__init__.py": "", "app/vision/train.py": train})
+    assert _codes(tmp_path / "app" / "vision" / "train.py") == ["14 DDP303"]
+    _write(tmp_path, {"app/launch.py": launcher})
+    assert _codes(tmp_path / "app" / "vision" / "train.py") == []
+
+
+def test_a_rank_kept_in_a_dict_item_guards_like_a_rank(tmp_path: Path) -> None:
+    script = "import logging\n\nimport torch.distributed as dist\nfrom torch.utils.data import DataLoader\n\n" \
+             "log = logging.getLogger()\n\n\ndef main(opt, net, data, opt_step):\n" \
+             "    if opt['dist']:\n        dist.init_process_group('gloo')\n    opt['rank'] = dist.get_rank() if opt['dist'] else 0\n" \
+             "    if opt['dist']:\n        loader = DataLoader(data, sampler=make_sampler(data), batch_size=4)\n" \
+             "    else:\n        loader = DataLoader(data, shuffle=True, batch_size=4)\n" \
+             "    for x in loader:\n        net(x).sum().backward()\n        opt_step()\n        if opt['rank'] == 0:\n" \
+             "            log.info('step')\n    if opt['dist']:\n        dist.destroy_process_group()\n"  # fmt: skip
+    _write(tmp_path, {"train.py": script})
+    assert _codes(tmp_path / "train.py") == []

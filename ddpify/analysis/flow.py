@@ -18,7 +18,8 @@ _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort", "builtin
 _SEQUENCES = (cst.Module, cst.IndentedBlock, cst.SimpleStatementSuite, cst.SimpleStatementLine)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 DISTRIBUTED_TEST = re.compile(
-    r"(distributed|\bddp\b|is_initialized|(world|my|group|comm)_size\s*>\s*1|\bis_dist|num_gpus\s*>\s*1|\bworld_size\s*!=\s*1)",
+    r"(distributed|\bddp\b|is_initialized|(world|my|group|comm)_size\s*>\s*1|\bis_dist|num_gpus\s*>\s*1|\bworld_size\s*!=\s*1"
+    r"|\[\s*['\"](dist|use_dist|use_ddp)['\"]\s*\])",  # `opt['dist']`: a flag kept in a dict
     re.IGNORECASE,
 )
 _SINGLE_TEST = re.compile(r"(world_size\s*(==|<=)\s*1|local_rank\s*==\s*-1|\brank\s*==\s*-1)", re.IGNORECASE)

@@ -136,8 +136,18 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
         reached = todo.pop()
         stem = reached.parent.name if reached.name == "__init__.py" else reached.stem
         names_it = re.compile(rf"^\s*(from|import)\b[^\n#]*\b{re.escape(stem)}\b", re.MULTILINE)  # an import line naming it
+        dotted = _dotted_under(reached, root)
         for path, text in texts.items():
-            if path in imported or stem not in text or not names_it.search(text):
+            if path in imported or stem not in text:
+                continue
+            if not names_it.search(text):
+                if any(pattern.fullmatch(dotted) for pattern in _dynamic_imports(text)):
+                    try:  # `importlib.import_module(f"app.{name}.train")`: a launcher that picks its module by name
+                        found[path] = found.get(path) or parse(text, str(path))
+                    except Exception:  # noqa: BLE001 - a file that does not parse imports nothing we can see
+                        continue
+                    imported.add(path)
+                    todo.append(path)
                 continue
             try:
                 module = found.get(path) or parse(text, str(path))
@@ -162,6 +172,20 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
                 continue
             todo.append(other)
     return found
+
+
+_IMPORT_MODULE = re.compile(r"import_module\(\s*f?([\"'])([\w.{}\[\]'\"]+?)\1\s*[,)]")
+
+
+def _dynamic_imports(text: str) -> list[re.Pattern]:
+    """The module names `importlib.import_module(f"app.{name}.train")` calls can load, as patterns
+    (each `{...}` one or more name parts)."""
+    patterns = []
+    for match in _IMPORT_MODULE.finditer(text):
+        parts = re.split(r"\{[^}]*\}", match.group(2))
+        if len(parts) > 1 and any(p.strip(".") for p in parts):
+            patterns.append(re.compile(r"[\w.]+".join(re.escape(p) for p in parts)))
+    return patterns
 
 
 def _python_files(root: Path) -> list[Path]:

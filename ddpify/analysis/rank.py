@@ -22,6 +22,7 @@ MAIN_PROCESS_RE = re.compile(
 RANK_NAMES = frozenset({"gpu_id", "gpu", "local_gpu", "device_id", "gpu_idx", "process_index", "proc_id"})
 RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
 RANK_TEXT = re.compile(r"rank|gpu_id|\bgpu\b|device_id|local_gpu|process_index|getpid", re.IGNORECASE)
+_RANK_KEY = re.compile(r"^(local_|global_|node_|dist_)?rank$", re.IGNORECASE)
 _NOT_MULTI_PROCESS = re.compile(r"(is_initialized|is_available|distributed|ddp|is_dist)", re.IGNORECASE)
 
 
@@ -52,10 +53,10 @@ class RankAnalysis:
                 key = string_value(e.args[0].value)
                 return key is not None and key in RANK_ENV
             return "rank" in (last_name(e.func) or "").lower()
-        if isinstance(e, cst.Subscript):  # os.environ["RANK"]
+        if isinstance(e, cst.Subscript):  # os.environ["RANK"], opt["rank"] (a rank kept in a dict)
             if len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):
                 s = string_value(e.slice[0].slice.value)
-                return s is not None and "RANK" in s
+                return s is not None and ("RANK" in s or bool(_RANK_KEY.match(s)))
             return False
         if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Modulo):
             return self.is_rank_expr(e.left)

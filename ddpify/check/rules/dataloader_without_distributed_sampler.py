@@ -5,7 +5,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import assigned_name, iterated_name
+from ddpify.check.rules._common import assigned_name, iterated_name, single_process_branch
 
 _LOCAL_SAMPLERS = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER
 _TRAINING_NAME = re.compile(r"train|(^|[._])tr_")  # `train_loader`, `tr_loader`, `self.tr_dl`
@@ -90,8 +90,8 @@ class DataLoaderWithoutDistributedSampler(Rule):
                 if local == "RandomSampler" or (local and trains):  # in-order evaluation is fine
                     yield Report(sampler)
                 continue
-            if ctx.in_rank0(call) or _sharded_by_hand(ctx, call):
-                continue
+            if ctx.in_rank0(call) or _sharded_by_hand(ctx, call) or single_process_branch(ctx, call):
+                continue  # rank 0 alone, split already, or the branch that runs without a group
             shuffle = kwarg(call, "shuffle")
             if trains or (shuffle is not None and is_true(shuffle.value) and not _evaluates(ctx, call, name)):
                 yield Report(call, None if name and name in step_iterated else self.MESSAGE + _assumed(name))
