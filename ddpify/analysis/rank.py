@@ -15,7 +15,7 @@ from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, iter_no
 from ddpify.analysis.literals import int_value, string_value
 
 MAIN_PROCESS_RE = re.compile(
-    r"^_?(is_?)?(main|master|primary|chief|leader|rank_?0|rank_?zero|global_?zero|local_?zero)"
+    r"^_?(is_?)?(main|master|primary|chief|leader|rank_?0|rank_?zero|global_?zero|local_?zero|local_?(main|master))"
     r"(_?(process|proc|rank|worker|node|host))?$",
     re.IGNORECASE,
 )
