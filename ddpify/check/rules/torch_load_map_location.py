@@ -1,7 +1,8 @@
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.check.context import has_star_kwargs, kwarg, positional
+from ddpify.analysis.index import iter_nodes
+from ddpify.check.context import dotted_name, has_star_kwargs, kwarg, positional, string_value
 from ddpify.check.fix import add_kwarg
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
 from ddpify.check.rules._common import mentions_rank
@@ -70,5 +71,38 @@ class TorchLoadWithoutMapLocation(Rule):
                 continue  # this rank's own file (`f"queue{rank}.pth"`): saved from its GPU, it comes back there
             if ctx.in_rank0(call):
                 continue  # rank 0 alone loads it, and GPU 0 is its own
+            if _saves_cpu_copies(ctx):
+                continue  # the program's own checkpoints hold CPU tensors: nothing lands on GPU 0
             fixed = add_kwarg(call, "map_location", cst.SimpleString('"cpu"'))
             yield Report(call, fixes=[(call, fixed)])
+
+
+def _saves_cpu_copies(ctx) -> bool:
+    """Does every `torch.save` of this file save a state dict whose tensors were moved to the CPU
+    first (`for k, p in state.items(): state[k] = p.cpu()`, `{k: v.cpu() for k, v in ...}`)?"""
+    saves = ctx.calls_to(*N.TORCH_SAVE)
+    return bool(saves) and all(_cpu_copy(ctx, ci) for ci in saves)
+
+
+def _cpu_copy(ctx, ci) -> bool:
+    args = positional(ci.node)
+    name = dotted_name(args[0].value) if args else None
+    if name is None:
+        return False
+    scope = ci.func.body if ci.func is not None else ctx.module
+    for node in iter_nodes(scope):
+        if isinstance(node, cst.Assign) and any(
+            isinstance(t.target, cst.Subscript) and dotted_name(t.target.value) == name for t in node.targets
+        ) and _moves_to_cpu(node.value):
+            return True  # `state[key] = param.cpu()`
+    return any(b.dotted == name and b.func is ci.func and _moves_to_cpu(b.value) for b in ctx.assignments)
+
+
+def _moves_to_cpu(value) -> bool:
+    """`p.cpu()`, `p.detach().cpu()`, `{k: v.cpu() for ...}`, `p.to("cpu")`."""
+    if isinstance(value, cst.DictComp):
+        value = value.value
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)):
+        return False
+    method = value.func.attr.value
+    return method == "cpu" or (method == "to" and bool(value.args) and string_value(value.args[0].value) == "cpu")
