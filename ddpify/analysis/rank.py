@@ -310,12 +310,14 @@ class RankAnalysis:
         return found
 
     def rank0_function(self, func: Func) -> bool:
-        """A function only called from rank-0-only code."""
+        """A function only called from rank-0-only code (or from a branch that runs without a
+        process group: `if opt['dist']: self.dist_eval() else: self.eval()`)."""
         if func in self._rank0_func:
             return self._rank0_func[func]
         self._rank0_func[func] = False  # cycles: assume not
         sites = self.index.call_sites(func)
-        result = bool(sites) and all(self.in_rank0(s.node) for s in sites)
+        result = bool(sites) and all(self.in_rank0(s.node) or flow(self.index).single_process(s.node) for s in sites)
+        result = result and any(self.in_rank0(s.node) for s in sites)  # rank 0's, or one process's, and rank 0's once
         self._rank0_func[func] = result
         # cached answers computed under the provisional False may be stale
         if result:
