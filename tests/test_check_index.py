@@ -14,6 +14,7 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from ddpify.analysis import names as N
 from ddpify.analysis.index import FileIndex, index_of, iter_nodes, visit_order
 from ddpify.analysis.positions import Positions, start_lines
 
@@ -67,7 +68,10 @@ def test_index_matches_libcst(path):
             theirs = {q.name for q in (theirs() if callable(theirs) else theirs)}
             if not theirs and starred:
                 continue  # libcst does not follow `from X import *`; the index does (names of X)
-            assert set(index.qnames(node)) == theirs, module.code_for_node(node)
+            ours = set(index.qnames(node))
+            if theirs & index._loader_classes():
+                ours -= N.DATALOADER  # the file's own DataLoader subclass: the index reads its calls as DataLoader calls
+            assert ours == theirs, module.code_for_node(node)
     # calls in libcst's visiting order
     assert [c.node for c in index.calls] == [n for n in visitor.nodes if isinstance(n, cst.Call)]
     # parents of every walked node
