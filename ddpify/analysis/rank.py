@@ -97,11 +97,14 @@ class RankAnalysis:
             found: set[tuple[Optional[Func], str]] = set()
             pending = [b for b in self.index.assignments if _identifier_like(b.value) or self._local_call(b.value)]
             returns = [r for r in iter_nodes(self.index.module) if isinstance(r, cst.Return) and r.value is not None]
-            for _ in range(6):
-                more = set()
-                per_rank = lambda e, f: RANK_TEXT.search(self.index.code(e)) or any(  # noqa: E731
+
+            def per_rank(e: cst.BaseExpression, f: Optional[Func]) -> bool:
+                return bool(RANK_TEXT.search(self.index.code(e))) or any(
                     (f, n) in found or (None, n) in found for n in _dotted_names_in(e)
                 )
+
+            for _ in range(6):
+                more = set()
                 giving = {f for r in returns if (f := self.index.enclosing_func(r)) is not None and per_rank(r.value, f)}
                 for b in pending:
                     key = (None if b.func is None or "." in b.dotted else b.func, b.dotted)

@@ -10,8 +10,8 @@ same index, so both commands agree on names, rank 0 and the step loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from functools import cached_property
+from pathlib import Path
 from typing import Iterable, Optional
 
 import libcst as cst
