@@ -865,12 +865,19 @@ class FileIndex:
                 if func is not None and name in self._assigned_in(func):
                     continue  # `model = GPT(config)` in a function: its own local, not the global
                 return True
+            elif func is not None and b.func is not None and self._nested_in(func, b.func):
+                if name not in self.param_names(func) and name not in self._assigned_in(func):
+                    return True  # a closure reads the enclosing function's binding
             elif name.startswith("self."):
                 # a method only called before the wrapping (e.g. loading a snapshot in __init__)
                 sites = self.call_sites(func) if func is not None else []
                 if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):
                     return True
         return False
+
+    def _nested_in(self, inner: Func, outer: Func) -> bool:
+        """Is `inner` defined inside `outer` (a closure of it)?"""
+        return any(p is outer for p in self.ancestors(inner))
 
     def own_names(self, func: Func) -> set[str]:
         """The names a function binds itself: its parameters and the locals it assigns."""

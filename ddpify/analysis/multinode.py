@@ -336,8 +336,7 @@ def rank0_paths(rank: RankAnalysis, node: cst.CSTNode, _depth: int = 0) -> list[
     child = node
     for p in index.ancestors(node):
         if isinstance(p, (cst.If, cst.IfExp)):
-            sign = rank.rank_test(p.test)
-            if (child is p.body and sign == 1) or (child is p.orelse and sign == -1):
+            if child is p.body and rank.rank_test(p.test) == 1 or child is p.orelse and rank.false_only_on_rank0(p.test):
                 guards.append(Guard(p.test, p))
         elif isinstance(p, (cst.IndentedBlock, cst.Module)) and not isinstance(child, cst.BaseSuite):
             body = list(p.body)

@@ -201,6 +201,23 @@ class RankAnalysis:
                 self._resolving.discard(name)
         return 0
 
+    def false_only_on_rank0(self, e: cst.BaseExpression) -> bool:
+        """Is the test false on rank 0 only, so its `else` is rank 0's? `rank != 0`, and an `or`
+        with such a part (`use_dummy = args.run == "dummy" or not master_process`, then
+        `DummyWandb() if use_dummy else wandb.init()`): both parts false means rank 0."""
+        if self.rank_test(e) == -1:
+            return True
+        if isinstance(e, cst.BooleanOperation) and isinstance(e.operator, cst.Or):
+            return self.false_only_on_rank0(e.left) or self.false_only_on_rank0(e.right)
+        name = dotted_name(e) if isinstance(e, (cst.Name, cst.Attribute)) else None
+        if name is None or name in self._resolving:
+            return False
+        self._resolving.add(name)
+        try:
+            return any(b.dotted == name and self.false_only_on_rank0(b.value) for b in self.rank_flags)
+        finally:
+            self._resolving.discard(name)
+
     def _rank0_only(self, e: cst.BaseExpression) -> bool:
         name = dotted_name(e)
         return name is not None and (self.index.enclosing_func(e), name) in self.rank0_only_names
@@ -255,7 +272,7 @@ class RankAnalysis:
         idx = 1 << 30
         paths = flow(self.index)
         for i, stmt in enumerate(getattr(block, "body", ())):
-            if isinstance(stmt, cst.If) and stmt.orelse is None and self.rank_test(stmt.test) == -1:
+            if isinstance(stmt, cst.If) and stmt.orelse is None and self.false_only_on_rank0(stmt.test):
                 if paths.block_ends(stmt.body):  # `return`, `continue`, `raise`, `sys.exit()`, or both branches of an `if` inside
                     idx = i
                     break
@@ -270,8 +287,7 @@ class RankAnalysis:
         child = node
         for p in self.index.ancestors(node):
             if isinstance(p, (cst.If, cst.IfExp)):
-                sign = self.rank_test(p.test)
-                if (child is p.body and sign == 1) or (child is p.orelse and sign == -1):
+                if child is p.body and self.rank_test(p.test) == 1 or child is p.orelse and self.false_only_on_rank0(p.test):
                     result = True
                     break
             elif isinstance(p, (cst.IndentedBlock, cst.Module)) and not isinstance(child, cst.BaseSuite):
@@ -318,7 +334,7 @@ class RankAnalysis:
         if func in self._rank0_func:
             return self._rank0_func[func]
         self._rank0_func[func] = False  # cycles: assume not
-        sites = self.index.call_sites(func)
+        sites = self.index.call_sites(func) + self._wrapped_module_calls(func)
         result = bool(sites) and all(self.in_rank0(s.node) or flow(self.index).single_process(s.node) for s in sites)
         result = result and any(self.in_rank0(s.node) for s in sites)  # rank 0's, or one process's, and rank 0's once
         self._rank0_func[func] = result
@@ -326,6 +342,19 @@ class RankAnalysis:
         if result:
             self._rank0_cache.clear()
         return result
+
+
+    def _wrapped_module_calls(self, func: Func) -> list:
+        """Calls of a model class's method through the wrapper (`model.module.inference(...)`):
+        `module` is the wrapped model, so a method of the file's classes by that name is reached."""
+        if not isinstance(self.index.parents.get(self.index.parents.get(func)), cst.ClassDef):
+            return []
+        name = func.name.value
+        return [
+            c for c in self.index.calls
+            if c.name == name and isinstance(c.node.func, cst.Attribute)
+            and isinstance(c.node.func.value, cst.Attribute) and c.node.func.value.attr.value == "module"
+        ]
 
 
 def mentions_rank(index: FileIndex, call: cst.Call) -> bool:

@@ -50,6 +50,14 @@ class StepAnalysis:
             )
         return found
 
+    def syncs(self, outer: cst.CSTNode) -> bool:
+        """Does code under `outer` (a function or a loop) talk to the other ranks: a backward pass
+        (DDP's gradient all-reduce) or a collective, directly or through the file's functions?"""
+        return any(
+            self.is_backward(c) or c.qnames & N.COLLECTIVES or any(self.trains(f) for f in self.index.local_callees(c))
+            for c in self.index.calls_under(outer)
+        )
+
     @property
     def step_loops(self) -> set[Loop]:
         """Loops whose every iteration runs a backward pass (the innermost such loops)."""

@@ -356,6 +356,10 @@ class FileContext:
         """A function that runs one backward per call (outside its own loops)."""
         return self._steps.step_function(func)
 
+    def syncs(self, outer: cst.CSTNode) -> bool:
+        """Does code under this function or loop run a backward pass or a collective?"""
+        return self._steps.syncs(outer)
+
     @property
     def step_loops(self) -> set[Loop]:
         """Loops whose every iteration runs a backward pass (the innermost such loops)."""

@@ -16,10 +16,13 @@ class ManualRankSharding(Rule):
     Flags `data[rank::world_size]`, `np.array_split(data, world_size)[rank]`-style shards and
     contiguous ranges of indices (`Subset(data, range(rank * per, (rank + 1) * per))`) unless
     their size is a floor division (`per = len(data) // world_size`: equal shards, the
-    remainder dropped), or a strided pick from parts whose count is a multiple of the world size
-    (`parts = seeds.tensor_split(n * world_size)`: every rank the same number of parts). A
-    slice of a tensor by rank (a chunk of optimizer state) is not a shard
-    of the data and is left alone.
+    remainder dropped; `t.split(len(t) // world_size)[rank]`, torch's chunk size), or a strided
+    pick from parts whose count is a multiple of the world size (`parts =
+    seeds.tensor_split(n * world_size)`: every rank the same number of parts). A slice of a
+    tensor by rank (a chunk of optimizer state) is not a shard of the data and is left alone,
+    and so is a shard whose every use is followed to code that never talks to the other ranks
+    (an evaluation loop with no backward and no collective): uneven counts only hang where each
+    batch syncs.
 
     ## Why is this bad?
     When the dataset size is not a multiple of the world size, ranks get different numbers of
@@ -51,11 +54,20 @@ class ManualRankSharding(Rule):
         "import torch.distributed as dist\nfirst = data[0::2]\n",
         "import torch.distributed as dist\nn = (len(seeds) // 64 + 1) * world_size\n"
         "parts = seeds.tensor_split(n)\nmine = parts[rank::world_size]\n",
+        # torch's split takes the chunk size: a floor division gives equal chunks
+        "import torch.distributed as dist\nidx = idx.split(idx.size(0) // world_size)[rank]\n",
+        # a shard only an evaluation without a per-batch collective reads
+        "import torch.distributed as dist\n\ndef evaluate(loader, model):\n    return sum(model(x).sum() for x in [1])\n\n"
+        "def run(rank, world_size, model, data):\n    val = data.split(-(-len(data) // world_size) + 1)[rank]\n"
+        "    loader = DataLoader(val)\n    acc = evaluate(loader, model)\n    for batch in loader:\n        print(model(batch))\n",
     ]
     INVALID = [
         Invalid("import torch.distributed as dist\nshard = data[rank::world_size]\n"),
         Invalid("import numpy as np, torch.distributed as dist\nshard = np.array_split(data, world_size)[rank]\n"),
         Invalid("import torch.distributed as dist\nshard = Subset(ds, range(rank * per, min((rank + 1) * per, n)))\n"),
+        Invalid("import torch.distributed as dist\nfrom math import ceil\n\ndef run(rank, world_size, model, opt, data):\n"
+                "    idx = data.split(ceil(len(data) / world_size))[rank]\n    for x in DataLoader(idx):\n"
+                "        model(x).sum().backward()\n        opt.step()\n"),
     ]
 
     def check(self, ctx):
@@ -65,17 +77,91 @@ class ManualRankSharding(Rule):
             s = node.slice[0].slice
             if isinstance(s, cst.Slice) and s.lower is not None and s.step is not None:
                 if _RANK.search(ctx.code(s.lower)) and "world" in ctx.code(s.step).lower() + "size":
-                    if not _parts_per_rank_equal(ctx, node.value):
+                    if not _parts_per_rank_equal(ctx, node.value) and _feeds_training(ctx, node):
                         yield Report(node)
             elif isinstance(s, cst.Index) and _RANK.search(ctx.code(s.value)):
                 v = node.value
-                if isinstance(v, cst.Call) and ctx.info(v).name in _SPLIT:
-                    yield Report(node)
+                if isinstance(v, cst.Call) and ctx.info(v).name in _SPLIT and not _equal_chunks(ctx, ctx.info(v)):
+                    if _feeds_training(ctx, node):
+                        yield Report(node)
         for ci in ctx.calls:  # `range(rank * per, min((rank + 1) * per, n))`: a contiguous shard of indices
             if ci.name == "range" and ci.receiver is None and len(ci.node.args) >= 2:
                 low, high = ci.node.args[0].value, ci.node.args[1].value
                 if _RANK.search(ctx.code(low)) and _RANK.search(ctx.code(high)) and "*" in ctx.code(low) and not _even(ctx, low):
-                    yield Report(ci.node)
+                    if _feeds_training(ctx, ci.node):
+                        yield Report(ci.node)
+
+
+def _equal_chunks(ctx, ci) -> bool:
+    """`t.split(len(t) // world_size)[rank]`: torch's `split` takes the chunk *size*; a floor
+    division gives every rank's chunk the same size (the remainder is a chunk no rank takes)."""
+    if ci.name != "split" or ci.receiver is None or ci.qnames & {"numpy.split"} or not ci.node.args:
+        return False
+    size = ci.node.args[0].value
+    if ci.node.args[0].keyword is not None and ci.node.args[0].keyword.value not in ("split_size", "split_size_or_sections"):
+        return False
+    return _even(ctx, size)
+
+
+def _feeds_training(ctx, shard: cst.CSTNode) -> bool:
+    """Can the shard reach code that talks to the other ranks per batch (a backward, a
+    collective), where uneven counts hang?
+
+    Follows the names bound from it in its function (`loader = DataLoader(shard)`, through library
+    calls) to where they are consumed: iterated by a loop, or passed to a local function, that
+    syncs is; a loop or local functions that do not (an evaluation without a per-batch
+    collective) are not. A use that cannot be followed (returned, stored, tested, handed on, a
+    name never read) counts: the premise is assumed."""
+    scope = ctx.enclosing_func(shard) or ctx.module
+    uses: list[cst.CSTNode] = [shard]
+    followed: set[str] = set()
+    while uses:
+        verdict = _consumer(ctx, uses.pop())
+        if verdict is True:
+            return True
+        if isinstance(verdict, str) and verdict not in followed:
+            followed.add(verdict)
+            reads = _name_uses(scope, verdict)
+            if not reads:
+                return True
+            uses += reads
+    return False
+
+
+def _consumer(ctx, use: cst.CSTNode):
+    """What takes this value: True (code that syncs, or not known), False (code that does not),
+    or the name it is bound to (to follow)."""
+    prev, node = use, ctx.parent(use)
+    while node is not None:
+        if isinstance(node, cst.Call) and prev is not node.func:
+            callees = ctx.local_callees(ctx.info(node))
+            if callees:
+                return any(ctx.syncs(f) for f in callees)
+        elif isinstance(node, cst.For) and prev is node.iter:
+            return ctx.syncs(node)
+        elif isinstance(node, cst.Assign) and prev is node.value:
+            targets = [t.target for t in node.targets]
+            return targets[0].value if len(targets) == 1 and isinstance(targets[0], cst.Name) else True
+        elif isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.Lambda, cst.BaseComp)):
+            return True
+        prev, node = node, ctx.parent(node)
+    return True
+
+
+def _name_uses(scope: cst.CSTNode, name: str) -> list[cst.Name]:
+    """Reads of `name` under `scope` (not its assignments)."""
+    found: list[cst.Name] = []
+
+    class _Uses(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                found.append(node)
+
+    scope.visit(_Uses())
+    return found
 
 
 def _even(ctx, low: cst.BaseExpression) -> bool:
