@@ -104,6 +104,16 @@ class Flow:
             child = p
         return False
 
+    def in_error_handler(self, node: cst.CSTNode) -> bool:
+        """Is `node` in an `except` handler of its function (`except Exception as e: print(e)`):
+        this process's own failure report?"""
+        for p in self.index.ancestors(node):
+            if isinstance(p, _SCOPES):
+                return False
+            if isinstance(p, cst.ExceptHandler):
+                return True
+        return False
+
     # reach ----------------------------------------------------------------------------------------
     def reaches(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
         """Can `b` run after `a` in one pass through their function: same function, later in the
@@ -124,6 +134,8 @@ class Flow:
             if p in holders_of_b:  # the first node holding both: the rest is the way down to `b`
                 if leaving_loop is not None:
                     return False
+                if isinstance(p, cst.Try) and child is p.body:  # an exception on the way reaches its handler
+                    return not self._lookups_done(p, a, holders_of_b)
                 if isinstance(p, _SEQUENCES):
                     return self._path_down(p, child, b, in_try)
                 return self._enters(p, b, in_try)
@@ -131,9 +143,6 @@ class Flow:
                 return False
             if isinstance(p, (cst.For, cst.While)) and p is leaving_loop:
                 leaving_loop = None  # out of the loop: go on after it
-            if isinstance(p, cst.Try):
-                if child is p.body and any(h in holders_of_b for h in (*p.handlers, p.finalbody) if h is not None):
-                    return True  # an exception on the way reaches its handler
             if leaving_loop is None and isinstance(p, _SEQUENCES):
                 end = self._first_end_after(p, child, in_try)
                 if end == FUNCTION:
@@ -144,6 +153,23 @@ class Flow:
                         return False
             child = p
         return False
+
+    def _lookups_done(self, try_: cst.Try, a: cst.CSTNode, holders_of_b: set) -> bool:
+        """`try: rank = int(os.environ["RANK"]); init_process_group("nccl") / except KeyError:
+        init_process_group(..., world_size=1)`: the handler holding `b` catches only a failed
+        lookup, and no lookup (a subscript) is left from `a` to the end of the `try`: once `a`
+        runs, that handler cannot. The two are alternatives (launched, or not)."""
+        handler = next((h for h in try_.handlers if h in holders_of_b), None)
+        if handler is None or try_.finalbody in holders_of_b or handler.type is None:
+            return False
+        caught = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
+        names = {self.index.code(c.value if isinstance(c, cst.Element) else c) for c in caught}
+        if not names or not names <= {"KeyError", "IndexError", "LookupError"}:
+            return False
+        body = list(try_.body.body)
+        top = next((s for s in body if a is s or s in set(self.index.ancestors(a))), None)
+        rest = [a] + body[body.index(top) + 1 :] if top is not None else body
+        return not any(isinstance(n, cst.Subscript) for stmt in rest for n in iter_nodes(stmt))
 
     def _in_try(self, node: cst.CSTNode) -> bool:
         """Is `node` in the body of a `try` of its function (a `raise` there may be caught)?"""

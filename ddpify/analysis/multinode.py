@@ -250,18 +250,45 @@ def _launched_by_torchrun(index: FileIndex) -> bool:
 
 
 def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
-    """`local_rank`, `args.local_rank`, `int(os.environ["LOCAL_RANK"])`, `dist.get_node_local_rank()`."""
+    """`local_rank`, `args.local_rank`, `int(os.environ["LOCAL_RANK"])`, `dist.get_node_local_rank()`;
+    not a name the program passes as `init_process_group(rank=...)` (the group's rank: global
+    for this program), nor a helper of the project named so that may return the global rank."""
     if isinstance(e, cst.Call):
         if index.qnames(e.func) & N.spelled({"torch.distributed.get_node_local_rank"}):
             return True
         if last_name(e.func) == "int" and e.args:
             return is_local_rank(index, e.args[0].value)
-        return env_read(index, e) == "LOCAL_RANK" or "local_rank" in (last_name(e.func) or "").lower()
+        if env_read(index, e) == "LOCAL_RANK":
+            return True
+        named = last_name(e.func) or ""
+        return "local_rank" in named.lower() and not any(_may_return_global_rank(index, f) for f in index.functions.get(named, []))
     if isinstance(e, cst.Subscript):
         return env_read(index, e) == "LOCAL_RANK"
     if isinstance(e, (cst.Name, cst.Attribute)):
-        return "local_rank" in (last_name(e) or "").lower()
+        return "local_rank" in (last_name(e) or "").lower() and index.code(e) not in _group_ranks(index)
     return False
+
+
+def _group_ranks(index: FileIndex) -> set[str]:
+    """The code of what the program passes as the process group's rank (`init_process_group(...,
+    rank=local_rank)`): whatever its name, that value is the global rank of this program."""
+    found = index.__dict__.get("_group_ranks")
+    if found is None:
+        found = index.__dict__["_group_ranks"] = set()
+        for ci in index.calls_to(*N.INIT_PROCESS_GROUP):
+            pos = positional(ci.node)
+            args = [a for a in ci.node.args if a.keyword is not None and a.keyword.value == "rank"] or pos[4:5]
+            found.update(index.code(a.value) for a in args)
+    return found
+
+
+def _may_return_global_rank(index: FileIndex, func) -> bool:
+    """Does a project helper (`get_fs_local_rank()`) read the global rank somewhere in it (a
+    shared filesystem's "local" rank is the global one)?"""
+    return any(
+        c.qnames & N.RANK_CALLS or env_read(index, c.node) in GLOBAL_RANK_ENV or "global_rank" in (c.name or "").lower()
+        for c in index.calls_under(func)
+    )
 
 
 def guard_kind(rank: RankAnalysis, test: cst.BaseExpression, _depth: int = 0) -> Optional[str]:

@@ -174,6 +174,26 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
     return found
 
 
+def sibling_launchers(target: Path, read=None) -> list[cst.Module]:
+    """The files beside `target` that start processes of the interpreter themselves and send
+    their output somewhere (`subprocess.Popen([sys.executable] + args, stdout=...)`: a launcher
+    of the project's own, run as `python multiproc.py train.py ...`), parsed."""
+    read = read or (lambda path: path.read_text(encoding="utf-8"))
+    found = []
+    try:
+        siblings = sorted(p for p in target.resolve().parent.glob("*.py") if p.resolve() != target.resolve())
+    except OSError:
+        return []
+    for path in siblings[:MAX_IMPORTER_FILES]:
+        try:
+            text = read(path)
+            if "sys.executable" in text and "stdout=" in text:
+                found.append(cst.parse_module(text))
+        except Exception:  # noqa: BLE001 - unreadable or not Python 3: not a launcher we can read
+            continue
+    return found
+
+
 _IMPORT_MODULE = re.compile(r"import_module\(\s*f?([\"'])([\w.{}\[\]'\"]+?)\1\s*[,)]")
 
 

@@ -161,7 +161,7 @@ class RankAnalysis:
         if isinstance(e, cst.Comparison) and len(e.comparisons) == 1:
             comp = e.comparisons[0]
             op, right, left = comp.operator, comp.comparator, e.left
-            if int_value(left) is not None and isinstance(op, (cst.Equal, cst.NotEqual)):
+            if int_value(left) is not None and isinstance(op, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)):
                 left, right = right, left
             if not self.is_rank_expr(left):
                 return 0
@@ -173,6 +173,10 @@ class RankAnalysis:
                 return 0
             if v is None:
                 return 0
+            if isinstance(op, cst.Is):
+                op = cst.Equal()  # `self.rank is 0`: CPython's small ints make it `==`
+            elif isinstance(op, cst.IsNot):
+                op = cst.NotEqual()
             if isinstance(op, cst.Equal) and v == 0 or isinstance(op, cst.LessThan) and v == 1:
                 return 1
             if isinstance(op, cst.LessThanEqual) and v == 0:  # `local_rank <= 0`: -1 when not distributed

@@ -49,7 +49,9 @@ from ddpify.analysis.names import (  # re-exported for the rules
     SPAWN,
 )
 from ddpify.analysis.flow import flow
-from ddpify.analysis.rank import mentions_rank, rank_analysis
+from ddpify.analysis.multinode import launched_by_torchrun
+from ddpify.analysis.project import sibling_launchers
+from ddpify.analysis.rank import RANK_TEXT, mentions_rank, rank_analysis
 from ddpify.analysis.training import StepAnalysis, step_analysis
 
 __all__ = [
@@ -250,6 +252,16 @@ class FileContext:
         )  # fmt: skip
 
     @cached_property
+    def output_split_by_launcher(self) -> bool:
+        """The script is not started by torchrun or `mp.spawn` but by a launcher of the project
+        beside it that gives each process but the first its own output file (`stdout = None if i
+        == 0 else open(f"logs/{i}.log", "w")`, then `subprocess.Popen([sys.executable] + args,
+        stdout=stdout)`): the console shows one process's prints."""
+        if launched_by_torchrun(self.index) or self.program_calls_to(*SPAWN) or self.path.startswith("<"):
+            return False
+        return any(_splits_stdout(index_of(m)) for m in sibling_launchers(Path(self.path)))
+
+    @cached_property
     def logging_quiet_off_rank0(self) -> bool:
         """The program turns logging down off rank 0: `logger.setLevel(logging.WARN)` under `if
         rank > 0:`, `logging.basicConfig(level=logging.INFO if rank in (-1, 0) else logging.WARN)`
@@ -346,6 +358,11 @@ class FileContext:
         """Does this code run on rank 0 only (a rank-0 branch, guard, or function only called there)?"""
         return self._rank.in_rank0(node)
 
+    def under_rank_test(self, node: cst.CSTNode) -> bool:
+        """Does a test of the rank decide whether this code runs (rank 0's, or `if rank == 0 or
+        cfg.all_ranks:`, `if rank in (1, 3):`)?"""
+        return self._rank.under_rank_test(node)
+
     def rank0_function(self, func: Func) -> bool:
         return self._rank.rank0_function(func)
 
@@ -416,8 +433,41 @@ def _null_handler(index: FileIndex, call: cst.Call) -> bool:
     )
 
 
+def _splits_stdout(index: FileIndex) -> bool:
+    """A `subprocess.Popen`/`run` in a loop whose `stdout=` is a file opened per process (directly,
+    or a name bound to `None if i == 0 else open(...)`)."""
+    for ci in index.calls:
+        if not (ci.loops and ci.qnames & {"subprocess.Popen", "subprocess.run", "subprocess.call"}):
+            continue
+        out = kwarg(ci.node, "stdout")
+        values = [out.value] if out is not None else []
+        if out is not None and isinstance(out.value, cst.Name):
+            values += [b.value for b in index.assignments if b.dotted == out.value.value]
+        opened = [v for v in values for n in iter_nodes(v) if isinstance(n, cst.Call) and index.code(n.func) == "open"]
+        if opened:
+            return True
+    return False
+
+
+def _rank_filter(index: FileIndex, value: cst.BaseExpression, depth: int = 0) -> bool:
+    """A log filter that reads the rank (`handler.addFilter(rank0_filter)` with `def
+    rank0_filter(record): return record.global_rank == 0`, a `logging.Filter` subclass whose
+    `filter` tests the rank, or a name bound to one of them): other ranks' records are dropped."""
+    if isinstance(value, cst.Call):
+        value = value.func  # `RankFilter()`: the class
+    name = dotted_name(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+    if name is None or depth > 2:
+        return False
+    defs = [f for f in index.functions.get(name, [])] + [c for c in index.classes if c.name.value == name]
+    if any(RANK_TEXT.search(index.code(d)) for d in defs):
+        return True
+    return any(b.dotted == name and _rank_filter(index, b.value, depth + 1) for b in index.assignments)
+
+
 def _quiets_others(rank, ci: CallInfo) -> bool:
     """Does this call turn logging down on the ranks other than 0 (`rank`: its file's rank analysis)?"""
+    if ci.name == "addFilter" and ci.node.args:
+        return _rank_filter(rank.index, ci.node.args[0].value)
     if not (ci.name == "setLevel" or ci.is_("logging.basicConfig", "logging.disable")):
         return False
     if not rank.in_rank0(ci.node) and rank.under_rank_test(ci.node):

@@ -17,10 +17,12 @@ def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
 
 
 def every_rank(ctx: FileContext, call: cst.Call) -> bool:
-    """A side effect that runs on every rank (not rank-0-only, not tagged with the rank, not in
-    the branch a one-process run takes, not in a helper the program calls only on rank 0 or never)."""
+    """A side effect that runs on every rank (not rank-0-only, not under another test of the rank
+    (`if rank == 0 or cfg.log_all_ranks:`: every rank only when asked), not tagged with the rank,
+    not in the branch a one-process run takes, not in a helper the program calls only on rank 0
+    or never)."""
     return (
-        not ctx.in_rank0(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
+        not ctx.under_rank_test(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
         and not ctx.rank0_or_idle(call)
     )  # fmt: skip
 

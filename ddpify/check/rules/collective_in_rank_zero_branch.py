@@ -2,7 +2,7 @@ import libcst as cst
 
 from ddpify.analysis.flow import flow
 from ddpify.analysis.index import iter_nodes
-from ddpify.check.context import COLLECTIVES
+from ddpify.check.context import COLLECTIVES, is_false, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -50,12 +50,16 @@ class CollectiveInRankZeroBranch(Rule):
         "import torch.distributed as dist\ndist.all_reduce(t)\nif dist.get_rank() == 0:\n    print(t)\n",
         "import torch.distributed as dist\nif dist.get_rank() != 0:\n    dist.barrier()\nprepare()\n"
         "if dist.get_rank() == 0:\n    dist.barrier()\n",
+        "import torch.distributed as dist, torchmetrics\nacc = torchmetrics.Accuracy(task='binary', sync_on_compute=False)\n"
+        "if dist.get_rank() == 0:\n    print(acc.compute())\n",
     ]
     INVALID = [
         Invalid("import torch.distributed as dist\nif dist.get_rank() == 0:\n    dist.barrier()\n"),
         Invalid("import torch.distributed as dist\ndef report(t):\n    dist.all_reduce(t)\n"
                 "if args.local_rank in (-1, 0):\n    report(t)\n"),
         Invalid("import torch.distributed as dist\nrank = dist.get_rank()\nif rank % 2 == 0:\n    dist.all_reduce(t)\n"),
+        Invalid("import torch.distributed as dist, torchmetrics\nacc = torchmetrics.Accuracy(task='binary').to(device)\n"
+                "if dist.get_rank() == 0:\n    print(acc.compute())\n"),
     ]
 
     def check(self, ctx):
@@ -65,6 +69,34 @@ class CollectiveInRankZeroBranch(Rule):
                 continue
             if ctx.in_rank0(ci.node) and not _paired(ctx, ci, collectives) or _in_rank_split(ctx, ci, collectives):
                 yield Report(ci.node)
+        metrics = _synced_metrics(ctx)
+        for ci in ctx.method_calls("compute") if metrics else ():
+            if ctx.index.is_bound(ci.receiver, metrics) and ctx.in_rank0(ci.node):
+                yield Report(ci.node, _METRIC_MESSAGE)
+
+
+_METRIC_MESSAGE = (
+    "torchmetrics `compute()` gathers every rank's state (a collective): on rank 0 only it hangs the"
+    " other ranks; compute on every rank and print on rank 0, or build the metric with `sync_on_compute=False`"
+)
+
+
+def _synced_metrics(ctx) -> list:
+    """Names bound to a torchmetrics metric (or collection) that syncs on `compute()` (its default
+    when a process group is up): `acc = torchmetrics.Accuracy(...).to(device)`."""
+    found = []
+    for b in ctx.assignments:
+        value = b.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+            value = value.func.value  # `.to(device)`
+        if not isinstance(value, cst.Call):
+            continue
+        names = ctx.info(value).qnames
+        if any(q.startswith("torchmetrics.") and not q.startswith("torchmetrics.functional.") for q in names):
+            sync = kwarg(value, "sync_on_compute")
+            if sync is None or not is_false(sync.value):
+                found.append(b)
+    return found
 
 
 def _in_rank_split(ctx, ci, collectives) -> bool:

@@ -19,6 +19,8 @@ class HardCodedCudaIndex(Rule):
     GPU of its own first (`os.environ["CUDA_VISIBLE_DEVICES"]` set from the rank, here or in the
     launcher that imports the file: `cuda:0` is then that GPU), or binds the name holding the
     device again from the rank (`DEVICE = torch.device(f"cuda:{local_rank}")` once set up).
+    Code that runs on rank 0 only (`if rank == 0: evaluate(...)` with `x.cuda(0)` inside) is
+    left alone: rank 0 is local rank 0 of the first node, whose GPU is 0.
 
     ## Why is this bad?
     Every process puts its tensors on the same GPU: the other GPUs idle, GPU 0 runs out of
@@ -49,6 +51,7 @@ class HardCodedCudaIndex(Rule):
         "import torch.distributed as dist\nx = x.to(f'cuda:{local_rank}')\n",
         "import torch.distributed as dist\nsd = torch.load(p, map_location={'cuda:0': f'cuda:{rank}'})\n",
         "x = x.to('cuda:0')\n",
+        "import torch.distributed as dist\n\ndef evaluate(x):\n    return x.cuda(0)\n\nif dist.get_rank() == 0:\n    evaluate(x)\n",
     ]
     INVALID = [
         Invalid("import torch.distributed as dist\nx = x.to('cuda:0')\n"),
@@ -63,6 +66,8 @@ class HardCodedCudaIndex(Rule):
         for ci in ctx.calls:
             if single_process_branch(ctx, ci.node):
                 continue  # `else:` of `if world_size > 1:`: one process, its GPU 0 is right
+            if ctx.in_rank0(ci.node):
+                continue  # rank 0 (local rank 0 of its node): GPU 0 is its own
             args = ci.node.args
             if ci.is_(*N.TORCH_DEVICE) and len(args) >= 2 and int_value(args[1].value) is not None:
                 if string_value(args[0].value) == "cuda":

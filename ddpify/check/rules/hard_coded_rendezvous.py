@@ -1,9 +1,9 @@
 import libcst as cst
 
 from ddpify.analysis.multinode import (
-    RENDEZVOUS_VARIABLES, SPAWN, TORCHRUN_VARIABLES, env_tested, env_writes, launched_by_torchrun,
+    RENDEZVOUS_VARIABLES, SPAWN, TORCHRUN_VARIABLES, env_read, env_tested, env_writes, launched_by_torchrun,
 )  # fmt: skip
-from ddpify.check.context import INIT_PROCESS_GROUP, kwarg, positional, string_value
+from ddpify.check.context import INIT_PROCESS_GROUP, int_value, iter_nodes, kwarg, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 
 _LAUNCHER = TORCHRUN_VARIABLES | RENDEZVOUS_VARIABLES
@@ -18,7 +18,8 @@ class HardCodedRendezvous(Rule):
     a script that reads torchrun's environment (`LOCAL_RANK`, `RANK`, `WORLD_SIZE`) or calls
     `init_process_group` without a rank. Values set only when torchrun did not launch the script
     (under `if "MASTER_ADDR" not in os.environ:` or `if "WORLD_SIZE" not in os.environ:`, the
-    `else` of `if "LOCAL_RANK" in os.environ:`, in an `mp.spawn` worker) and
+    `else` of `if "LOCAL_RANK" in os.environ:`, the `except` of a `try` that reads torchrun's
+    variables, in an `mp.spawn` worker), a group of one (`world_size=1`) and
     `os.environ.setdefault(...)`, which keeps torchrun's value, are not flagged.
 
     ## Why is this bad?
@@ -75,6 +76,9 @@ class HardCodedRendezvous(Rule):
         for ci in ctx.calls_to(*INIT_PROCESS_GROUP):
             args = positional(ci.node)
             method = kwarg(ci.node, "init_method") or (args[1] if len(args) > 1 else None)
+            size = kwarg(ci.node, "world_size")
+            if size is not None and int_value(size.value) == 1:
+                continue  # a group of one process: nobody else to meet
             if method is not None and _tcp_literal_host(method.value) and not _fallback(ctx, ci.node):
                 yield Report(method)
 
@@ -106,6 +110,9 @@ def _fallback(ctx, node, depth: int = 0) -> bool:
     for p in ctx.ancestors(node):
         if isinstance(p, (cst.If, cst.IfExp, cst.While)) and env_tested(ctx.index, p.test, _LAUNCHER):
             return True
+        if isinstance(p, cst.Try) and any(h in set(ctx.ancestors(node)) for h in p.handlers):
+            if any(env_read(ctx.index, n) in _LAUNCHER for n in iter_nodes(p.body)):
+                return True  # `try: rank = int(os.environ["RANK"]) ... except KeyError: <no launcher>`
         if isinstance(p, cst.FunctionDef):
             spawned = any(
                 positional(s.node) and ctx.code(positional(s.node)[0].value) == p.name.value for s in ctx.calls_to(*SPAWN)

@@ -11,9 +11,11 @@ class LogOnEveryRank(Rule):
     ## What it does
     Flags `logging.info(...)`, `logger.info(...)` and `.debug(...)` in training code outside a
     rank-0-only branch (messages that mention the rank are not flagged). Warnings and errors
-    are left alone: they may be rank-specific. Nothing is flagged when logging is configured on
+    are left alone: they may be rank-specific, and so are messages in an `except` handler or
+    right before the function gives up (each failing rank says why). Nothing is flagged when logging is configured on
     rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard, the other ranks getting at most
-    a `NullHandler`; a handler writing to a file named after the rank is per-rank on purpose), or turned down
+    a `NullHandler`; a handler writing to a file named after the rank is per-rank on purpose), filtered
+    by the rank (`handler.addFilter(f)` with an `f` that tests the record's or the process's rank), or turned down
     on the other ranks (`logger.setLevel(logging.WARN)` under `if rank > 0:`, a level chosen by
     the rank, `logging.disable(...)`; in the file, a module it imports, or a launcher that
     imports it): their info messages then reach no handler. A message in the branch a run
@@ -61,6 +63,8 @@ class LogOnEveryRank(Rule):
             return  # handlers attached on rank 0 only (or to each rank's own file): other ranks' info reaches no console
         if ctx.logging_quiet_off_rank0:
             return  # the other ranks log warnings and errors only
+        if ctx.output_split_by_launcher:
+            return  # the project's own launcher sends every process but the first to its own file
         loggers = {
             b.dotted
             for b in ctx.assignments
@@ -71,7 +75,7 @@ class LogOnEveryRank(Rule):
                 continue
             if not (ci.is_("logging.info", "logging.debug") or ctx.code(ci.receiver) in loggers):
                 continue
-            if flow(ctx.index).on_exit_path(ci.node):
+            if flow(ctx.index).on_exit_path(ci.node) or flow(ctx.index).in_error_handler(ci.node):
                 continue  # a message on the way out (an error, nothing to do): each rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)

@@ -13,9 +13,11 @@ class PrintOnEveryRank(Rule):
     prints of a program that replaces `print` with one that prints on the master only
     (`builtins.print = ...`, the `setup_for_distributed(is_master)` helper, in the file or a
     module it imports; its `print(..., force=True)` prints on every rank on purpose). An error
-    message right before the program gives up (`exit(1)`, `sys.exit(...)`, `raise`) is left alone:
-    every failing rank says why; so is a print in the branch a run without a group takes (the
-    `else:` of `if args.distributed:`). Training code includes the top level of a script after
+    message right before the program gives up (`exit(1)`, `sys.exit(...)`, `raise`) or in an
+    `except` handler is left alone: every failing rank says why; so is a print in the branch a run without a group takes (the
+    `else:` of `if args.distributed:`), and nothing is flagged in a script started by a launcher
+    of the project beside it that sends each process but the first to its own file
+    (`subprocess.Popen([sys.executable] + args, stdout=open(f"logs/{i}.log", "w"))`). Training code includes the top level of a script after
     the group is started, also by a helper (`utils.init_distributed()`).
 
     ## Why is this bad?
@@ -54,10 +56,12 @@ class PrintOnEveryRank(Rule):
     def check(self, ctx):
         if ctx.prints_replaced:
             return  # `builtins.print = print_on_master` somewhere in the program: every print is the master's
+        if ctx.output_split_by_launcher:
+            return  # the project's own launcher sends every process but the first to its own file
         for ci in ctx.calls_to("builtins.print"):
             if _to_own_file(ci.node) or any(a.keyword is not None and a.keyword.value == "force" for a in ci.node.args):
                 continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's); `force=True`: on purpose
-            if flow(ctx.index).on_exit_path(ci.node):
+            if flow(ctx.index).on_exit_path(ci.node) or flow(ctx.index).in_error_handler(ci.node):
                 continue  # an error or no-work message right before the function gives up: each rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
