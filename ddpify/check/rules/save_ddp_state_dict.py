@@ -1,4 +1,6 @@
+import libcst as cst
 
+from ddpify.check.context import iter_nodes, last_name
 from ddpify.check.fix import insert_module_attr
 from ddpify.check.rule import FIX_UNSAFE, Invalid, Report, Rule
 
@@ -10,7 +12,9 @@ class SaveDDPStateDict(Rule):
     Flags `ddp_model.state_dict()` where `ddp_model` holds the `DistributedDataParallel` wrapper.
 
     A program that loads the state back into the wrapper too (`module.` keys on both sides: a
-    resume of its own checkpoints, a best-model copy) is consistent and is not flagged.
+    resume of its own checkpoints, a best-model copy) is consistent and is not flagged; nor are
+    the wrapper's keys read to load into it (`model.state_dict().keys()`, `new =
+    match(model.state_dict(), ckpt)` whose result only `load_state_dict(...)` takes).
 
     ## Why is this bad?
     Every key gets a `module.` prefix: the checkpoint no longer loads into the plain model
@@ -45,6 +49,8 @@ class SaveDDPStateDict(Rule):
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
         "sd = model.module.state_dict()\n",
         "from torch.nn.parallel import DistributedDataParallel as DDP\nsd = net.state_dict()\nmodel = DDP(net)\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
+        "new = match_keys(model.state_dict(), ckpt)\nload_state_dict(model, new)\n",
         # a helper's parameter named like the DDP global, given the unwrapped model
         "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
         "def save(model, path):\n    torch.save(model.state_dict(), path)\n"
@@ -71,7 +77,33 @@ class SaveDDPStateDict(Rule):
         if ctx.ddp_state_round_trip:
             return  # saved from the wrapper and loaded back into it: consistent
         for ci in ctx.method_calls("state_dict"):
-            if ctx.is_ddp(ci.receiver):
+            if ctx.is_ddp(ci.receiver) and not _template_for_loading(ctx, ci.node):
                 func = ci.node.func
                 new = func.with_changes(value=insert_module_attr(ci.receiver))
                 yield Report(ci.node, fixes=[(func, new)])
+
+
+def _template_for_loading(ctx, call: cst.Call) -> bool:
+    """The wrapper's keys read to load into it, not to save: `model.state_dict().keys()`, or
+    `new = match_keys(model.state_dict(), ckpt)` whose result only `load_state_dict(...)` reads."""
+    parent = ctx.parent(call)
+    if isinstance(parent, cst.Attribute) and parent.attr.value == "keys":
+        return True
+    arg = parent if isinstance(parent, cst.Arg) else None
+    outer = ctx.parent(arg) if arg is not None else None
+    if not isinstance(outer, cst.Call) or "save" in (ctx.info(outer).name or "").lower():
+        return False
+    assign = ctx.parent(outer)
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)):
+        return False
+    name = assign.targets[0].target.value
+    scope = ctx.enclosing_func(call) or ctx.module
+    reads = [n for n in iter_nodes(scope) if isinstance(n, cst.Name) and n.value == name and n is not assign.targets[0].target]
+    return bool(reads) and all(_loaded(ctx, n) for n in reads)
+
+
+def _loaded(ctx, name: cst.Name) -> bool:
+    """Is this read an argument of a `load_state_dict(...)` call?"""
+    arg = ctx.parent(name)
+    call = ctx.parent(arg) if isinstance(arg, cst.Arg) else None
+    return isinstance(call, cst.Call) and (last_name(call.func) or "") == "load_state_dict"
