@@ -132,3 +132,41 @@ def test_where_a_statement_ends(body, ends):
     paths = flow(index_of(module))
     loop = module.body[1].body.body[0]
     assert paths.ends(loop.body.body[0]) == ends
+
+
+LOOKUPS = '''
+import os
+def setup():
+    try:
+        rank = int(os.environ["RANK"])
+        start()
+    except KeyError:
+        alone()
+    try:
+        launch()
+        size = int(os.environ["WORLD_SIZE"])
+    except KeyError:
+        fallback()
+    try:
+        begin()
+    except Exception as e:
+        report(e)
+'''
+
+
+@pytest.mark.parametrize(
+    "a, b, reaches",
+    [
+        ("start", "alone", False),  # no lookup left after `start()`: a KeyError came before it
+        ("launch", "fallback", True),  # a lookup after `launch()` may still fail
+        ("begin", "report", True),  # any exception
+    ],
+)
+def test_a_lookup_handler_follows_only_the_lookups(a, b, reaches):
+    paths, calls = _calls(LOOKUPS)
+    assert paths.reaches(calls[a], calls[b]) is reaches
+
+
+def test_in_error_handler():
+    paths, calls = _calls(LOOKUPS)
+    assert paths.in_error_handler(calls["report"]) and not paths.in_error_handler(calls["begin"])

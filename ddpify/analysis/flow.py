@@ -166,8 +166,8 @@ class Flow:
         names = {self.index.code(c.value if isinstance(c, cst.Element) else c) for c in caught}
         if not names or not names <= {"KeyError", "IndexError", "LookupError"}:
             return False
-        body = list(try_.body.body)
-        top = next((s for s in body if a is s or s in set(self.index.ancestors(a))), None)
+        body, above = list(try_.body.body), set(self.index.ancestors(a))
+        top = next((s for s in body if a is s or s in above), None)
         rest = [a] + body[body.index(top) + 1 :] if top is not None else body
         return not any(isinstance(n, cst.Subscript) for stmt in rest for n in iter_nodes(stmt))
 

@@ -347,7 +347,6 @@ class RankAnalysis:
             self._rank0_cache.clear()
         return result
 
-
     def _wrapped_module_calls(self, func: Func) -> list:
         """Calls of a model class's method through the wrapper (`model.module.inference(...)`):
         `module` is the wrapped model, so a method of the file's classes by that name is reached."""

@@ -14,10 +14,11 @@ class PrintOnEveryRank(Rule):
     (`builtins.print = ...`, the `setup_for_distributed(is_master)` helper, in the file or a
     module it imports; its `print(..., force=True)` prints on every rank on purpose). An error
     message right before the program gives up (`exit(1)`, `sys.exit(...)`, `raise`) or in an
-    `except` handler is left alone: every failing rank says why; so is a print in the branch a run without a group takes (the
-    `else:` of `if args.distributed:`), and nothing is flagged in a script started by a launcher
-    of the project beside it that sends each process but the first to its own file
-    (`subprocess.Popen([sys.executable] + args, stdout=open(f"logs/{i}.log", "w"))`). Training code includes the top level of a script after
+    `except` handler is left alone: every failing rank says why; so is a print in the branch a
+    run without a group takes (the `else:` of `if args.distributed:`), and nothing is flagged in
+    a script started by a launcher of the project beside it that sends each process but the
+    first to its own file (`subprocess.Popen([sys.executable] + args, stdout=open(f"logs/{i}.log",
+    "w"))`). Training code includes the top level of a script after
     the group is started, also by a helper (`utils.init_distributed()`).
 
     ## Why is this bad?

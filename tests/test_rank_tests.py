@@ -1,0 +1,49 @@
+"""Which tests of the rank make a branch rank 0's (ddpify/analysis/rank.py)."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from ddpify.analysis.index import index_of, iter_nodes
+from ddpify.analysis.rank import rank_analysis
+
+SOURCE = '''
+import torch.distributed as dist
+rank = dist.get_rank()
+is_main = rank == 0
+quiet = args.dry_run or not is_main
+tracker = Null() if quiet else start_tracker()
+if self.rank is 0:
+    identity_zero()
+if rank == 0 or args.every_rank:
+    opted_in()
+if args.dry_run or rank != 0:
+    skipped()
+else:
+    rank_zero_else()
+'''
+
+
+@pytest.mark.parametrize(
+    "name, rank0",
+    [
+        ("start_tracker", True),  # the `else` of `dry_run or not is_main`
+        ("identity_zero", True),  # `is 0` on CPython's small ints
+        ("opted_in", False),  # every rank when the option is on
+        ("rank_zero_else", True),
+        ("skipped", False),
+    ],
+)
+def test_rank0_branches(name, rank0):
+    module = cst.parse_module(SOURCE)
+    index = index_of(module)
+    call = next(c for c in iter_nodes(module) if isinstance(c, cst.Call) and module.code_for_node(c.func) == name)
+    assert rank_analysis(index).in_rank0(call) is rank0
+
+
+def test_an_opt_in_to_every_rank_is_still_a_test_of_the_rank():
+    module = cst.parse_module(SOURCE)
+    index = index_of(module)
+    call = next(c for c in iter_nodes(module) if isinstance(c, cst.Call) and module.code_for_node(c.func) == "opted_in")
+    assert rank_analysis(index).under_rank_test(call)
