@@ -893,10 +893,17 @@ class FileIndex:
         return self._locals_of.get(func, set()) - self._globals.get(func, set())
 
     def propagate(self, bindings: list[Binding], rounds: int = 3) -> list[Binding]:
-        """``bindings`` plus the parameters of local functions that receive one of them."""
+        """``bindings`` plus the parameters of local functions that receive one of them, and the
+        names bound to one of them (`model = self.model`)."""
         bindings = list(bindings)
         for _ in range(rounds):
             added = False
+            for b in self.assignments:
+                if isinstance(b.value, (cst.Name, cst.Attribute)) and b._node is not None and b not in bindings:
+                    if not any(o.dotted == b.dotted and o.func is b.func for o in bindings) and self.is_bound(b.value, bindings):
+                        if not self._one_process_branch(b._node):  # `else: g_module = generator` (no wrapper there)
+                            bindings.append(b)
+                            added = True
             for ci in self.calls:
                 callees = self.local_callees(ci)
                 if not callees:
@@ -912,6 +919,11 @@ class FileIndex:
             if not added:
                 break
         return bindings
+
+    def _one_process_branch(self, node: cst.CSTNode) -> bool:
+        from ddpify.analysis.flow import flow  # (flow reads this index)
+
+        return flow(self).single_process(node)
 
     def _loader_classes(self) -> frozenset[str]:
         """The project's DataLoader subclasses that take the loader's own arguments (no `__init__`,

@@ -189,10 +189,15 @@ class RankAnalysis:
         if isinstance(e, cst.Call):
             n = last_name(e.func) or ""
             return 1 if MAIN_PROCESS_RE.match(n) else 0
+        if isinstance(e, cst.Subscript) and len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):
+            key = string_value(e.slice[0].slice.value)
+            return 1 if key is not None and key in self.rank0_fields else 0
         if isinstance(e, (cst.Name, cst.Attribute)):
             n = last_name(e) or ""
             if MAIN_PROCESS_RE.match(n) or self._rank0_only(e):
                 return 1
+            if isinstance(e, cst.Attribute) and n in self.rank0_fields:
+                return 1  # `params.log_to_screen` after `params["log_to_screen"] = rank == 0 and ...`
             name = dotted_name(e)
             if name in self._resolving:  # `flag = flag and x`: a flag bound from itself
                 return 0
@@ -257,6 +262,28 @@ class RankAnalysis:
                 self._rank0_names = found
                 self._rank0_cache.clear()
         return self._rank0_names
+
+    @property
+    def rank0_fields(self) -> frozenset[str]:
+        """Fields of a config object or dict set to a rank-0 test (`params["log_to_wandb"] =
+        (world_rank == 0) and params["log_to_wandb"]`, `cfg.is_main = rank == 0`): read anywhere
+        (`self.params.log_to_wandb`), they are rank-0 flags."""
+        found = self.__dict__.get("_rank0_fields")
+        if found is None:
+            found = self.__dict__["_rank0_fields"] = frozenset()  # (recursion: none yet)
+            fields = set()
+            for node in iter_nodes(self.index.module):
+                if isinstance(node, cst.Assign) and len(node.targets) == 1:
+                    target = node.targets[0].target
+                    key = None
+                    if isinstance(target, cst.Attribute):
+                        key = target.attr.value
+                    elif isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+                        key = string_value(target.slice[0].slice.value)
+                    if key and isinstance(node.value, (cst.Comparison, cst.BooleanOperation)) and self.rank_test(node.value) == 1:
+                        fields.add(key)
+            found = self.__dict__["_rank0_fields"] = frozenset(fields)
+        return found
 
     @property
     def rank_flags(self) -> list[Binding]:

@@ -9,6 +9,7 @@ same index, so both commands agree on names, rank 0 and the step loop.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -152,19 +153,34 @@ class FileContext:
         """Is this function called: here, in a project module walked with this file, or by a
         program that imports this file (`main.py` calls `utils.init_distributed_mode()`, whose
         helper replaces `print` for `engine.py` too)?"""
-        if self.call_sites(func):
-            return True
+        if self.call_sites(func) or func.name.value in self._passed_functions:
+            return True  # called, or handed to a caller (`mp.spawn(main_worker, ...)`, `Process(target=run)`)
         names = self.index.qnames(func.name)
         return any(
             q in names or any(q.endswith("." + n) for n in names)
             for index in self._importers for ci in index.calls for q in ci.qnames
+        ) or any(  # `tools.setup_logger(...)`: a package of the project that re-exports it
+            ci.name == func.name.value and any(q.rpartition(".")[0] in self._project_packages for q in ci.qnames)
+            for index in self._importers for ci in index.calls
         )  # fmt: skip
+
+    @cached_property
+    def _passed_functions(self) -> set[str]:
+        """Names passed as arguments of a call (`mp.spawn(main_worker, ...)`, `target=run`)."""
+        return {a.value.value for ci in self.calls for a in ci.node.args if isinstance(a.value, cst.Name)}
+
+    @cached_property
+    def _project_packages(self) -> set[str]:
+        """The dotted names of the project's modules this file or its importers import."""
+        return set(self.project.modules) if self.project is not None else set()
 
     def rank0_or_idle(self, node: cst.CSTNode) -> bool:
         """As far as the program in sight shows (files that import this one are read), does the
         module-level function around `node` run on rank 0 only or not at all: nothing calls it, or
         every call, here or in an importer, is in rank-0-only code (`if rank == 0:
-        misc.print_module_summary(net)`)?"""
+        misc.print_module_summary(net)`), in a function of this file that is itself rank 0's or
+        idle, or in an importer that shows no sign of a distributed run (an inference script
+        beside the training one)?"""
         func = self.enclosing_func(node)
         if func is None or not self.has_importers or not isinstance(self.parent(func), cst.Module):
             return False
@@ -176,10 +192,11 @@ class FileContext:
                 if any(q in own or any(q.endswith("." + n) for n in own) for q in ci.qnames)
             ]  # fmt: skip
             local = self.call_sites(func)
+            found[func] = False  # (a call from itself, while this is worked out)
             found[func] = (not local and not remote and not _referenced(self, func)) or (
                 bool(local or remote)
-                and all(self.in_rank0(s.node) for s in local)
-                and all(rank_analysis(index).in_rank0(ci.node) for index, ci in remote)
+                and all(self.in_rank0(s.node) or s.func is not None and self.rank0_or_idle(s.node) for s in local)
+                and all(rank_analysis(index).in_rank0(ci.node) or _one_process(index) for index, ci in remote)
             )
         return found[func]
 
@@ -257,9 +274,31 @@ class FileContext:
         beside it that gives each process but the first its own output file (`stdout = None if i
         == 0 else open(f"logs/{i}.log", "w")`, then `subprocess.Popen([sys.executable] + args,
         stdout=stdout)`): the console shows one process's prints."""
-        if launched_by_torchrun(self.index) or self.program_calls_to(*SPAWN) or self.path.startswith("<"):
+        if launched_by_torchrun(self.index) or self.program_calls_to(*SPAWN):
             return False
-        return any(_splits_stdout(index_of(m)) for m in sibling_launchers(Path(self.path)))
+        if _splits_stdout(self.index) or any(_splits_stdout(index) for index in self._importers):
+            return True  # a launcher function of the program (`start_ddp_workers(cfg)` in an imported module)
+        return not self.path.startswith("<") and any(_splits_stdout(index_of(m)) for m in sibling_launchers(Path(self.path)))
+
+    @cached_property
+    def stdout_silenced_off_rank0(self) -> bool:
+        """The program points `sys.stdout` elsewhere on the other ranks (`if rank != 0: sys.stdout
+        = open(os.devnull, "w")`), here, in a module it imports or in a program that imports it:
+        their prints, and logging handlers built on `sys.stdout` afterwards, reach no console."""
+        for rank, index in [(self._rank, self.index)] + [(rank_analysis(i), i) for i in self._importers]:
+            for b in index.assignments:
+                if b.dotted == "sys.stdout" and b._node is not None and not rank.in_rank0(b._node) and rank.under_rank_test(b._node):
+                    return True
+        return False
+
+    @cached_property
+    def logs_to_stdout(self) -> bool:
+        """Does the program's logging write to `sys.stdout` (`basicConfig(stream=sys.stdout)`,
+        `StreamHandler(sys.stdout)`)?"""
+        return any(
+            (ci.is_("logging.basicConfig") or ci.name == "StreamHandler") and "sys.stdout" in index.code(ci.node)
+            for index in (self.index, *self._importers) for ci in index.calls
+        )
 
     @cached_property
     def logging_quiet_off_rank0(self) -> bool:
@@ -433,26 +472,50 @@ def _null_handler(index: FileIndex, call: cst.Call) -> bool:
     )
 
 
+_DISTRIBUTED_HINT = re.compile(r"distributed|ddp|process_group|local_rank|world_size|accelerat|fabric|deepspeed|horovod|spawn", re.I)
+
+
+def _one_process(index: FileIndex) -> bool:
+    """An importer with no sign of a distributed run anywhere in its text (an inference or
+    export script): what it calls runs in one process."""
+    return index.cached("one_process", lambda i: not _DISTRIBUTED_HINT.search(i.module.code))
+
+
 def _splits_stdout(index: FileIndex) -> bool:
-    """A `subprocess.Popen`/`run` in a loop whose `stdout=` is a file opened per process (directly,
-    or a name bound to `None if i == 0 else open(...)`)."""
+    """A `subprocess.Popen`/`run` that starts a worker per process (in a loop, or under a test of
+    the rank) whose output goes to a file or to nowhere: `stdout=open(f"logs/{i}.log", "w")`, a
+    name bound to `None if i == 0 else open(...)`, `subprocess.DEVNULL`, also through a `**kwargs`
+    dict filled beside it (`kwargs["stdout"] = sp.DEVNULL` under `if rank > 0:`)."""
+    rank = rank_analysis(index)
     for ci in index.calls:
-        if not (ci.loops and ci.qnames & {"subprocess.Popen", "subprocess.run", "subprocess.call"}):
+        if not ci.qnames & {"subprocess.Popen", "subprocess.run", "subprocess.call"}:
             continue
-        out = kwarg(ci.node, "stdout")
-        values = [out.value] if out is not None else []
-        if out is not None and isinstance(out.value, cst.Name):
-            values += [b.value for b in index.assignments if b.dotted == out.value.value]
-        opened = [v for v in values for n in iter_nodes(v) if isinstance(n, cst.Call) and index.code(n.func) == "open"]
-        if opened:
+        if not (ci.loops or rank.under_rank_test(ci.node)):
+            continue
+        values = [a.value for a in ci.node.args if a.keyword is not None and a.keyword.value in ("stdout", "stderr")]
+        values += [b.value for v in values if isinstance(v, cst.Name) for b in index.assignments if b.dotted == v.value]
+        if any(a.star == "**" for a in ci.node.args) and ci.func is not None:
+            values.append(ci.func)  # `kwargs["stdout"] = sp.DEVNULL` in the same function
+        if any(_output_file(index, v) for v in values):
             return True
     return False
 
 
+def _output_file(index: FileIndex, node: cst.CSTNode) -> bool:
+    """Does this value (or function) open a file or send output to `DEVNULL`?"""
+    return any(
+        isinstance(n, cst.Call) and index.code(n.func) == "open" or isinstance(n, (cst.Name, cst.Attribute)) and (last_name(n) or "") == "DEVNULL"
+        for n in iter_nodes(node)
+    )
+
+
 def _rank_filter(index: FileIndex, value: cst.BaseExpression, depth: int = 0) -> bool:
-    """A log filter that reads the rank (`handler.addFilter(rank0_filter)` with `def
-    rank0_filter(record): return record.global_rank == 0`, a `logging.Filter` subclass whose
-    `filter` tests the rank, or a name bound to one of them): other ranks' records are dropped."""
+    """A log filter that reads the rank (`logger.addFilter(lambda _: rank == 0)`,
+    `handler.addFilter(rank0_filter)` with `def rank0_filter(record): return record.global_rank
+    == 0`, a `logging.Filter` subclass whose `filter` tests the rank, or a name bound to one of
+    them): other ranks' records are dropped."""
+    if RANK_TEXT.search(index.code(value)):
+        return True  # `addFilter(lambda record: rank == 0)`, `RankFilter(rank)`, `partial(only_rank, 0)`
     if isinstance(value, cst.Call):
         value = value.func  # `RankFilter()`: the class
     name = dotted_name(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
@@ -469,8 +532,27 @@ def _quiets_others(rank, ci: CallInfo) -> bool:
     if ci.name == "addFilter" and ci.node.args:
         return _rank_filter(rank.index, ci.node.args[0].value)
     if not (ci.name == "setLevel" or ci.is_("logging.basicConfig", "logging.disable")):
-        return False
+        return _level_into_helper(rank, ci)
     if not rank.in_rank0(ci.node) and rank.under_rank_test(ci.node):
         return True  # `if rank != 0: logger.setLevel(logging.ERROR)`
     tests = [a.value.test if isinstance(a.value, cst.IfExp) else a.value for a in ci.node.args]
-    return any(rank.reads_rank(test) for test in tests)  # `level=logging.INFO if rank == 0 else logging.WARN`
+    return any(rank.reads_rank(test) or _chosen_by_rank(rank, test, ci.func) for test in tests)  # `level=logging.INFO if rank == 0 else logging.WARN`
+
+
+def _chosen_by_rank(rank, value: cst.BaseExpression, func) -> bool:
+    """A name given its value under a test of the rank (`level = "WARNING"`, then `if rank == 0:
+    level = "INFO"`)."""
+    return isinstance(value, cst.Name) and any(
+        b.dotted == value.value and b.func is func and b._node is not None and rank.under_rank_test(b._node)
+        for b in rank.index.assignments
+    )
+
+
+def _level_into_helper(rank, ci: CallInfo) -> bool:
+    """`get_logger(name, path, level)` with a level chosen by the rank, where the project's
+    `get_logger` sets the logging level (`basicConfig(level=...)`, `setLevel(...)`) from its
+    parameters."""
+    if not any(_chosen_by_rank(rank, a.value, ci.func) for a in ci.node.args):
+        return False
+    helpers = rank.index.local_callees(ci) or rank.index.functions.get(ci.name, [])  # (re-exported by a package)
+    return any(c.name == "setLevel" or c.is_("logging.basicConfig") for f in helpers for c in rank.index.calls_under(f))

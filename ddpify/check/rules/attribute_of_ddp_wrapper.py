@@ -3,6 +3,7 @@ import libcst as cst
 from ddpify.analysis.names import DDP_OWN_API, NN_MODULE_API
 from ddpify.check.fix import insert_module_attr
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
+from ddpify.check.rules._common import single_process_branch
 
 # What DistributedDataParallel answers itself: nn.Module's API and DDP's own. Anything else the
 # script reads from the wrapper belongs to the network inside it (`model.module.<name>`).
@@ -71,7 +72,7 @@ class AttributeOfDDPWrapper(Rule):
         ]  # fmt: skip
         own = {node.attr.value for node in reads if _assigned(ctx, node)}  # `model.tag = ...`: the wrapper's own
         for node in reads:
-            if node.attr.value not in own and not _type_tested(ctx, node):
+            if node.attr.value not in own and not _type_tested(ctx, node) and not single_process_branch(ctx, node):
                 held, name = ctx.code(node.value), node.attr.value
                 message = f"the DDP wrapper has no attribute `{name}` (AttributeError): read `{held}.module.{name}`"
                 yield Report(node, message, fixes=[(node, node.with_changes(value=insert_module_attr(node.value)))])
@@ -79,7 +80,8 @@ class AttributeOfDDPWrapper(Rule):
 
 def _type_tested(ctx, node: cst.Attribute) -> bool:
     """`m.module.x if isinstance(m, DDP) else m.x`, `if hasattr(m, "module"): ...`: the code asks
-    what it holds first."""
+    what it holds first. (The `else:` of `if self.is_distributed:` holds the plain model: see
+    `single_process_branch`.)"""
     held = ctx.code(node.value)
     return any(
         isinstance(p, (cst.If, cst.IfExp)) and any(f"{test}({held}," in ctx.code(p.test) for test in ("isinstance", "hasattr"))

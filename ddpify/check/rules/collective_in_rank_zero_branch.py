@@ -15,7 +15,9 @@ class CollectiveInRankZeroBranch(Rule):
     `if rank != 0: return`), including in functions that are only called from such branches,
     and in a branch of any test of a per-rank value (`if rank % 2 == 0:`, `if device.index < 2:`)
     whose other branch calls no collective. Tests of the run's mode (`if local_rank != -1:`,
-    `if args.distributed:`) are the same on every rank and are not flagged.
+    `if args.distributed:`) are the same on every rank and are not flagged, nor is a collective
+    the other ranks meet with the same collective in their branch (a "rank 0 first" barrier, a
+    leader/worker loop where rank 0 broadcasts a signal and the others receive it in `else:`).
 
     ## Why is this bad?
     A collective completes only when every rank calls it. Rank 0 waits forever for the
@@ -67,7 +69,7 @@ class CollectiveInRankZeroBranch(Rule):
         for ci in collectives:
             if ci.name in ("destroy_process_group",):
                 continue
-            if ctx.in_rank0(ci.node) and not _paired(ctx, ci, collectives) or _in_rank_split(ctx, ci, collectives):
+            if (ctx.in_rank0(ci.node) or _in_rank_split(ctx, ci, collectives)) and not _paired(ctx, ci, collectives):
                 yield Report(ci.node)
         metrics = _synced_metrics(ctx)
         for ci in ctx.method_calls("compute") if metrics else ():
@@ -119,17 +121,22 @@ def _in_rank_split(ctx, ci, collectives) -> bool:
 
 
 def _paired(ctx, ci, collectives) -> bool:
-    """A barrier on rank 0 matched by one on the other ranks ("rank 0 first", e.g. downloads)."""
-    return ci.name == "barrier" and any(
-        other.name == "barrier" and other.func is ci.func and _off_rank0(ctx, other.node) for other in collectives
+    """A collective on rank 0 matched by the same collective on the other ranks, in its function
+    or one around it: "rank 0 first" barriers (downloads), a leader/worker protocol (rank 0
+    broadcasts a signal in `if rank == 0:`, the others receive it in the `else:` loop)."""
+    around = {ci.func, *(p for p in ctx.ancestors(ci.node) if isinstance(p, cst.FunctionDef))}
+    return any(
+        other.name == ci.name and other.func in around and _off_rank0(ctx, other.node) for other in collectives
     )
 
 
 def _off_rank0(ctx, node) -> bool:
-    """Inside `if <not rank 0>:` (the branch the other ranks take)."""
+    """Inside `if <not rank 0>:` or the `else:` of `if <rank 0>:` (the branch the other ranks take)."""
     child = node
     for parent in ctx.ancestors(node):
         if isinstance(parent, cst.If) and child is parent.body and ctx.rank_test(parent.test) == -1:
+            return True
+        if isinstance(parent, cst.Else) and isinstance(ctx.parent(parent), cst.If) and ctx.rank_test(ctx.parent(parent).test) == 1:
             return True
         child = parent
     return False

@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, kwarg
+from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, iter_nodes, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import assigned_name, iterated_name, single_process_branch
 
@@ -104,15 +104,21 @@ def _assumed(name: str) -> str:
 
 
 def _sharded_by_hand(ctx, call: cst.Call) -> bool:
-    """`DataLoader(Subset(data, range(rank, n, world)))` or a dataset bound to such a value: each
-    rank reads its own part already (DDP111 says whether the parts are even)."""
+    """`DataLoader(Subset(data, range(rank, n, world)))`, or a dataset built from such a value a
+    few assignments back (`split_dataset_by_node(data, rank=rank, world_size=ws)`, then
+    `Stream(data)`): each rank reads its own part already (DDP111 says whether the parts are even)."""
     args = [a for a in call.args if a.keyword is None]
     dataset = args[0].value if args else getattr(kwarg(call, "dataset"), "value", None)
     if dataset is None:
         return False
-    values = [dataset]
-    name = ctx.code(dataset)
-    values += [b.value for b in ctx.assignments if b.dotted == name and b.func is ctx.enclosing_func(call)]
+    func = ctx.enclosing_func(call)
+    values, names = [dataset], {ctx.code(dataset)}
+    for _ in range(3):  # `dataset = TokenStream(data)` after `data = split_dataset_by_node(data, rank=rank, ...)`
+        found = [b.value for b in ctx.assignments if b.dotted in names and b.func is func and b.value not in values]
+        if not found:
+            break
+        values += found
+        names = {n.value for v in found for n in iter_nodes(v) if isinstance(n, cst.Name)}
     return any(ctx.reads_rank(value) for value in values)
 
 

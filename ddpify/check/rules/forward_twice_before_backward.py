@@ -1,6 +1,7 @@
 from ddpify.analysis.literals import is_false
 from ddpify.check.context import DDP_CLASSES, is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import may_precede
 
 
 class ForwardTwiceBeforeBackward(Rule):
@@ -10,7 +11,7 @@ class ForwardTwiceBeforeBackward(Rule):
     Flags a second forward of the same DDP model in a training step before `backward()` when
     DDP searches for unused parameters (`find_unused_parameters=True`, or a value set at run
     time), unless it was built with `static_graph=True`. Forwards under `torch.no_grad()` are
-    ignored. Without the search, two forwards and one backward reduce fine (each parameter's
+    ignored, and so are forwards in different branches of an `if` (one runs per step). Without the search, two forwards and one backward reduce fine (each parameter's
     gradient is ready once).
 
     ## Why is this bad?
@@ -45,6 +46,8 @@ class ForwardTwiceBeforeBackward(Rule):
     DDP_ONLY = True
     MESSAGE = "DDP model called twice before backward while it searches for unused parameters; combine the inputs into one forward, set `static_graph=True`, or drop `find_unused_parameters`"
     VALID = [
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net, find_unused_parameters=True)\n"
+        "for x in data:\n    if two:\n        out = model(x)\n    else:\n        out = model(x * 2)\n    out.sum().backward()\n",
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n"
         "for x in data:\n    out = model(x)\n    out.sum().backward()\n",
         "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net, static_graph=True)\n"
@@ -77,5 +80,6 @@ class ForwardTwiceBeforeBackward(Rule):
             first_bwd = min(g["bwd"])
             for calls in g["fwd"].values():
                 before = [c for c in calls if ctx.line(c.node) < first_bwd]
-                for c in before[1:]:
-                    yield Report(c.node)
+                for i, c in enumerate(before):
+                    if any(may_precede(ctx, p.node, c.node) for p in before[:i]):  # not the other branch of an `if`
+                        yield Report(c.node)

@@ -1,4 +1,5 @@
 from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import single_process_branch
 
 
 class LoadIntoDDPModel(Rule):
@@ -49,5 +50,5 @@ class LoadIntoDDPModel(Rule):
         if ctx.ddp_state_round_trip:
             return  # the wrapper's own state_dict, loaded back into it: consistent
         for ci in ctx.method_calls("load_state_dict"):
-            if ctx.is_ddp(ci.receiver):
-                yield Report(ci.node)
+            if ctx.is_ddp(ci.receiver) and not single_process_branch(ctx, ci.node):
+                yield Report(ci.node)  # (the `else:` of `if dist.is_initialized():` holds the plain model)

@@ -63,8 +63,8 @@ class LogOnEveryRank(Rule):
             return  # handlers attached on rank 0 only (or to each rank's own file): other ranks' info reaches no console
         if ctx.logging_quiet_off_rank0:
             return  # the other ranks log warnings and errors only
-        if ctx.output_split_by_launcher:
-            return  # the project's own launcher sends every process but the first to its own file
+        if ctx.output_split_by_launcher or ctx.stdout_silenced_off_rank0 and ctx.logs_to_stdout:
+            return  # the other processes' output goes to their own file or nowhere (a launcher, `sys.stdout = devnull`)
         loggers = {
             b.dotted
             for b in ctx.assignments

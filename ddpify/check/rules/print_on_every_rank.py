@@ -57,8 +57,8 @@ class PrintOnEveryRank(Rule):
     def check(self, ctx):
         if ctx.prints_replaced:
             return  # `builtins.print = print_on_master` somewhere in the program: every print is the master's
-        if ctx.output_split_by_launcher:
-            return  # the project's own launcher sends every process but the first to its own file
+        if ctx.output_split_by_launcher or ctx.stdout_silenced_off_rank0:
+            return  # the other processes' stdout goes to their own file or nowhere (a launcher, `sys.stdout = devnull`)
         for ci in ctx.calls_to("builtins.print"):
             if _to_own_file(ci.node) or any(a.keyword is not None and a.keyword.value == "force" for a in ci.node.args):
                 continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's); `force=True`: on purpose
