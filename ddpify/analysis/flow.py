@@ -12,6 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes
+from ddpify.analysis.literals import string_value
 
 FUNCTION, LOOP = "function", "loop"  # how far an ending statement sends control
 _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort", "builtins.exit", "builtins.quit"})
@@ -104,14 +105,18 @@ class Flow:
             child = p
         return False
 
-    def in_error_handler(self, node: cst.CSTNode) -> bool:
-        """Is `node` in an `except` handler of its function (`except Exception as e: print(e)`):
+    def in_error_handler(self, node: cst.CSTNode, _depth: int = 0) -> bool:
+        """Is `node` in an `except` handler of its function (`except Exception as e: print(e)`),
+        or in a function only such handlers call (`display_and_save_batch(batch)` before `raise`):
         this process's own failure report?"""
         for p in self.index.ancestors(node):
-            if isinstance(p, _SCOPES):
-                return False
             if isinstance(p, cst.ExceptHandler):
                 return True
+            if isinstance(p, cst.FunctionDef):
+                sites = self.index.call_sites(p) if _depth < 2 else []
+                return bool(sites) and all(self.in_error_handler(s.node, _depth + 1) for s in sites)
+            if isinstance(p, _SCOPES):
+                return False
         return False
 
     # reach ----------------------------------------------------------------------------------------
@@ -274,7 +279,7 @@ class Flow:
     def mode_test(self, test: cst.BaseExpression) -> bool:
         """Does the test ask about the run's mode, the same answer on every rank (`if
         local_rank != -1:`, `if args.rank is not None:`, `if args.distributed:`)?"""
-        if self._test_side(test):
+        if self._test_side(test) or _presence_only(test):
             return True
         return bool(_MODE_COMPARISON.search(self.index.code(test)))
 
@@ -320,3 +325,22 @@ def _weakest(x: Optional[str], y: Optional[str]) -> Optional[str]:
 def flow(index: FileIndex) -> Flow:
     """The file's control-flow facts, made once per index."""
     return index.cached("flow", Flow)
+
+
+def env_presence(node: cst.CSTNode) -> bool:
+    """`"RANK" in os.environ`: whether a launcher set the variable, the same answer on every rank
+    (a test of the run's mode, not of the rank's value)."""
+    return (
+        isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, (cst.In, cst.NotIn))
+        and string_value(node.left) is not None and dotted_name(node.comparisons[0].comparator) in ("os.environ", "environ")
+    )  # fmt: skip
+
+
+def _presence_only(test: cst.BaseExpression) -> bool:
+    """A test made only of `"X" in os.environ` parts (with `and`, `or`, `not`)."""
+    if isinstance(test, cst.BooleanOperation):
+        return _presence_only(test.left) and _presence_only(test.right)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _presence_only(test.expression)
+    return env_presence(test)

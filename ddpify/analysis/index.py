@@ -857,7 +857,8 @@ class FileIndex:
                 func = self.enclosing_func(expr)
                 line = self.line(expr)
             if b.func is func:
-                if line > b.line or (b.func is not None and b.line == self.line(b.func)):
+                param = b.func is not None and b.line == self.line(b.func)
+                if (line > b.line or param) and not self._unwrapped_between(name, func, b.line, line):
                     return True
             elif b.func is None:
                 if func is not None and name in self.param_names(func):
@@ -874,6 +875,15 @@ class FileIndex:
                 if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):
                     return True
         return False
+
+    def _unwrapped_between(self, name: str, func: Optional[Func], after: int, before: int) -> bool:
+        """Is `name` bound to its own wrapped module (`model = model.module`, often under `if
+        args.distributed:`) between two lines of its function: from there it holds the plain model."""
+        return any(
+            a.dotted == name and a.func is func and after < a.line < before
+            and isinstance(a.value, cst.Attribute) and a.value.attr.value == "module"
+            for a in self.assignments
+        )
 
     def _nested_in(self, inner: Func, outer: Func) -> bool:
         """Is `inner` defined inside `outer` (a closure of it)?"""

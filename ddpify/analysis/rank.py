@@ -10,7 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.flow import flow
+from ddpify.analysis.flow import env_presence, flow
 from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, iter_nodes, last_name
 from ddpify.analysis.literals import int_value, string_value
 
@@ -354,8 +354,9 @@ class RankAnalysis:
         """Does the test compare or read this process's rank anywhere in it?"""
         found = self._reads_rank.get(test)
         if found is None:
+            presence = {id(x) for n in iter_nodes(test) if env_presence(n) for x in iter_nodes(n)}
             found = self._reads_rank[test] = self.rank_test(test) != 0 or any(
-                isinstance(n, cst.BaseExpression) and self.is_rank_expr(n) for n in iter_nodes(test)
+                isinstance(n, cst.BaseExpression) and id(n) not in presence and self.is_rank_expr(n) for n in iter_nodes(test)
             )
         return found
 

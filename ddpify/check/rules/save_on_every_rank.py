@@ -1,6 +1,7 @@
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.analysis.flow import flow
 from ddpify.analysis.rank import rank_analysis
 from ddpify.check.context import iter_nodes, kwarg, positional
 from ddpify.check.rule import Invalid, Report, Rule
@@ -18,7 +19,8 @@ class SaveOnEveryRank(Rule):
     Code of a helper module that only other files call (no `__main__`, the function called
     nowhere in the file, no training of its own) is left to its caller's rank guard, and so is
     a save helper whose file comes from its parameters when every call of it is rank 0's (or
-    under another test of the rank) or names a per-rank file.
+    under another test of the rank) or names a per-rank file, and a save on a failure path (in an
+    `except` handler, or a function only handlers call) that dumps what the failing process had.
 
     ## Why is this bad?
     N processes write the same file at once: wasted I/O, and a corrupt or truncated
@@ -61,6 +63,8 @@ class SaveOnEveryRank(Rule):
             target = target.value if target is not None else None
             if target is not None and (_is_buffer(ctx, target) or ctx.code(target) in buffers):
                 continue  # serialised into memory (a copy, a broadcast): no file is written
+            if flow(ctx.index).in_error_handler(ci.node):
+                continue  # a failing process dumps what it had (`except: save_batch(batch); raise`)
             if every_rank(ctx, ci.node) and not library_code(ctx, ci.node) and not _callers_decide(ctx, ci, target):
                 yield Report(ci.node)
 
