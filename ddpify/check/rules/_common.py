@@ -185,3 +185,19 @@ def _has_main_block(ctx: FileContext) -> bool:
         if isinstance(stmt, cst.If) and "__main__" in ctx.code(stmt.test):
             return True
     return False
+
+
+def name_reads(scope: cst.CSTNode, name: str) -> list[cst.Name]:
+    """Reads of `name` under `scope` (not the targets of its assignments)."""
+    found: list[cst.Name] = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                found.append(node)
+
+    scope.visit(_Reads())
+    return found

@@ -3,6 +3,7 @@ import re
 import libcst as cst
 
 from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import name_reads
 
 _RANK = re.compile(r"rank", re.IGNORECASE)
 _SPLIT = ("array_split", "chunk", "tensor_split", "split")
@@ -121,7 +122,7 @@ def _feeds_training(ctx, shard: cst.CSTNode) -> bool:
             return True
         if isinstance(verdict, str) and verdict not in followed:
             followed.add(verdict)
-            reads = _name_uses(scope, verdict)
+            reads = name_reads(scope, verdict)
             if not reads:
                 return True
             uses += reads
@@ -146,22 +147,6 @@ def _consumer(ctx, use: cst.CSTNode):
             return True
         prev, node = node, ctx.parent(node)
     return True
-
-
-def _name_uses(scope: cst.CSTNode, name: str) -> list[cst.Name]:
-    """Reads of `name` under `scope` (not its assignments)."""
-    found: list[cst.Name] = []
-
-    class _Uses(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value == name:
-                found.append(node)
-
-    scope.visit(_Uses())
-    return found
 
 
 def _even(ctx, low: cst.BaseExpression) -> bool:

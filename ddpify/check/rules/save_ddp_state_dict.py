@@ -1,8 +1,9 @@
 import libcst as cst
 
-from ddpify.check.context import iter_nodes, last_name
+from ddpify.check.context import last_name
 from ddpify.check.fix import insert_module_attr
 from ddpify.check.rule import FIX_UNSAFE, Invalid, Report, Rule
+from ddpify.check.rules._common import name_reads
 
 
 class SaveDDPStateDict(Rule):
@@ -98,7 +99,7 @@ def _template_for_loading(ctx, call: cst.Call) -> bool:
         return False
     name = assign.targets[0].target.value
     scope = ctx.enclosing_func(call) or ctx.module
-    reads = [n for n in iter_nodes(scope) if isinstance(n, cst.Name) and n.value == name and n is not assign.targets[0].target]
+    reads = name_reads(scope, name)
     return bool(reads) and all(_loaded(ctx, n) for n in reads)
 
 
