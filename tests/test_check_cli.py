@@ -470,6 +470,7 @@ def test_output_quieted_by_a_helper_of_another_module_is_not_flagged(tmp_path: P
         import utils
 
         log = logging.getLogger(__name__)
+        logging.basicConfig(level=logging.INFO)
 
 
         def fit(net, batches, sgd):
@@ -648,6 +649,7 @@ def test_a_trainer_is_checked_with_what_its_launcher_does(tmp_path: Path, launch
         import torch.distributed as dist
 
         log = logging.getLogger(__name__)
+        logging.basicConfig(level=logging.INFO)
 
 
         def fit(rank, world):

@@ -139,7 +139,7 @@ def test_a_launcher_that_imports_the_training_module_by_name_is_read(tmp_path: P
     """`importlib.import_module(f"app.{name}.train")` in a launcher that turns logging down off
     rank 0: the training module's info lines are rank 0's (DDP303 silent); without the
     launcher's line they are every rank's."""
-    train = "import logging\n\nimport torch.distributed as dist\n\nlog = logging.getLogger()\n\n\ndef main(net, batches, opt):\n" \
+    train = "import logging\n\nimport torch.distributed as dist\n\nlog = logging.getLogger()\nlogging.basicConfig(level=logging.INFO)\n\n\ndef main(net, batches, opt):\n" \
             "    dist.init_process_group('gloo')\n    for x in batches:\n        opt.zero_grad()\n" \
             "        net(x).sum().backward()\n        opt.step()\n        log.info('step')\n" \
             "    dist.destroy_process_group()\n"  # fmt: skip
@@ -147,7 +147,7 @@ def test_a_launcher_that_imports_the_training_module_by_name_is_read(tmp_path: P
                "    if int(os.environ['RANK']) != 0:\n        logging.getLogger().setLevel(logging.ERROR)\n" \
                "    importlib.import_module(f'app.{name}.train').main(None, [], None)\n"  # fmt: skip
     _write(tmp_path, {"pyproject.toml": "", "app/__init__.py": "", "app/vision/__init__.py": "", "app/vision/train.py": train})
-    assert _codes(tmp_path / "app" / "vision" / "train.py") == ["14 DDP303"]
+    assert _codes(tmp_path / "app" / "vision" / "train.py") == ["15 DDP303"]
     _write(tmp_path, {"app/launch.py": launcher})
     assert _codes(tmp_path / "app" / "vision" / "train.py") == []
 

@@ -265,8 +265,46 @@ def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
     if isinstance(e, cst.Subscript):
         return env_read(index, e) == "LOCAL_RANK"
     if isinstance(e, (cst.Name, cst.Attribute)):
-        return "local_rank" in (last_name(e) or "").lower() and index.code(e) not in _group_ranks(index)
+        return "local_rank" in (last_name(e) or "").lower() and index.code(e) not in _group_ranks(index) | _helper_ranks(index)
     return False
+
+
+def _helper_ranks(index: FileIndex) -> set[str]:
+    """The code of names bound from a project helper that may return the global rank
+    (`total_gpus, cfg.LOCAL_RANK = getattr(common_utils, "init_dist_%s" % launcher)(...)`, whose
+    every `init_dist_*` returns `dist.get_rank()`): whatever they are called, they hold it."""
+    found = index.__dict__.get("_helper_ranks")
+    if found is None:
+        found = index.__dict__["_helper_ranks"] = set()
+        for root in index.roots:
+            for node in iter_nodes(root):
+                if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)):
+                    continue
+                targets = [
+                    e.value if isinstance(t.target, cst.Tuple) else e
+                    for t in node.targets for e in (t.target.elements if isinstance(t.target, cst.Tuple) else [t.target])
+                ]  # fmt: skip
+                named = {index.code(t) for t in targets if "local_rank" in (last_name(t) or "").lower()}
+                if named and any(_may_return_global_rank(index, f) for f in _helpers_called(index, node.value)):
+                    found |= named
+    return found
+
+
+def _helpers_called(index: FileIndex, call: cst.Call) -> list:
+    """The project functions a call may run: by its name, or every function whose name starts
+    with the text of a name built at run time (`getattr(utils, "init_dist_%s" % launcher)(...)`)."""
+    func = call.func
+    if isinstance(func, cst.Call) and last_name(func.func) == "getattr" and len(func.args) >= 2:
+        name = func.args[1].value
+        text = name.left if isinstance(name, cst.BinaryOperation) else name
+        if isinstance(name, cst.FormattedString):
+            text = name.parts[0] if name.parts and isinstance(name.parts[0], cst.FormattedStringText) else None
+            prefix = text.value if text is not None else ""
+        else:
+            prefix = (string_value(text) or "").split("%")[0].split("{")[0]
+        return [f for n, fs in index.functions.items() if prefix and n.startswith(prefix) for f in fs]
+    info = index.call_info.get(call)
+    return index.local_callees(info) if info is not None else []
 
 
 def _group_ranks(index: FileIndex) -> set[str]:

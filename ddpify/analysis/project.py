@@ -93,7 +93,7 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None, l
         project.modules[path] = name
         project.parsed[path] = module
         if path == entry:  # `sys.path.append(ROOT)`, `PYTHONPATH=..`: modules beside those folders are the project's
-            for folder in [*added_folders(module, entry), *python_path_roots(entry, root)]:
+            for folder in [*path_folders(module, entry, parse, read), *python_path_roots(entry, root)]:
                 if folder not in search:
                     search.append(folder)
                 if root not in (folder, *folder.parents):
@@ -107,6 +107,25 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None, l
                 todo.append((target, dotted))
         project.imports[path] = found
     return project
+
+
+def path_folders(module: cst.Module, path: Path, parse, read) -> list[Path]:
+    """The folders a script puts on sys.path at import: its own `sys.path.insert(...)`, and those
+    of the modules beside it it imports for that (`import _init_paths` first, whose code adds
+    `../lib`)."""
+    folders = added_folders(module, path)
+    top = [small for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body]
+    for node in top:
+        for alias in node.names if isinstance(node, cst.Import) else ():
+            sibling = path.parent / f"{dotted_name(alias.name)}.py"
+            if "." not in (dotted_name(alias.name) or ".") and sibling.is_file() and sibling != path:
+                try:
+                    text = read(sibling)
+                    if "sys.path" in text:
+                        folders += [f for f in added_folders(parse(text, str(sibling)), sibling) if f not in folders]
+                except Exception:  # noqa: BLE001 - unreadable: adds nothing we can see
+                    continue
+    return folders
 
 
 MAX_IMPORTER_FILES = 500  # a project root bigger than this is not searched for importers
@@ -131,6 +150,7 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
         except (OSError, UnicodeDecodeError):
             continue
     found: dict[Path, cst.Module] = {}
+    search: dict[Path, list[Path]] = {}  # where each importer's imports are looked up (its sys.path)
     imported, todo = {target}, [target]
     while todo:
         reached = todo.pop()
@@ -154,24 +174,31 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
             except Exception:  # noqa: BLE001 - a file that does not parse imports nothing we can see
                 continue
             name = _dotted_under(path, root)
-            if any(_resolve(d, [path.parent, root], root) == reached for d in _imported_names(module, name, path)):
+            search[path] = [path.parent, root, *path_folders(module, path, parse, read)]
+            if any(_resolve(d, search[path], root) == reached for d in _imported_names(module, name, path)):
                 found[path] = module
                 imported.add(path)
                 todo.append(path)
-    # and what the importers import besides (the trainer beside the loader module, both imported by main.py)
-    todo = list(found)
-    while todo and len(found) < MAX_IMPORTER_FILES // 8:  # the nearest first, as find_project's limit
-        path = todo.pop(0)
-        for dotted in _imported_names(found[path], _dotted_under(path, root), path):
-            other = _resolve(dotted, [path.parent, root], root)
-            if other is None or other == target or other in found or other not in texts:
-                continue
-            try:
-                found[other] = parse(texts[other], str(other))
-            except Exception:  # noqa: BLE001 - unreadable: left out
-                continue
-            todo.append(other)
+    # and what the importers import besides (the trainer beside the loader module, both imported by
+    # main.py): the scripts' imports first (`if __name__ == "__main__":`), then the library's
+    scripts = [p for p in found if _MAIN_GUARD.search(texts.get(p, ""))]
+    for todo in (scripts, [p for p in found if p not in scripts]):
+        while todo and len(found) < MAX_IMPORTER_FILES // 8:  # the nearest first, as find_project's limit
+            path = todo.pop(0)
+            for dotted in _imported_names(found[path], _dotted_under(path, root), path):
+                other = _resolve(dotted, search.get(path, [path.parent, root]), root)
+                if other is None or other == target or other in found or other not in texts:
+                    continue
+                try:
+                    found[other] = parse(texts[other], str(other))
+                except Exception:  # noqa: BLE001 - unreadable: left out
+                    continue
+                search[other] = [other.parent, *search.get(path, [path.parent, root])[1:]]  # sys.path is the process's
+                todo.append(other)
     return found
+
+
+_MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']""", re.MULTILINE)
 
 
 def sibling_launchers(target: Path, read=None) -> list[cst.Module]:

@@ -28,7 +28,11 @@ PATH_FUNCTIONS = {"os.path.dirname": os.path.dirname, "os.path.abspath": os.path
 
 
 def added_folders(module: cst.Module, script: Path) -> list[Path]:
-    """The existing folders the module-level code of `script` appends or inserts into sys.path."""
+    """The existing folders the module-level code of `script` appends or inserts into sys.path,
+    directly or through a helper of the module (`def add_path(p): sys.path.insert(0, p)`, then
+    `add_path(osp.join(this_dir, "..", "lib"))`)."""
+    aliases = _aliases(module)
+    helpers = _adder_helpers(module, aliases)
     bound: dict[str, cst.BaseExpression] = {}
     found: list[Path] = []
     for stmt in _statements(module.body):
@@ -36,14 +40,73 @@ def added_folders(module: cst.Module, script: Path) -> list[Path]:
             if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
                 bound[small.targets[0].target.value] = small.value
             call = small.value if isinstance(small, cst.Expr) else None
-            if isinstance(call, cst.Call) and dotted_name(call.func) in ADDERS and call.args:
-                value = _value(call.args[-1].value, bound, script)
-                folder = Path(value) if isinstance(value, (str, Path)) else None
-                if folder is not None:
-                    folder = (script.parent / folder).resolve() if not folder.is_absolute() else folder.resolve()
-                    if folder.is_dir() and folder not in found:
-                        found.append(folder)
+            if not isinstance(call, cst.Call) or not call.args:
+                continue
+            name = _canonical(dotted_name(call.func), aliases)
+            if name in ADDERS:
+                arg = call.args[-1]
+            elif name in helpers and len(call.args) > helpers[name]:
+                arg = call.args[helpers[name]]
+            else:
+                continue
+            value = _value(arg.value, bound, script, aliases)
+            folder = Path(value) if isinstance(value, (str, Path)) else None
+            if folder is not None:
+                folder = (script.parent / folder).resolve() if not folder.is_absolute() else folder.resolve()
+                if folder.is_dir() and folder not in found:
+                    found.append(folder)
     return found
+
+
+def _aliases(module: cst.Module) -> dict[str, str]:
+    """Local names of the module-level imports: `import os.path as osp` -> osp: os.path,
+    `from os.path import join` -> join: os.path.join."""
+    found: dict[str, str] = {}
+    for stmt in module.body:
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                        found[alias.asname.name.value] = dotted_name(alias.name) or ""
+            elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+                for alias in small.names if not isinstance(small.names, cst.ImportStar) else ():
+                    local = alias.asname.name if alias.asname is not None else alias.name
+                    if isinstance(local, cst.Name):
+                        found[local.value] = f"{dotted_name(small.module)}.{dotted_name(alias.name)}"
+    return found
+
+
+def _canonical(name, aliases: dict[str, str]) -> str:
+    """`osp.join` -> `os.path.join` (the import it names), `Path` stays `Path`."""
+    if not name:
+        return ""
+    first, _, rest = name.partition(".")
+    full = aliases.get(first)
+    if full is None or full == "pathlib.Path":
+        return name
+    return f"{full}.{rest}" if rest else full
+
+
+def _adder_helpers(module: cst.Module, aliases: dict[str, str]) -> dict[str, int]:
+    """Module-level functions that put one of their parameters on sys.path: name -> its position."""
+    found: dict[str, int] = {}
+    for stmt in module.body:
+        if not isinstance(stmt, cst.FunctionDef):
+            continue
+        params = [p.name.value for p in stmt.params.params]
+        for node in _calls(stmt.body):
+            if _canonical(dotted_name(node.func), aliases) in ADDERS and node.args:
+                last = node.args[-1].value
+                if isinstance(last, cst.Name) and last.value in params:
+                    found[stmt.name.value] = params.index(last.value)
+    return found
+
+
+def _calls(node: cst.CSTNode):
+    if isinstance(node, cst.Call):
+        yield node
+    for child in node.children:
+        yield from _calls(child)
 
 
 def _statements(body):
@@ -54,18 +117,18 @@ def _statements(body):
             yield from _statements(stmt.body.body)
 
 
-def _value(node: cst.BaseExpression, bound: dict, script: Path, depth: int = 0):
+def _value(node: cst.BaseExpression, bound: dict, script: Path, aliases: dict, depth: int = 0):
     """A str or Path the expression evaluates to, or None."""
     if depth > 8:
         return None
     if isinstance(node, cst.Name):
         if node.value == "__file__":
             return str(script)
-        return _value(bound[node.value], bound, script, depth + 1) if node.value in bound else None
+        return _value(bound[node.value], bound, script, aliases, depth + 1) if node.value in bound else None
     if isinstance(node, cst.SimpleString):
         return node.evaluated_value if isinstance(node.evaluated_value, str) else None
     if isinstance(node, cst.BinaryOperation):
-        left, right = _value(node.left, bound, script, depth + 1), _value(node.right, bound, script, depth + 1)
+        left, right = _value(node.left, bound, script, aliases, depth + 1), _value(node.right, bound, script, aliases, depth + 1)
         if left is None or right is None:
             return None
         if isinstance(node.operator, cst.Add) and isinstance(left, str) and isinstance(right, str):
@@ -74,14 +137,14 @@ def _value(node: cst.BaseExpression, bound: dict, script: Path, depth: int = 0):
             return left / str(right)
         return None
     if isinstance(node, cst.Attribute):
-        inner = _value(node.value, bound, script, depth + 1)
+        inner = _value(node.value, bound, script, aliases, depth + 1)
         return inner.parent if isinstance(inner, Path) and node.attr.value == "parent" else None
     if not isinstance(node, cst.Call):
         return None
-    args = [_value(a.value, bound, script, depth + 1) for a in node.args]
+    args = [_value(a.value, bound, script, aliases, depth + 1) for a in node.args]
     if any(a is None for a in args):
         return None
-    name = dotted_name(node.func) or ""
+    name = _canonical(dotted_name(node.func), aliases)
     if name in PATH_FUNCTIONS and len(args) == 1:
         return PATH_FUNCTIONS[name](str(args[0]))
     if name == "os.path.join" and args:
@@ -91,7 +154,7 @@ def _value(node: cst.BaseExpression, bound: dict, script: Path, depth: int = 0):
     if name == "str" and len(args) == 1:
         return str(args[0])
     if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("resolve", "absolute") and not args:
-        inner = _value(node.func.value, bound, script, depth + 1)
+        inner = _value(node.func.value, bound, script, aliases, depth + 1)
         return inner.resolve() if isinstance(inner, Path) else None
     return None
 

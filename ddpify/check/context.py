@@ -50,6 +50,7 @@ from ddpify.analysis.names import (  # re-exported for the rules
     SPAWN,
 )
 from ddpify.analysis.flow import flow
+from ddpify.analysis.log_levels import LEVELS, is_handler_setting, is_level_setting, set_level
 from ddpify.analysis.multinode import launched_by_torchrun
 from ddpify.analysis.project import sibling_launchers
 from ddpify.analysis.rank import RANK_TEXT, mentions_rank, rank_analysis
@@ -312,6 +313,33 @@ class FileContext:
         return any(  # the launcher that imports this file turns its other ranks down (`main.py` before `train.main()`)
             _quiets_others(rank_analysis(index), ci) for index in self._importers for ci in index.calls
         )
+
+    @cached_property
+    def log_level_on_every_rank(self) -> Optional[int]:
+        """The lowest logging level every rank surely shows, or None when that is not proven.
+
+        Proven by a handler (`basicConfig`, `addHandler`, a `dictConfig`) and levels the code
+        states plainly (`basicConfig(level=logging.INFO)`, `setLevel("DEBUG")`, a helper's
+        parameter every caller fills with one; Hydra's `@hydra.main` sets INFO), set by code
+        every rank runs (here, in a module it imports, or in a program that imports it). A
+        level the code does not state (`setLevel(cfg.log_level)`, a parameter filled from a
+        config) or set under a test of the rank leaves it unproven."""
+        sites = [(self._rank, self.index, ci) for ci in self.calls]
+        sites += [(rank_analysis(index), index, ci) for index in self._importers for ci in index.calls]
+        hydra = any(ci.is_("hydra.main") for _, _, ci in sites)
+        if not hydra and not any(is_handler_setting(ci) for _, _, ci in sites):
+            return None  # no handler: Python drops info and debug messages
+        levels = [LEVELS["INFO"]] if hydra else []
+        for rank, index, ci in sites:
+            if not is_level_setting(ci) or rank.in_rank0(ci.node) or flow(index).single_process(ci.node):
+                continue  # rank 0's setting, or a run without a group
+            if index is self.index and ci.func is not None and not self.runs(ci.func):
+                continue  # a helper nothing calls
+            level = set_level(index, ci)
+            if level is None or rank.under_rank_test(ci.node):
+                return None
+            levels.append(level)
+        return min(levels, default=None)
 
     @cached_property
     def log_handlers_on_rank0_only(self) -> bool:

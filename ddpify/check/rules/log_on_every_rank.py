@@ -1,8 +1,9 @@
 from ddpify.analysis.flow import flow
+from ddpify.analysis.log_levels import LEVELS
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
 
-_LEVELS = ("info", "debug")
+_LEVELS = {"info": LEVELS["INFO"], "debug": LEVELS["DEBUG"]}
 
 
 class LogOnEveryRank(Rule):
@@ -10,7 +11,11 @@ class LogOnEveryRank(Rule):
 
     ## What it does
     Flags `logging.info(...)`, `logger.info(...)` and `.debug(...)` in training code outside a
-    rank-0-only branch (messages that mention the rank are not flagged). Warnings and errors
+    rank-0-only branch (messages that mention the rank are not flagged), when the program is
+    known to show them on every rank: a handler, and a level set plainly by code every rank runs
+    (`logging.basicConfig(level=logging.INFO)`, `setLevel("DEBUG")`, a helper's level parameter
+    every caller fills with one, Hydra's `@hydra.main`). Without a handler Python drops them; a
+    level read from a config or set under a test of the rank is not known, and nothing is flagged. Warnings and errors
     are left alone: they may be rank-specific, and so are messages in an `except` handler or
     right before the function gives up (each failing rank says why). Nothing is flagged when logging is configured on
     rank 0 only (`logging.basicConfig` and `addHandler` behind a rank-0 guard, the other ranks getting at most
@@ -47,18 +52,24 @@ class LogOnEveryRank(Rule):
     MESSAGE = "log message written by every rank; guard it with `if rank == 0:` or set the level to WARNING off rank 0"
     SEVERITY = "warning"
     VALID = [
-        "import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\n"
+        "import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\nlogging.basicConfig(level=logging.INFO)\n"
         "for e in range(3):\n    if rank == 0:\n        logger.info('e %d', e)\n",
+        "import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\n"
+        "for e in range(3):\n    logger.info('e %d', e)\n",  # no handler: Python drops info messages
         "import logging, torch.distributed as dist\nif dist.get_rank() == 0:\n"
         "    logging.basicConfig(level=logging.INFO)\nfor e in range(3):\n    logging.info('e %d', e)\n",
     ]
     INVALID = [
         Invalid("import logging, torch.distributed as dist\nlogger = logging.getLogger(__name__)\n"
-                "for e in range(3):\n    logger.info('e %d', e)\n"),
-        Invalid("import logging, torch.distributed as dist\nfor e in range(3):\n    logging.info('e %d', e)\n"),
+                "logging.basicConfig(level=logging.INFO)\nfor e in range(3):\n    logger.info('e %d', e)\n"),
+        Invalid("import logging, torch.distributed as dist\nlogging.basicConfig(level='DEBUG')\n"
+                "for e in range(3):\n    logging.debug('e %d', e)\n"),
     ]
 
     def check(self, ctx):
+        shown = ctx.log_level_on_every_rank
+        if shown is None:
+            return  # not proven that any rank shows info messages (no handler, or a level the code does not state)
         if ctx.log_handlers_on_rank0_only:
             return  # handlers attached on rank 0 only (or to each rank's own file): other ranks' info reaches no console
         if ctx.logging_quiet_off_rank0:
@@ -71,7 +82,7 @@ class LogOnEveryRank(Rule):
             if b.value in ctx.call_info and ctx.info(b.value).is_("logging.getLogger")
         }
         for ci in ctx.calls:
-            if ci.name not in _LEVELS or ci.receiver is None:
+            if ci.name not in _LEVELS or ci.receiver is None or _LEVELS[ci.name] < shown:
                 continue
             if not (ci.is_("logging.info", "logging.debug") or ctx.code(ci.receiver) in loggers):
                 continue

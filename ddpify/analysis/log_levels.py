@@ -1,0 +1,83 @@
+"""Which logging levels the program turns on, when its code says so plainly.
+
+`logger.info(...)` reaches a console only if something set a handler and a level of INFO or
+below: without `logging.basicConfig(level=logging.INFO)` (or `setLevel` and `addHandler`, a
+`dictConfig`, Hydra's `@hydra.main`), Python drops it. The output rules ask this before they
+claim that every rank writes a message (issue 32: a rule's premise proven, or no finding).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpify.analysis.index import CallInfo, FileIndex, Func, last_name
+from ddpify.analysis.literals import int_value, kwarg, string_value
+
+LEVELS = {"CRITICAL": 50, "FATAL": 50, "ERROR": 40, "WARNING": 30, "WARN": 30, "INFO": 20, "DEBUG": 10, "NOTSET": 0}
+INFO, DEBUG = LEVELS["INFO"], LEVELS["DEBUG"]
+_CONFIG = {"logging.config.dictConfig", "logging.config.fileConfig"}  # their level is in data: not read here
+
+
+def is_level_setting(ci: CallInfo) -> bool:
+    """`logging.basicConfig(level=...)`, `x.setLevel(...)`, `logging.config.dictConfig(...)`."""
+    return ci.name == "setLevel" or (ci.is_("logging.basicConfig") and kwarg(ci.node, "level") is not None) or ci.is_(*_CONFIG)
+
+
+def is_handler_setting(ci: CallInfo) -> bool:
+    """`logging.basicConfig(...)`, `x.addHandler(...)`, a `dictConfig`: a handler that writes records."""
+    return ci.name == "addHandler" or ci.is_("logging.basicConfig", *_CONFIG)
+
+
+def set_level(index: FileIndex, ci: CallInfo) -> Optional[int]:
+    """The level this call sets, the same on every rank, or None when the code does not say it
+    plainly (a parameter some caller fills from a config, `args.log_level`, a file's data)."""
+    if ci.is_(*_CONFIG):
+        return None
+    arg = kwarg(ci.node, "level") if ci.name != "setLevel" else (ci.node.args[0] if ci.node.args else None)
+    return None if arg is None else level_of(index, arg.value, ci.func)
+
+
+def level_of(index: FileIndex, value: cst.BaseExpression, func: Optional[Func], depth: int = 0) -> Optional[int]:
+    """The level an expression holds: `logging.INFO`, `"INFO"`, `20`, a name given one such
+    value (every assignment the same), or a parameter every caller fills with one."""
+    if (n := int_value(value)) is not None:
+        return n
+    if (s := string_value(value)) is not None:
+        return LEVELS.get(s.upper())
+    if isinstance(value, cst.Attribute) and last_name(value) in LEVELS and index.code(value.value).endswith("logging"):
+        return LEVELS[last_name(value)]
+    if not isinstance(value, cst.Name) or depth > 3:
+        return None
+    if value.value in LEVELS and "logging." + value.value in index.qnames(value):
+        return LEVELS[value.value]  # `from logging import INFO`
+    found = {
+        level_of(index, b.value, b.func, depth + 1)
+        for b in index.assignments
+        if b.dotted == value.value and (b.func is func or b.func is None)
+    }
+    if func is not None and value.value in _param_names(func):
+        found |= {_passed_level(index, func, site, value.value, depth) for site in index.call_sites(func)} or {None}
+    return found.pop() if len(found) == 1 else None
+
+
+def _param_names(func: Func) -> list[str]:
+    return [p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)]
+
+
+def _passed_level(index: FileIndex, func: Func, site: CallInfo, name: str, depth: int) -> Optional[int]:
+    """The level a call site hands the parameter `name` (its default when it passes none)."""
+    names = _param_names(func)
+    if names and names[0] in ("self", "cls") and isinstance(site.node.func, cst.Attribute):
+        names = names[1:]
+    given = kwarg(site.node, name)
+    positional = [a for a in site.node.args if a.keyword is None]
+    if given is None and any(a.star for a in site.node.args):
+        return None  # `*args` / `**kwargs`: not read
+    if given is None and name in names and names.index(name) < len(positional):
+        given = positional[names.index(name)]
+    if given is not None:
+        return level_of(index, given.value, site.func, depth + 1)
+    default = next((p.default for p in (*func.params.params, *func.params.kwonly_params) if p.name.value == name), None)
+    return None if default is None else level_of(index, default, None, depth + 1)

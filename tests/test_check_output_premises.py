@@ -1,0 +1,176 @@
+"""A rule speaks only when its premise is proven from the program (issue 32): info logs are
+shown on every rank only when a handler and a plainly stated level say so; the modules a script
+reaches through the folders its `_init_paths` helper puts on sys.path are read; a "local rank"
+returned by the helper that starts the group is the group's rank."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddpify.check.rule import select_rules
+from ddpify.check.runner import check_paths
+
+LOOP = """\
+    dist.init_process_group("gloo")
+    for x in batches:
+        opt.zero_grad()
+        net(x).sum().backward()
+        opt.step()
+        log.info("step")
+    dist.destroy_process_group()
+"""
+
+
+def _codes(path: Path, select: str | None = None) -> list[str]:
+    [result] = check_paths([(path, frozenset(select_rules(select)))], jobs=1)
+    return [f"{f.line} {f.code}" for f in result.findings]
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(textwrap.dedent(text))
+
+
+@pytest.mark.parametrize(
+    "setup, flagged",
+    [
+        ("", False),  # no handler: Python drops info messages
+        ("logging.basicConfig(level=logging.INFO)\n", True),
+        ("logging.basicConfig(level='WARNING')\n", False),  # the level hides info
+        ("logging.basicConfig(level=cfg.log_level)\n", False),  # a level the code does not state
+        ("LEVEL = logging.DEBUG\nlogging.basicConfig(level=LEVEL)\n", True),
+        ("def setup(level=logging.INFO):\n    logging.basicConfig(level=level)\n\n\nsetup()\n", True),  # its default
+        ("def setup(level):\n    logging.basicConfig(level=level)\n\n\nsetup(logging.INFO)\nsetup(logging.DEBUG)\n", False),
+        ("def setup(cfg):\n    logging.basicConfig(level=cfg['state'])\n\n\nsetup(config)\n", False),  # from a config
+        ("import hydra\n\n\n@hydra.main(config_path='conf')\ndef app(cfg):\n    pass\n", True),  # Hydra logs INFO
+    ],
+    ids=["no-handler", "info", "warning", "from-config", "constant", "default", "two-levels", "config-field", "hydra"],
+)
+def test_info_logs_are_flagged_only_when_every_rank_shows_them(tmp_path: Path, setup: str, flagged: bool) -> None:
+    head = "import logging\n\nimport torch.distributed as dist\n\nlog = logging.getLogger(__name__)\n" + setup
+    (tmp_path / "train.py").write_text(head + "\n\ndef main(net, batches, opt, cfg, config):\n" + LOOP)
+    codes = [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP303")]
+    assert bool(codes) == flagged, codes
+
+
+def test_info_logs_with_a_level_set_off_rank0_by_a_config_field_are_not_flagged(tmp_path: Path) -> None:
+    """The config says `state = "error"` on the other ranks and the logger maps it to a level: not
+    a level the code states, so nothing is claimed about them."""
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "log.py": """\
+            import logging
+
+
+            def init_logger(config):
+                level = logging.INFO if config["state"] == "info" else logging.ERROR
+                logging.basicConfig(level=level)
+            """,
+        "train.py": "import logging\n\nimport torch.distributed as dist\n\nfrom log import init_logger\n\n"
+                    "log = logging.getLogger(__name__)\n\n\ndef main(net, batches, opt, config):\n"
+                    "    if dist.get_rank() != 0:\n        config['state'] = 'error'\n    init_logger(config)\n" + LOOP,
+    })  # fmt: skip
+    assert [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP303")] == []
+
+
+INIT_PATHS = """\
+import os.path as osp
+import sys
+
+
+def add_path(path):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+this_dir = osp.dirname(__file__)
+add_path(osp.join(this_dir, "..", "lib"))
+"""
+
+TRAIN_WITH_INIT_PATHS = """\
+import torch
+import torch.distributed as dist
+
+import _init_paths
+from core.function import train
+
+
+def main(local_rank, net, batches, opt):
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    train(net, batches, opt)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(0, None, [], None)
+"""
+
+FUNCTION = """\
+import torch.distributed as dist
+
+
+def train(net, batches, opt):
+    for x in batches:
+        x = x.cuda()
+        opt.zero_grad()
+        net(x).sum().backward()
+        opt.step()
+    dist.barrier()
+"""
+
+
+def test_a_helper_module_that_puts_lib_on_sys_path_joins_the_script_to_its_modules(tmp_path: Path) -> None:
+    """`import _init_paths` (whose `add_path` helper inserts `../lib`), then `from core.function
+    import train`: the training function in lib/ is the script's, which set the device first
+    (DDP108 silent); without the set_device it fires."""
+    _write(tmp_path, {"pyproject.toml": "", "tools/_init_paths.py": INIT_PATHS, "tools/train.py": TRAIN_WITH_INIT_PATHS,
+                      "lib/core/__init__.py": "", "lib/core/function.py": FUNCTION})  # fmt: skip
+    assert _codes(tmp_path / "lib" / "core" / "function.py", "DDP108") == []
+    _write(tmp_path, {"tools/train.py": TRAIN_WITH_INIT_PATHS.replace("    torch.cuda.set_device(local_rank)\n", "")})
+    assert _codes(tmp_path / "lib" / "core" / "function.py", "DDP108") == ["6 DDP108"]
+
+
+INIT_HELPERS = """\
+import os
+
+import torch.distributed as dist
+
+
+def init_dist_pytorch(backend="nccl"):
+    dist.init_process_group(backend)
+    return dist.get_world_size(), {rank}
+
+
+def init_dist_slurm(backend="nccl"):
+    dist.init_process_group(backend)
+    return dist.get_world_size(), {rank}
+"""
+
+TRAIN_WITH_LAUNCHER = """\
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+
+import utils
+
+
+def main(cfg, launcher):
+    total_gpus, cfg.LOCAL_RANK = getattr(utils, "init_dist_%s" % launcher)()
+    writer = SummaryWriter("runs") if cfg.LOCAL_RANK == 0 else None
+    dist.barrier()
+    return writer
+"""
+
+
+@pytest.mark.parametrize("returned, flagged", [("dist.get_rank()", False), ("int(os.environ['LOCAL_RANK'])", True)])
+def test_a_local_rank_returned_by_the_helper_that_starts_the_group_is_what_it_returns(
+    tmp_path: Path, returned: str, flagged: bool
+) -> None:
+    """`getattr(utils, "init_dist_%s" % launcher)()`: every `init_dist_*` of utils may run; when
+    they return `dist.get_rank()`, `cfg.LOCAL_RANK == 0` is a job-wide guard (DDP307 silent)."""
+    _write(tmp_path, {"pyproject.toml": "", "utils.py": INIT_HELPERS.format(rank=returned), "train.py": TRAIN_WITH_LAUNCHER})
+    assert _codes(tmp_path / "train.py", "DDP307") == (["9 DDP307"] if flagged else [])
