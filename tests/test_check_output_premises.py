@@ -24,6 +24,16 @@ LOOP = """\
 """
 
 
+OPTION = """\
+import argparse
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-v", "--log-level", default="INFO")
+args = parser.parse_args()
+logging.basicConfig(level=args.log_level)
+"""
+
+
 def _codes(path: Path, select: str | None = None) -> list[str]:
     [result] = check_paths([(path, frozenset(select_rules(select)))], jobs=1)
     return [f"{f.line} {f.code}" for f in result.findings]
@@ -47,8 +57,11 @@ def _write(folder: Path, files: dict[str, str]) -> None:
         ("def setup(level):\n    logging.basicConfig(level=level)\n\n\nsetup(logging.INFO)\nsetup(logging.DEBUG)\n", False),
         ("def setup(cfg):\n    logging.basicConfig(level=cfg['state'])\n\n\nsetup(config)\n", False),  # from a config
         ("import hydra\n\n\n@hydra.main(config_path='conf')\ndef app(cfg):\n    pass\n", True),  # Hydra logs INFO
+        (OPTION, True),  # the option's default: the same command line on every rank
+        (OPTION + "if dist.get_rank() != 0:\n    args.log_level = 'ERROR'\n", False),  # changed by rank
     ],
-    ids=["no-handler", "info", "warning", "from-config", "constant", "default", "two-levels", "config-field", "hydra"],
+    ids=["no-handler", "info", "warning", "from-config", "constant", "default", "two-levels", "config-field", "hydra",
+         "option-default", "option-changed-by-rank"],  # fmt: skip
 )
 def test_info_logs_are_flagged_only_when_every_rank_shows_them(tmp_path: Path, setup: str, flagged: bool) -> None:
     head = "import logging\n\nimport torch.distributed as dist\n\nlog = logging.getLogger(__name__)\n" + setup

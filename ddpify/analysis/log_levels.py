@@ -8,6 +8,7 @@ claim that every rank writes a message (issue 32: a rule's premise proven, or no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Optional
 
 import libcst as cst
@@ -30,35 +31,41 @@ def is_handler_setting(ci: CallInfo) -> bool:
     return ci.name == "addHandler" or ci.is_("logging.basicConfig", *_CONFIG)
 
 
-def set_level(index: FileIndex, ci: CallInfo) -> Optional[int]:
+def set_level(index: FileIndex, ci: CallInfo, options: Mapping[str, cst.BaseExpression]) -> Optional[int]:
     """The level this call sets, the same on every rank, or None when the code does not say it
-    plainly (a parameter some caller fills from a config, `args.log_level`, a file's data)."""
+    plainly (a parameter some caller fills from a config, a file's data). `options`: the
+    defaults of the program's command-line options by name (`args.log_level` reads one)."""
     if ci.is_(*_CONFIG):
         return None
     arg = kwarg(ci.node, "level") if ci.name != "setLevel" else (ci.node.args[0] if ci.node.args else None)
-    return None if arg is None else level_of(index, arg.value, ci.func)
+    return None if arg is None else level_of(index, arg.value, ci.func, options)
 
 
-def level_of(index: FileIndex, value: cst.BaseExpression, func: Optional[Func], depth: int = 0) -> Optional[int]:
+def level_of(
+    index: FileIndex, value: cst.BaseExpression, func: Optional[Func], options: Mapping[str, cst.BaseExpression], depth: int = 0
+) -> Optional[int]:
     """The level an expression holds: `logging.INFO`, `"INFO"`, `20`, a name given one such
-    value (every assignment the same), or a parameter every caller fills with one."""
+    value (every assignment the same), a parameter every caller fills with one, or a
+    command-line option's default (`args.log_level` of `add_argument("--log-level", default="INFO")`)."""
     if (n := int_value(value)) is not None:
         return n
     if (s := string_value(value)) is not None:
         return LEVELS.get(s.upper())
     if isinstance(value, cst.Attribute) and last_name(value) in LEVELS and index.code(value.value).endswith("logging"):
         return LEVELS[last_name(value)]
+    if isinstance(value, cst.Attribute) and value.attr.value in options and depth <= 3:
+        return level_of(index, options[value.attr.value], None, {}, depth + 1)  # the same command line on every rank
     if not isinstance(value, cst.Name) or depth > 3:
         return None
     if value.value in LEVELS and "logging." + value.value in index.qnames(value):
         return LEVELS[value.value]  # `from logging import INFO`
     found = {
-        level_of(index, b.value, b.func, depth + 1)
+        level_of(index, b.value, b.func, options, depth + 1)
         for b in index.assignments
         if b.dotted == value.value and (b.func is func or b.func is None)
     }
     if func is not None and value.value in _param_names(func):
-        found |= {_passed_level(index, func, site, value.value, depth) for site in index.call_sites(func)} or {None}
+        found |= {_passed_level(index, func, site, value.value, options, depth) for site in index.call_sites(func)} or {None}
     return found.pop() if len(found) == 1 else None
 
 
@@ -66,7 +73,9 @@ def _param_names(func: Func) -> list[str]:
     return [p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)]
 
 
-def _passed_level(index: FileIndex, func: Func, site: CallInfo, name: str, depth: int) -> Optional[int]:
+def _passed_level(
+    index: FileIndex, func: Func, site: CallInfo, name: str, options: Mapping[str, cst.BaseExpression], depth: int
+) -> Optional[int]:
     """The level a call site hands the parameter `name` (its default when it passes none)."""
     names = _param_names(func)
     if names and names[0] in ("self", "cls") and isinstance(site.node.func, cst.Attribute):
@@ -78,6 +87,6 @@ def _passed_level(index: FileIndex, func: Func, site: CallInfo, name: str, depth
     if given is None and name in names and names.index(name) < len(positional):
         given = positional[names.index(name)]
     if given is not None:
-        return level_of(index, given.value, site.func, depth + 1)
+        return level_of(index, given.value, site.func, options, depth + 1)
     default = next((p.default for p in (*func.params.params, *func.params.kwonly_params) if p.name.value == name), None)
-    return None if default is None else level_of(index, default, None, depth + 1)
+    return None if default is None else level_of(index, default, None, options, depth + 1)

@@ -38,19 +38,38 @@ def _declared(calls: list[cst.Call], line: Callable[[cst.CSTNode], int]) -> dict
     """dest -> (line, the option's long flag) of each `parser.add_argument("--flag", ...)`."""
     out: dict[str, tuple[int, str]] = {}
     for call in calls:
-        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
-            continue
-        flags = [a.value.evaluated_value for a in call.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
-        flags = [f for f in flags if isinstance(f, str) and f.startswith("-")]
-        if not flags:
-            continue
-        long = next((f for f in flags if f.startswith("--")), flags[0])
-        dest = next(
-            (a.value.evaluated_value for a in call.args if a.keyword and a.keyword.value == "dest" and isinstance(a.value, cst.SimpleString)),
-            long.lstrip("-").replace("-", "_"),
-        )
-        out[dest] = (line(call), long)
+        found = _option(call)
+        if found is not None:
+            out[found[0]] = (line(call), found[1])
     return out
+
+
+def option_defaults(calls: Iterable[cst.Call]) -> dict[str, cst.BaseExpression]:
+    """dest -> the default of each `parser.add_argument("--log-level", default="INFO")`: what
+    every process reads when the command line does not set it (the same on every rank)."""
+    out: dict[str, cst.BaseExpression] = {}
+    for call in calls:
+        found = _option(call)
+        default = next((a.value for a in call.args if a.keyword and a.keyword.value == "default"), None)
+        if found is not None and default is not None:
+            out[found[0]] = default
+    return out
+
+
+def _option(call: cst.Call) -> tuple[str, str] | None:
+    """(dest, long flag) of a `parser.add_argument("--flag", ...)` call, else None."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
+        return None
+    flags = [a.value.evaluated_value for a in call.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+    flags = [f for f in flags if isinstance(f, str) and f.startswith("-")]
+    if not flags:
+        return None
+    long = next((f for f in flags if f.startswith("--")), flags[0])
+    dest = next(
+        (a.value.evaluated_value for a in call.args if a.keyword and a.keyword.value == "dest" and isinstance(a.value, cst.SimpleString)),
+        long.lstrip("-").replace("-", "_"),
+    )
+    return dest, long
 
 
 def _reads(nodes: Iterable[cst.CSTNode]) -> Counter:

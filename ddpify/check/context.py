@@ -52,6 +52,7 @@ from ddpify.analysis.names import (  # re-exported for the rules
 from ddpify.analysis.flow import flow
 from ddpify.analysis.log_levels import LEVELS, is_handler_setting, is_level_setting, set_level
 from ddpify.analysis.multinode import launched_by_torchrun
+from ddpify.analysis.options import option_defaults
 from ddpify.analysis.project import sibling_launchers
 from ddpify.analysis.rank import RANK_TEXT, mentions_rank, rank_analysis
 from ddpify.analysis.training import StepAnalysis, step_analysis
@@ -320,7 +321,8 @@ class FileContext:
 
         Proven by a handler (`basicConfig`, `addHandler`, a `dictConfig`) and levels the code
         states plainly (`basicConfig(level=logging.INFO)`, `setLevel("DEBUG")`, a helper's
-        parameter every caller fills with one; Hydra's `@hydra.main` sets INFO), set by code
+        parameter every caller fills with one, a `--log-level` option's default; Hydra's
+        `@hydra.main` sets INFO), set by code
         every rank runs (here, in a module it imports, or in a program that imports it). A
         level the code does not state (`setLevel(cfg.log_level)`, a parameter filled from a
         config) or set under a test of the rank leaves it unproven."""
@@ -330,12 +332,18 @@ class FileContext:
         if not hydra and not any(is_handler_setting(ci) for _, _, ci in sites):
             return None  # no handler: Python drops info and debug messages
         levels = [LEVELS["INFO"]] if hydra else []
+        options = option_defaults(ci.node for _, _, ci in sites)  # `--log-level` defaults: every rank's command line
+        for rank, index in [(self._rank, self.index)] + [(rank_analysis(i), i) for i in self._importers]:
+            for b in index.assignments:  # ... unless the program changes it by rank (`if rank: args.log_level = "ERROR"`)
+                name = b.dotted.rpartition(".")[2]
+                if name in options and b._node is not None and rank.under_rank_test(b._node):
+                    del options[name]
         for rank, index, ci in sites:
             if not is_level_setting(ci) or rank.in_rank0(ci.node) or flow(index).single_process(ci.node):
                 continue  # rank 0's setting, or a run without a group
             if index is self.index and ci.func is not None and not self.runs(ci.func):
                 continue  # a helper nothing calls
-            level = set_level(index, ci)
+            level = set_level(index, ci, options)
             if level is None or rank.under_rank_test(ci.node):
                 return None
             levels.append(level)
