@@ -1,7 +1,8 @@
 """A rule speaks only when its premise is proven from the program (issue 32): info logs are
 shown on every rank only when a handler and a plainly stated level say so; the modules a script
 reaches through the folders its `_init_paths` helper puts on sys.path are read; a "local rank"
-returned by the helper that starts the group is the group's rank."""
+returned by the helper that starts the group, or bound to `dist.get_rank()`, is the group's rank;
+a helper of a script that nothing calls runs on no rank."""
 
 from __future__ import annotations
 
@@ -186,4 +187,48 @@ def test_a_local_rank_returned_by_the_helper_that_starts_the_group_is_what_it_re
     """`getattr(utils, "init_dist_%s" % launcher)()`: every `init_dist_*` of utils may run; when
     they return `dist.get_rank()`, `cfg.LOCAL_RANK == 0` is a job-wide guard (DDP307 silent)."""
     _write(tmp_path, {"pyproject.toml": "", "utils.py": INIT_HELPERS.format(rank=returned), "train.py": TRAIN_WITH_LAUNCHER})
-    assert _codes(tmp_path / "train.py", "DDP307") == (["9 DDP307"] if flagged else [])
+    assert [c for c in _codes(tmp_path / "train.py", "DDP307") if c.endswith("DDP307")] == (["9 DDP307"] if flagged else [])
+
+
+SCRIPT_WITH_IDLE_HELPER = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def load_old(path):
+    return torch.load(path)
+
+
+def main():
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    state = torch.load("last.pt", map_location=f"cuda:{local_rank}")
+    # load_old("old.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("called", [False, True])
+def test_a_helper_of_a_script_that_nothing_calls_runs_on_no_rank(tmp_path: Path, called: bool) -> None:
+    """A script nothing imports is its whole program: its helper whose only call is commented out
+    runs nowhere (DDP109 silent); called from `main()`, it runs on every rank."""
+    source = SCRIPT_WITH_IDLE_HELPER.replace("# load_old", "load_old") if called else SCRIPT_WITH_IDLE_HELPER
+    (tmp_path / "train.py").write_text(source)
+    assert [c for c in _codes(tmp_path / "train.py", "DDP109") if c.endswith("DDP109")] == (["8 DDP109"] if called else [])
+
+
+@pytest.mark.parametrize("bound, flagged", [("dist.get_rank()", False), ("int(os.environ['LOCAL_RANK'])", True)])
+def test_a_name_called_local_rank_holds_what_it_is_bound_to(tmp_path: Path, bound: str, flagged: bool) -> None:
+    """`local_rank = dist.get_rank()`: the guard `if local_rank == 0:` is job-wide (DDP307 silent)."""
+    (tmp_path / "train.py").write_text(
+        "import os\n\nimport torch\nimport torch.distributed as dist\n\n"
+        f"dist.init_process_group('nccl')\nlocal_rank = {bound}\nmodel = torch.nn.Linear(2, 2)\n"
+        "if local_rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\ndist.destroy_process_group()\n"
+    )
+    assert [c for c in _codes(tmp_path / "train.py", "DDP307") if c.endswith("DDP307")] == (["9 DDP307"] if flagged else [])

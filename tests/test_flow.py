@@ -55,6 +55,13 @@ def main():
 def solo():
     assert not dist.is_initialized()
     p()
+class Trainer:
+    def __init__(self):
+        self.is_ddp = dist.is_available() and dist.is_initialized()
+        if self.is_ddp:
+            sharded()
+        else:
+            whole()
 def quit_early(files):
     if not files:
         warn()
@@ -99,7 +106,8 @@ def test_reaches(a, b, reaches):
 
 @pytest.mark.parametrize(
     "name, single",
-    [("train", False), ("evolve", True), ("ddp", False), ("single", True), ("p", True), ("work", False)],
+    [("train", False), ("evolve", True), ("ddp", False), ("single", True), ("p", True), ("work", False),
+     ("sharded", False), ("whole", True)],  # a flag bound to `dist.is_available() and dist.is_initialized()`
 )
 def test_single_process_branches(name, single):
     paths, calls = _calls(MODES)

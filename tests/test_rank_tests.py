@@ -47,3 +47,29 @@ def test_an_opt_in_to_every_rank_is_still_a_test_of_the_rank():
     index = index_of(module)
     call = next(c for c in iter_nodes(module) if isinstance(c, cst.Call) and module.code_for_node(c.func) == "opted_in")
     assert rank_analysis(index).under_rank_test(call)
+
+
+def test_code_after_a_rank_test_that_returns_is_the_other_ranks():
+    """`if self.rank == 0: return` then `sys.stdout = open(os.devnull, "w")` (a context manager's
+    `__enter__`): the rest of the block is decided by the rank."""
+    module = cst.parse_module(
+        "class Hidden:\n    def __enter__(self):\n        if self.rank == 0:\n            return\n"
+        "        silence()\n    def __exit__(self, *exc):\n        restore()\n"
+    )
+    ranks = rank_analysis(index_of(module))
+    calls = {module.code_for_node(c.func): c for c in iter_nodes(module) if isinstance(c, cst.Call)}
+    assert ranks.under_rank_test(calls["silence"]) and not ranks.in_rank0(calls["silence"])
+    assert not ranks.under_rank_test(calls["restore"])
+
+
+@pytest.mark.parametrize(
+    "expr, reads",
+    [("load_on_all_ranks", False), ("args.num_ranks", False), ("ranking_loss", False), ("self.global_rank", True),
+     ("get_local_rank()", True), ("cfg.rank", True)],
+)
+def test_ranks_plural_and_rankings_are_not_the_rank(expr, reads):
+    """A flag or count named for several ranks (`load_on_all_ranks`, `num_ranks`) or a ranking
+    metric is not this process's rank."""
+    module = cst.parse_module(f"if {expr}:\n    pass\n")
+    test = module.body[0].test
+    assert rank_analysis(index_of(module)).reads_rank(test) is reads

@@ -23,6 +23,7 @@ DISTRIBUTED_TEST = re.compile(
     r"|\[\s*['\"](dist|use_dist|use_ddp)['\"]\s*\])",  # `opt['dist']`: a flag kept in a dict
     re.IGNORECASE,
 )
+_AVAILABLE = re.compile(r"^[\w.]*is_available\(\)$")  # `dist.is_available()`: true wherever a group can be
 _SINGLE_TEST = re.compile(r"(world_size\s*(==|<=)\s*1|local_rank\s*==\s*-1|\brank\s*==\s*-1)", re.IGNORECASE)
 
 
@@ -272,9 +273,23 @@ class Flow:
             return 1
         if DISTRIBUTED_TEST.search(code) and not isinstance(test, cst.BooleanOperation):
             return -1
-        if dotted_name(test) in self.flags_off_under_ddp:
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            parts = [p for p in (test.left, test.right) if not _AVAILABLE.search(self.index.code(p))]
+            return self._test_side(parts[0]) if len(parts) == 1 else 0  # `dist.is_available() and dist.is_initialized()`
+        name = dotted_name(test)
+        if name in self.flags_off_under_ddp:
             return 1
-        return 0
+        return self._flag_side(name) if name is not None else 0
+
+    def _flag_side(self, name: str) -> int:
+        """A flag bound to such a test (`self.is_ddp = dist.is_available() and dist.is_initialized()`):
+        the test's side, when every binding of the name agrees."""
+        sides = self.__dict__.setdefault("_flag_sides", {})
+        if name not in sides:
+            sides[name] = 0  # (a flag bound from itself: not known)
+            found = {self._test_side(b.value) for b in self.index.assignments if b.dotted == name}
+            sides[name] = found.pop() if len(found) == 1 else 0
+        return sides[name]
 
     def mode_test(self, test: cst.BaseExpression) -> bool:
         """Does the test ask about the run's mode, the same answer on every rank (`if

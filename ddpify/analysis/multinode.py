@@ -15,7 +15,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
 from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name
 from ddpify.analysis.literals import is_false, kwarg, positional, string_value
-from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RankAnalysis, mentions_rank, rank_analysis
+from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RANK_WORD, RankAnalysis, mentions_rank, rank_analysis
 
 # Calls that download or unpack files (with `download=True` datasets and `.extractall()`).
 FETCHES = frozenset(
@@ -270,9 +270,10 @@ def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
 
 
 def _helper_ranks(index: FileIndex) -> set[str]:
-    """The code of names bound from a project helper that may return the global rank
-    (`total_gpus, cfg.LOCAL_RANK = getattr(common_utils, "init_dist_%s" % launcher)(...)`, whose
-    every `init_dist_*` returns `dist.get_rank()`): whatever they are called, they hold it."""
+    """The code of names bound to the global rank (`local_rank = dist.get_rank()`) or from a
+    project helper that may return it (`total_gpus, cfg.LOCAL_RANK = getattr(common_utils,
+    "init_dist_%s" % launcher)(...)`, whose every `init_dist_*` returns `dist.get_rank()`):
+    whatever they are called, they hold it."""
     found = index.__dict__.get("_helper_ranks")
     if found is None:
         found = index.__dict__["_helper_ranks"] = set()
@@ -285,7 +286,11 @@ def _helper_ranks(index: FileIndex) -> set[str]:
                     for t in node.targets for e in (t.target.elements if isinstance(t.target, cst.Tuple) else [t.target])
                 ]  # fmt: skip
                 named = {index.code(t) for t in targets if "local_rank" in (last_name(t) or "").lower()}
-                if named and any(_may_return_global_rank(index, f) for f in _helpers_called(index, node.value)):
+                info = index.call_info.get(node.value)
+                if named and (
+                    info is not None and info.qnames & N.GLOBAL_RANK_CALLS
+                    or any(_may_return_global_rank(index, f) for f in _helpers_called(index, node.value))
+                ):
                     found |= named
     return found
 
@@ -368,13 +373,13 @@ def _kind(rank: RankAnalysis, n: cst.CSTNode, depth: int) -> tuple[Optional[str]
         named = last_name(n.func) or ""
         if MAIN_PROCESS_RE.match(named):
             return OPAQUE, False
-        return (GLOBAL, False) if "rank" in named.lower() else (None, True)
+        return (GLOBAL, False) if RANK_WORD.search(named) else (None, True)
     named = last_name(n) or ""
     flags = [b for b in rank.rank_flags if b.dotted == index.code(n)] if depth < 3 else []
     if flags:  # `is_main = rank == 0`
         kinds = {guard_kind(rank, b.value, depth + 1) or OPAQUE for b in flags}
         return next(k for k in (GLOBAL, OPAQUE, LOCAL) if k in kinds | {LOCAL}), False
-    if "rank" in named.lower():
+    if RANK_WORD.search(named):
         return GLOBAL, False
     if named.lower() in RANK_NAMES or MAIN_PROCESS_RE.match(named):
         return OPAQUE, False

@@ -21,7 +21,9 @@ MAIN_PROCESS_RE = re.compile(
 )
 RANK_NAMES = frozenset({"gpu_id", "gpu", "local_gpu", "device_id", "gpu_idx", "process_index", "proc_id"})
 RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
-RANK_TEXT = re.compile(r"rank|gpu_id|\bgpu\b|device_id|local_gpu|process_index|getpid", re.IGNORECASE)
+# "rank", not "ranks" or "ranking" (`load_on_all_ranks`, `num_ranks`, `ranking_loss`: a flag, a count, a metric)
+RANK_WORD = re.compile(r"rank(?!s|ing)", re.IGNORECASE)
+RANK_TEXT = re.compile(r"rank(?!s|ing)|gpu_id|\bgpu\b|device_id|local_gpu|process_index|getpid", re.IGNORECASE)
 _RANK_KEY = re.compile(r"^(local_|global_|node_|dist_)?rank$", re.IGNORECASE)
 _NOT_MULTI_PROCESS = re.compile(r"(is_initialized|is_available|distributed|ddp|is_dist)", re.IGNORECASE)
 
@@ -34,6 +36,7 @@ class RankAnalysis:
         self._rank0_cache: dict[cst.CSTNode, bool] = {}
         self._rank0_func: dict[Func, bool] = {}
         self._guard_index: dict[cst.CSTNode, int] = {}
+        self._exit_index: dict[cst.CSTNode, int] = {}
         self._flags: Optional[list[Binding]] = None
         self._resolving: set[str] = set()  # flag names being resolved (a flag bound from itself)
         self._reads_rank: dict[cst.CSTNode, bool] = {}
@@ -52,7 +55,7 @@ class RankAnalysis:
             if last_name(e.func) in ("get", "getenv") and e.args:  # os.environ.get("RANK", 0)
                 key = string_value(e.args[0].value)
                 return key is not None and key in RANK_ENV
-            return "rank" in (last_name(e.func) or "").lower()
+            return bool(RANK_WORD.search(last_name(e.func) or ""))
         if isinstance(e, cst.Subscript):  # os.environ["RANK"], opt["rank"] (a rank kept in a dict)
             if len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):
                 s = string_value(e.slice[0].slice.value)
@@ -61,7 +64,7 @@ class RankAnalysis:
         if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Modulo):
             return self.is_rank_expr(e.left)
         n = last_name(e) if isinstance(e, (cst.Name, cst.Attribute)) else None
-        if n is not None and ("rank" in n.lower() or n.lower() in RANK_NAMES):
+        if n is not None and (RANK_WORD.search(n) or n.lower() in RANK_NAMES):
             return True
         return isinstance(e, cst.Name) and self._bound_to_rank(e.value)
 
@@ -343,12 +346,31 @@ class RankAnalysis:
         too), or on rank 0 only? Code there must not get another rank guard."""
         if self.in_rank0(node):
             return True
+        child = node
         for p in self.index.ancestors(node):
             if isinstance(p, (cst.If, cst.IfExp, cst.While)) and self.reads_rank(p.test):
                 return True
+            if isinstance(p, (cst.IndentedBlock, cst.Module)) and not isinstance(child, cst.BaseSuite):
+                body = list(p.body)
+                if child in body and body.index(child) > self._rank_exit(p):
+                    return True  # after `if self.rank == 0: return`: the other ranks' code
             if isinstance(p, (cst.FunctionDef, cst.ClassDef)):
                 return False
+            child = p
         return False
+
+    def _rank_exit(self, block: cst.CSTNode) -> int:
+        """Index of the first `if <test of the rank>: return` (or `raise`, `continue`, ...) in a block."""
+        found = self._exit_index.get(block)
+        if found is None:
+            paths = flow(self.index)
+            found = next(
+                (i for i, stmt in enumerate(block.body)
+                 if isinstance(stmt, cst.If) and stmt.orelse is None and self.reads_rank(stmt.test) and paths.block_ends(stmt.body)),
+                1 << 30,
+            )  # fmt: skip
+            self._exit_index[block] = found
+        return found
 
     def reads_rank(self, test: cst.BaseExpression) -> bool:
         """Does the test compare or read this process's rank anywhere in it?"""

@@ -177,15 +177,18 @@ class FileContext:
         return set(self.project.modules) if self.project is not None else set()
 
     def rank0_or_idle(self, node: cst.CSTNode) -> bool:
-        """As far as the program in sight shows (files that import this one are read), does the
-        module-level function around `node` run on rank 0 only or not at all: nothing calls it, or
+        """As far as the program in sight shows (files that import this one are read; a script
+        nothing imports is its whole program), does the module-level function around `node` run on
+        rank 0 only or not at all: nothing calls it (a call left commented out), or
         every call, here or in an importer, is in rank-0-only code (`if rank == 0:
         misc.print_module_summary(net)`), in a function of this file that is itself rank 0's or
         idle, or in an importer that shows no sign of a distributed run (an inference script
         beside the training one)?"""
         func = self.enclosing_func(node)
-        if func is None or not self.has_importers or not isinstance(self.parent(func), cst.Module):
+        if func is None or not isinstance(self.parent(func), cst.Module):
             return False
+        if not self.has_importers and not _is_script(self.index):
+            return False  # a library module whose callers are out of sight
         found = self.__dict__.setdefault("_rank0_or_idle", {})
         if func not in found:
             own = {f"{Path(self.path).stem}.{n}" for n in self.index.qnames(func.name)}  # `torch_utils.profile`
@@ -515,6 +518,14 @@ def _one_process(index: FileIndex) -> bool:
     """An importer with no sign of a distributed run anywhere in its text (an inference or
     export script): what it calls runs in one process."""
     return index.cached("one_process", lambda i: not _DISTRIBUTED_HINT.search(i.module.code))
+
+
+_MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']""", re.MULTILINE)
+
+
+def _is_script(index: FileIndex) -> bool:
+    """A file run as a program (`if __name__ == "__main__":`)."""
+    return index.cached("is_script", lambda i: bool(_MAIN_GUARD.search(i.module.code)))
 
 
 def _splits_stdout(index: FileIndex) -> bool:

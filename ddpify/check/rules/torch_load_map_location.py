@@ -5,7 +5,7 @@ from ddpify.analysis.index import iter_nodes
 from ddpify.check.context import dotted_name, has_star_kwargs, kwarg, positional, string_value
 from ddpify.check.fix import add_kwarg
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
-from ddpify.check.rules._common import mentions_rank
+from ddpify.check.rules._common import every_rank
 
 
 class TorchLoadWithoutMapLocation(Rule):
@@ -67,10 +67,9 @@ class TorchLoadWithoutMapLocation(Rule):
             call = ci.node
             if kwarg(call, "map_location") or has_star_kwargs(call) or len(positional(call)) >= 2:
                 continue
-            if mentions_rank(ctx, call):
-                continue  # this rank's own file (`f"queue{rank}.pth"`): saved from its GPU, it comes back there
-            if ctx.in_rank0(call):
-                continue  # rank 0 alone loads it, and GPU 0 is its own
+            if not every_rank(ctx, call):
+                continue  # rank 0 alone loads it (GPU 0 is its own), this rank's own file (`f"queue{rank}.pth"`:
+                # saved from its GPU, it comes back there), a one-process run's, or a helper nothing calls
             if _saves_cpu_copies(ctx):
                 continue  # the program's own checkpoints hold CPU tensors: nothing lands on GPU 0
             fixed = add_kwarg(call, "map_location", cst.SimpleString('"cpu"'))
