@@ -232,3 +232,36 @@ def test_a_name_called_local_rank_holds_what_it_is_bound_to(tmp_path: Path, boun
         "if local_rank == 0:\n    torch.save(model.state_dict(), 'model.pt')\ndist.destroy_process_group()\n"
     )
     assert [c for c in _codes(tmp_path / "train.py", "DDP307") if c.endswith("DDP307")] == (["9 DDP307"] if flagged else [])
+
+
+SAVE_HELPERS = """\
+import torch
+import torch.distributed as dist
+
+
+def persistent_save(obj, filename):
+    with open(filename + ".tmp", "wb") as f:
+        _save(obj, f)
+
+
+def _save(obj, f):
+    if isinstance(f, str):
+        with open(f, "wb") as h:
+            persistent_save(obj, h)
+        return
+    torch.save(obj, f)
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_save_helper_two_calls_deep_is_decided_by_its_callers(tmp_path: Path, guarded: bool) -> None:
+    """`persistent_save(state, path)` opens the file and hands the handle to `_save`, which
+    retries through `persistent_save` itself: the training script's call on rank 0 decides who
+    writes (DDP301 silent); on every rank it is flagged at the save."""
+    call = "if dist.get_rank() == 0:\n        utils.persistent_save(state, 'last.pt')" if guarded else "utils.persistent_save(state, 'last.pt')"
+    _write(tmp_path, {"pyproject.toml": "", "utils.py": SAVE_HELPERS, "train.py": (
+        "import torch.distributed as dist\n\nimport utils\n\n\ndef main(net, batches, opt, state):\n"
+        "    dist.init_process_group('gloo')\n    for x in batches:\n        opt.zero_grad()\n"
+        "        net(x).sum().backward()\n        opt.step()\n    " + call + "\n    dist.destroy_process_group()\n"
+    )})  # fmt: skip
+    assert [c for c in _codes(tmp_path / "utils.py", "DDP301") if c.endswith("DDP301")] == ([] if guarded else ["15 DDP301"])

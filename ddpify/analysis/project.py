@@ -129,6 +129,7 @@ def path_folders(module: cst.Module, path: Path, parse, read) -> list[Path]:
 
 
 MAX_IMPORTER_FILES = 500  # a project root bigger than this is not searched for importers
+MAX_IMPORTED_BY_IMPORTERS = 62  # modules the importers import besides, read at most
 
 
 def find_importers(target: Path, parse, read=None, root: Path | None = None) -> dict[Path, cst.Module]:
@@ -183,7 +184,7 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
     # main.py): the scripts' imports first (`if __name__ == "__main__":`), then the library's
     scripts = [p for p in found if _MAIN_GUARD.search(texts.get(p, ""))]
     for todo in (scripts, [p for p in found if p not in scripts]):
-        while todo and len(found) < MAX_IMPORTER_FILES // 8:  # the nearest first, as find_project's limit
+        while todo and len(found) < MAX_IMPORTED_BY_IMPORTERS:  # the nearest first, as find_project's limit
             path = todo.pop(0)
             for dotted in _imported_names(found[path], _dotted_under(path, root), path):
                 other = _resolve(dotted, search.get(path, [path.parent, root]), root)

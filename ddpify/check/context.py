@@ -191,11 +191,7 @@ class FileContext:
             return False  # a library module whose callers are out of sight
         found = self.__dict__.setdefault("_rank0_or_idle", {})
         if func not in found:
-            own = {f"{Path(self.path).stem}.{n}" for n in self.index.qnames(func.name)}  # `torch_utils.profile`
-            remote = [
-                (index, ci) for index in self._importers for ci in index.calls
-                if any(q in own or any(q.endswith("." + n) for n in own) for q in ci.qnames)
-            ]  # fmt: skip
+            remote = self.remote_call_sites(func)
             local = self.call_sites(func)
             found[func] = False  # (a call from itself, while this is worked out)
             found[func] = (not local and not remote and not _referenced(self, func)) or (
@@ -204,6 +200,15 @@ class FileContext:
                 and all(rank_analysis(index).in_rank0(ci.node) or _one_process(index) for index, ci in remote)
             )
         return found[func]
+
+    def remote_call_sites(self, func: Func) -> list[tuple[FileIndex, CallInfo]]:
+        """The calls of this file's module-level function in the programs that import it
+        (`checkpoint_utils.torch_persistent_save(...)` in trainer.py), with their file's index."""
+        own = {f"{Path(self.path).stem}.{n}" for n in self.index.qnames(func.name)}  # `torch_utils.profile`
+        return [
+            (index, ci) for index in self._importers for ci in index.calls
+            if any(q in own or any(q.endswith("." + n) for n in own) for q in ci.qnames)
+        ]  # fmt: skip
 
     def info(self, call: cst.Call) -> CallInfo:
         return self.call_info[call]
@@ -295,6 +300,17 @@ class FileContext:
                 if b.dotted == "sys.stdout" and b._node is not None and not rank.in_rank0(b._node) and rank.under_rank_test(b._node):
                     return True
         return False
+
+    @cached_property
+    def stdout_redirected(self) -> bool:
+        """The program points `sys.stdout` somewhere itself (`sys.stdout = Logger(path)`, `with
+        redirect_stdout(buf):`, `os.dup2(fd, 1)`), here, in a module it imports or in a program
+        that imports it: where each rank's prints then go is that code's doing (a tee to the
+        console on rank 0 only, `/dev/null` on the others), not known from the prints."""
+        return any(
+            any(b.dotted == "sys.stdout" for b in index.assignments) or index.calls_to("contextlib.redirect_stdout", "os.dup2")
+            for index in (self.index, *self._importers)
+        )
 
     @cached_property
     def logs_to_stdout(self) -> bool:

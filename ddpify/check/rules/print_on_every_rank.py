@@ -18,7 +18,9 @@ class PrintOnEveryRank(Rule):
     run without a group takes (the `else:` of `if args.distributed:`), and nothing is flagged in
     a script started by a launcher of the project beside it that sends each process but the
     first to its own file (`subprocess.Popen([sys.executable] + args, stdout=open(f"logs/{i}.log",
-    "w"))`). Training code includes the top level of a script after
+    "w"))`), or that points `sys.stdout` somewhere itself (`sys.stdout = Logger(path)`,
+    `redirect_stdout`, `os.dup2`: where each rank's prints go is that code's doing, not known
+    here). Training code includes the top level of a script after
     the group is started, also by a helper (`utils.init_distributed()`).
 
     ## Why is this bad?
@@ -57,8 +59,8 @@ class PrintOnEveryRank(Rule):
     def check(self, ctx):
         if ctx.prints_replaced:
             return  # `builtins.print = print_on_master` somewhere in the program: every print is the master's
-        if ctx.output_split_by_launcher or ctx.stdout_silenced_off_rank0:
-            return  # the other processes' stdout goes to their own file or nowhere (a launcher, `sys.stdout = devnull`)
+        if ctx.output_split_by_launcher or ctx.stdout_redirected:
+            return  # the processes' stdout goes where the program sends it (a launcher's files, `sys.stdout = ...`)
         for ci in ctx.calls_to("builtins.print"):
             if _to_own_file(ci.node) or any(a.keyword is not None and a.keyword.value == "force" for a in ci.node.args):
                 continue  # `print(..., file=log)`: a file write (each rank's own file, or DDP301's); `force=True`: on purpose
