@@ -265,3 +265,103 @@ def test_a_save_helper_two_calls_deep_is_decided_by_its_callers(tmp_path: Path, 
         "        net(x).sum().backward()\n        opt.step()\n    " + call + "\n    dist.destroy_process_group()\n"
     )})  # fmt: skip
     assert [c for c in _codes(tmp_path / "utils.py", "DDP301") if c.endswith("DDP301")] == ([] if guarded else ["15 DDP301"])
+
+
+DECORATED_SAVE = """\
+import functools
+
+import torch
+import torch.distributed as dist
+
+
+def master_only(func):
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if dist.get_rank() == 0:
+            return func(*args, **kwargs)
+        return None
+    return wrapper
+
+
+{decorator}
+def save(model, path):
+    torch.save(model.state_dict(), path)
+
+
+def main(model, batches, opt):
+    dist.init_process_group("gloo")
+    for x in batches:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    save(model, "last.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(None, [], None)
+"""
+
+
+@pytest.mark.parametrize("decorator, flagged", [("@master_only", False), ("@functools.lru_cache", True)])
+def test_a_rank0_decorator_makes_its_function_rank0s(tmp_path: Path, decorator: str, flagged: bool) -> None:
+    """`@master_only` (a project decorator whose wrapper calls the function under `if rank == 0`)
+    runs the save on rank 0 only: DDP301 silent; another decorator leaves it every rank's."""
+    (tmp_path / "train.py").write_text(DECORATED_SAVE.format(decorator=decorator))
+    assert [c for c in _codes(tmp_path / "train.py", "DDP301") if c.endswith("DDP301")] == (["18 DDP301"] if flagged else [])
+
+
+@pytest.mark.parametrize("stream, flagged", [("sys.stderr if is_leader_process() else open(os.devnull, 'w')", False), ("sys.stderr", True)])
+def test_a_progress_bar_drawn_into_a_stream_chosen_by_the_rank(tmp_path: Path, stream: str, flagged: bool) -> None:
+    """`tqdm(..., file=out)` with `out = sys.stderr if is_leader_process() else devnull`: the
+    other ranks draw into nothing (DDP304 silent)."""
+    (tmp_path / "train.py").write_text(
+        "import os\nimport sys\n\nimport torch.distributed as dist\nfrom tqdm import tqdm\n\n\n"
+        "def is_leader_process():\n    return not dist.is_initialized() or dist.get_rank() == 0\n\n\n"
+        "def main(model, batches, opt):\n    dist.init_process_group('gloo')\n"
+        f"    out = {stream}\n    for x in tqdm(batches, file=out):\n        opt.zero_grad()\n"
+        "        model(x).sum().backward()\n        opt.step()\n    dist.destroy_process_group()\n"
+    )
+    assert [c for c in _codes(tmp_path / "train.py", "DDP304") if c.endswith("DDP304")] == (["15 DDP304"] if flagged else [])
+
+
+@pytest.mark.parametrize("check, flagged", [("    if n // world * world != n:\n        raise ValueError(n)\n", False), ("", True)])
+def test_shards_after_a_divisibility_check_are_equal(tmp_path: Path, check: str, flagged: bool) -> None:
+    """`if n // world * world != n: raise` before `x.split(sizes)[rank]`: every rank's shard is
+    the same size (DDP114 silent)."""
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\n\ndef step(model, opt, rays, rank, world):\n"
+        "    n = rays.shape[0]\n" + check + "    sizes = [n // world] * world\n    sizes[-1] = n - sum(sizes[:-1])\n"
+        "    mine = torch.split(rays, sizes)[rank]\n    for chunk in mine.split(64):\n        opt.zero_grad()\n"
+        "        model(chunk).sum().backward()\n        opt.step()\n"
+    )
+    codes = [c for c in _codes(tmp_path / "train.py", "DDP114") if c.endswith("DDP114")]
+    assert bool(codes) is flagged, codes
+
+
+def test_a_flag_the_launcher_starts_the_group_under_is_the_run_mode_in_the_trainer(tmp_path: Path) -> None:
+    """train.py: `if cfg.DIST_TRAIN: dist.init_process_group(...)`; processor.py saves in the
+    `else:` of `if cfg.DIST_TRAIN:` with no rank guard: one process, one writer (DDP301 silent),
+    and its model is not the wrapper there (DDP120 silent)."""
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "train.py": "import torch.distributed as dist\n\nfrom processor import fit\n\n\ndef main(cfg, model, batches, opt):\n"
+                    "    if cfg.DIST_TRAIN:\n        dist.init_process_group('nccl')\n    fit(cfg, model, batches, opt)\n\n\n"
+                    "if __name__ == '__main__':\n    main(None, None, [], None)\n",
+        "processor.py": "import torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n\n"
+                        "def fit(cfg, model, batches, opt):\n    if cfg.DIST_TRAIN:\n        model = DDP(model)\n"
+                        "    for x in batches:\n        opt.zero_grad()\n        model(x).sum().backward()\n        opt.step()\n"
+                        "    if cfg.DIST_TRAIN:\n        if dist.get_rank() == 0:\n            torch.save(model.module.state_dict(), 'm.pt')\n"
+                        "    else:\n        torch.save(model.state_dict(), 'm.pt')\n",
+    })  # fmt: skip
+    assert [c for c in _codes(tmp_path / "processor.py") if c.endswith(("DDP301", "DDP120"))] == []
+
+
+def test_a_large_project_follows_import_lines_that_name_the_package() -> None:
+    from ddpify.analysis.project import _names_with_package
+
+    names = _names_with_package(Path("/repo/s3prl/utility/helper.py"), "helper")
+    assert names.search("from s3prl.utility.helper import is_leader_process")
+    assert names.search("from utility import helper")
+    assert names.search("from .helper import x") and names.search("from . import helper")
+    assert not names.search("from tools.helper_functions import x") and not names.search("import helper")

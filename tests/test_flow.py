@@ -62,6 +62,15 @@ class Trainer:
             sharded()
         else:
             whole()
+def sentinel(settings, model):
+    if settings.local_rank != -1:
+        wrapped()
+    else:
+        plain()
+    if hasattr(model, "module"):
+        inner()
+    else:
+        bare()
 def quit_early(files):
     if not files:
         warn()
@@ -107,7 +116,8 @@ def test_reaches(a, b, reaches):
 @pytest.mark.parametrize(
     "name, single",
     [("train", False), ("evolve", True), ("ddp", False), ("single", True), ("p", True), ("work", False),
-     ("sharded", False), ("whole", True)],  # a flag bound to `dist.is_available() and dist.is_initialized()`
+     ("sharded", False), ("whole", True),  # a flag bound to `dist.is_available() and dist.is_initialized()`
+     ("wrapped", False), ("plain", True), ("inner", False), ("bare", True)],  # `local_rank != -1`, `hasattr(m, "module")`
 )
 def test_single_process_branches(name, single):
     paths, calls = _calls(MODES)
@@ -178,3 +188,14 @@ def test_a_lookup_handler_follows_only_the_lookups(a, b, reaches):
 def test_in_error_handler():
     paths, calls = _calls(LOOKUPS)
     assert paths.in_error_handler(calls["report"]) and not paths.in_error_handler(calls["begin"])
+
+
+def test_a_flag_that_starts_the_group_is_a_test_of_the_run_mode():
+    """`if cfg.MODEL.DIST_TRAIN: dist.init_process_group(...)`: wherever the flag is tested, its
+    `else:` runs without a group."""
+    paths, calls = _calls(
+        "import torch.distributed as dist\n"
+        "def main(cfg):\n    if cfg.MODEL.DIST_TRAIN:\n        dist.init_process_group('nccl')\n"
+        "def train(cfg):\n    if cfg.MODEL.DIST_TRAIN:\n        gathered()\n    else:\n        alone()\n"
+    )
+    assert paths.single_process(calls["alone"]) and not paths.single_process(calls["gathered"])

@@ -13,13 +13,14 @@ import libcst as cst
 
 from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes
 from ddpify.analysis.literals import string_value
+from ddpify.analysis.names import INIT_PROCESS_GROUP
 
 FUNCTION, LOOP = "function", "loop"  # how far an ending statement sends control
 _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort", "builtins.exit", "builtins.quit"})
 _SEQUENCES = (cst.Module, cst.IndentedBlock, cst.SimpleStatementSuite, cst.SimpleStatementLine)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 DISTRIBUTED_TEST = re.compile(
-    r"(distributed|\bddp\b|is_initialized|(world|my|group|comm)_size\s*>\s*1|\bis_dist|num_gpus\s*>\s*1|\bworld_size\s*!=\s*1"
+    r"(distributed|\bddp\b|is_initialized|rank\s*!=\s*-1|hasattr\(\s*[\w.]+\s*,\s*['\"]module['\"]\s*\)|(world|my|group|comm)_size\s*>\s*1|\bis_dist|num_gpus\s*>\s*1|\bworld_size\s*!=\s*1"
     r"|\[\s*['\"](dist|use_dist|use_ddp)['\"]\s*\])",  # `opt['dist']`: a flag kept in a dict
     re.IGNORECASE,
 )
@@ -279,7 +280,21 @@ class Flow:
         name = dotted_name(test)
         if name in self.flags_off_under_ddp:
             return 1
+        if name is not None and name in self.group_switches:
+            return -1
         return self._flag_side(name) if name is not None else 0
+
+    @property
+    def group_switches(self) -> frozenset[str]:
+        """The flags under which the program starts its process group (`if cfg.MODEL.DIST_TRAIN:
+        dist.init_process_group(...)`): here, in the modules this file imports, and in the
+        programs that import it (`index.importer_switches`, set by the caller who reads them)."""
+        found = self.__dict__.get("_switches")
+        if found is None:
+            found = set(group_switches(self.index))
+            found |= set(self.index.__dict__.get("importer_switches", lambda: ())())
+            found = self.__dict__["_switches"] = frozenset(found)
+        return found
 
     def _flag_side(self, name: str) -> int:
         """A flag bound to such a test (`self.is_ddp = dist.is_available() and dist.is_initialized()`):
@@ -317,6 +332,26 @@ class Flow:
                             found.add(dotted_name(test.expression))
             self._off_flags = frozenset(found - {None})
         return self._off_flags
+
+
+def group_switches(index: FileIndex) -> frozenset[str]:
+    """The flags (a name or attribute chain) whose `if` starts the file's process group."""
+    def switches(i: FileIndex) -> frozenset[str]:
+        found = set()
+        for ci in i.calls_to(*INIT_PROCESS_GROUP):
+            child = ci.node
+            for p in i.ancestors(ci.node):
+                if isinstance(p, cst.If) and child is p.body:
+                    name = dotted_name(p.test)
+                    if name is not None:
+                        found.add(name)
+                    break
+                if isinstance(p, _SCOPES):
+                    break
+                child = p
+        return frozenset(found)
+
+    return index.cached("group_switches", switches)
 
 
 def _small_statements(block: cst.BaseSuite) -> list[cst.BaseSmallStatement]:

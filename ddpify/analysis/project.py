@@ -128,7 +128,8 @@ def path_folders(module: cst.Module, path: Path, parse, read) -> list[Path]:
     return folders
 
 
-MAX_IMPORTER_FILES = 500  # a project root bigger than this is not searched for importers
+MAX_IMPORTER_FILES = 1000  # a project root bigger than this is not searched for importers
+MAX_LOOSE_FILES = 500  # above this, only import lines that name the module with its package are followed
 MAX_IMPORTED_BY_IMPORTERS = 62  # modules the importers import besides, read at most
 
 
@@ -157,6 +158,8 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
         reached = todo.pop()
         stem = reached.parent.name if reached.name == "__init__.py" else reached.stem
         names_it = re.compile(rf"^\s*(from|import)\b[^\n#]*\b{re.escape(stem)}\b", re.MULTILINE)  # an import line naming it
+        if len(texts) > MAX_LOOSE_FILES:  # a large project: an import line naming it with its package, or relative
+            names_it = _names_with_package(reached, stem)
         dotted = _dotted_under(reached, root)
         for path, text in texts.items():
             if path in imported or stem not in text:
@@ -245,6 +248,18 @@ def _python_files(root: Path) -> list[Path]:
         if len(files) > MAX_IMPORTER_FILES:
             return []
     return files
+
+
+def _names_with_package(target: Path, stem: str) -> re.Pattern:
+    """An import line naming the module with its package (`from s3prl.utility.helper import`,
+    `from utility import helper`) or relatively (`from .helper import`, `from . import helper`)."""
+    package = re.escape((target.parent.parent if target.name == "__init__.py" else target.parent).name)
+    stem = re.escape(stem)
+    return re.compile(
+        rf"^\s*(?:(?:from|import)\b[^\n#]*(?:\b{package}\.{stem}\b|\b{package}\s+import\b[^\n#]*\b{stem}\b)"
+        rf"|from\s+\.+\s*import\b[^\n#]*\b{stem}\b|from\s+\.+{stem}\b)",
+        re.MULTILINE,
+    )
 
 
 def _dotted_under(path: Path, root: Path) -> str:

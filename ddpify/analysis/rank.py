@@ -19,6 +19,9 @@ MAIN_PROCESS_RE = re.compile(
     r"(_?(process|proc|rank|worker|node|host))?$",
     re.IGNORECASE,
 )
+_MAIN = r"(master|main|rank_?0|rank_?zero|leader|primary|global_?zero)(_?process)?"
+_RANK0_DECORATOR = re.compile(rf"^(on_{_MAIN}|{_MAIN}_?only)$", re.IGNORECASE)
+# `@master_only`, `@rank_zero_only`, `@main_process_only`, `@on_main_process` (`@main`, `@hydra.main`: entry points)
 RANK_NAMES = frozenset({"gpu_id", "gpu", "local_gpu", "device_id", "gpu_idx", "process_index", "proc_id"})
 RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
 # "rank", not "ranks" or "ranking" (`load_on_all_ranks`, `num_ranks`, `ranking_loss`: a flag, a count, a metric)
@@ -387,6 +390,9 @@ class RankAnalysis:
         process group: `if opt['dist']: self.dist_eval() else: self.eval()`)."""
         if func in self._rank0_func:
             return self._rank0_func[func]
+        if any(self._rank0_decorator(d.decorator) for d in func.decorators):
+            self._rank0_func[func] = True  # `@master_only`, `@rank_zero_only`: the body runs on rank 0
+            return True
         self._rank0_func[func] = False  # cycles: assume not
         sites = self.index.call_sites(func) + self._wrapped_module_calls(func)
         result = bool(sites) and all(self.in_rank0(s.node) or flow(self.index).single_process(s.node) for s in sites)
@@ -396,6 +402,19 @@ class RankAnalysis:
         if result:
             self._rank0_cache.clear()
         return result
+
+    def _rank0_decorator(self, decorator: cst.BaseExpression) -> bool:
+        """A decorator that runs the function on rank 0 only: named so (`@master_only`,
+        `@rank_zero_only`, `@main_process_only`), or a project decorator whose wrapper calls the
+        function only in a rank-0 branch (`if get_rank() == 0: return func(*args, **kwargs)`)."""
+        name = last_name(decorator.func if isinstance(decorator, cst.Call) else decorator) or ""
+        if _RANK0_DECORATOR.match(name):
+            return True
+        for d in self.index.functions.get(name, []):
+            inner = [c for c in self.index.calls_under(d) if isinstance(c.node.func, cst.Name) and c.node.func.value in self.index.param_names(d)]
+            if inner and all(self.in_rank0(c.node) for c in inner):
+                return True
+        return False
 
     def _wrapped_module_calls(self, func: Func) -> list:
         """Calls of a model class's method through the wrapper (`model.module.inference(...)`):

@@ -49,7 +49,7 @@ from ddpify.analysis.names import (  # re-exported for the rules
     SET_DEVICE_CALLS,
     SPAWN,
 )
-from ddpify.analysis.flow import flow
+from ddpify.analysis.flow import flow, group_switches
 from ddpify.analysis.log_levels import LEVELS, is_handler_setting, is_level_setting, set_level
 from ddpify.analysis.multinode import launched_by_torchrun
 from ddpify.analysis.options import option_defaults
@@ -90,6 +90,8 @@ class FileContext:
         else:
             self.index = index_of(self.module)
         self.project = project
+        if project is not None and project.importers:  # `if cfg.DIST_TRAIN: init_process_group()` in the launcher
+            self.index.__dict__["importer_switches"] = lambda: frozenset().union(*map(group_switches, self._importers))
         index = self.index
         self.calls = index.calls
         self.call_info = index.call_info
@@ -419,8 +421,9 @@ class FileContext:
         return self.index.is_bound(expr, bindings)
 
     def is_ddp(self, expr: cst.CSTNode) -> bool:
-        """Does this expression hold the DDP-wrapped model (not ``.module``)?"""
-        return self.index.is_bound(expr, self.ddp_bindings)
+        """Does this expression hold the DDP-wrapped model (not ``.module``)? Not in a branch that
+        runs without a process group (the `else:` of `if args.distributed:`): nothing wrapped it there."""
+        return self.index.is_bound(expr, self.ddp_bindings) and not flow(self.index).single_process(expr)
 
     @cached_property
     def ddp_calls(self) -> list[CallInfo]:

@@ -7,7 +7,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import dotted_name, positional
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import assigned_name, exclusive, may_precede
+from ddpify.check.rules._common import assigned_name, exclusive, may_precede, single_process_branch
 
 # nn.Module methods that do not run the network (reading, moving, switching modes)
 MODULE_API = frozenset({
@@ -102,8 +102,8 @@ class ForwardBypassesWrapper(Rule):
         calls_wrapper |= {f for f in {c.func for c in ctx.calls} if _all_reduces(ctx, f)}
         done: set = set()
         for ci, why in self._bypasses(ctx):
-            if ci.node in done or ci.in_no_grad or ci.func in calls_wrapper:
-                continue
+            if ci.node in done or ci.in_no_grad or ci.func in calls_wrapper or single_process_branch(ctx, ci.node):
+                continue  # (in a branch that runs without a group nothing is wrapped)
             if not any(_feeds(ctx, ci.node, b.node) for b in backwards if b.func is ci.func):
                 continue
             done.add(ci.node)

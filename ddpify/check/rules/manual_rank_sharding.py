@@ -2,6 +2,8 @@ import re
 
 import libcst as cst
 
+from ddpify.analysis.flow import flow
+from ddpify.analysis.index import iter_nodes
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import name_reads
 
@@ -72,6 +74,11 @@ class ManualRankSharding(Rule):
     ]
 
     def check(self, ctx):
+        for report in self._shards(ctx):
+            if not _divisibility_checked(ctx, report.node):
+                yield report
+
+    def _shards(self, ctx):
         for node in ctx.subscripts:
             if len(node.slice) != 1:
                 continue
@@ -91,6 +98,23 @@ class ManualRankSharding(Rule):
                 if _RANK.search(ctx.code(low)) and _RANK.search(ctx.code(high)) and "*" in ctx.code(low) and not _even(ctx, low):
                     if _feeds_training(ctx, ci.node):
                         yield Report(ci.node)
+
+
+_DIVIDES = re.compile(r"(%|//)[^%/]*world|world[^%/]*(%|//)", re.IGNORECASE)
+
+
+def _divisibility_checked(ctx, node: cst.CSTNode) -> bool:
+    """Does the function stop first unless the count divides by the world size (`if n // world *
+    world != n: raise ...`, `assert n % world_size == 0`)? Every shard is then the same size."""
+    func = ctx.enclosing_func(node)
+    if func is None:
+        return False
+    paths, line = flow(ctx.index), ctx.line(node)
+    return any(
+        (isinstance(stmt, cst.If) and paths.block_ends(stmt.body) or isinstance(stmt, cst.Assert))
+        and _DIVIDES.search(ctx.code(stmt.test)) and ctx.line(stmt) < line
+        for stmt in iter_nodes(func.body)
+    )
 
 
 def _equal_chunks(ctx, ci) -> bool:

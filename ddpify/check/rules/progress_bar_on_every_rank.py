@@ -1,4 +1,6 @@
-from ddpify.check.context import kwarg
+import libcst as cst
+
+from ddpify.check.context import dotted_name, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank
 
@@ -9,7 +11,8 @@ class ProgressBarOnEveryRank(Rule):
     """Progress bar drawn by every rank.
 
     ## What it does
-    Flags `tqdm(...)`/`trange(...)` without `disable=` outside a rank-0-only branch.
+    Flags `tqdm(...)`/`trange(...)` without `disable=` outside a rank-0-only branch (a bar drawn
+    into a stream chosen by the rank, `file=sys.stderr if rank == 0 else devnull`, is not flagged).
 
     ## Why is this bad?
     N bars fight over the same terminal lines, flooding the log of every job.
@@ -42,5 +45,16 @@ class ProgressBarOnEveryRank(Rule):
 
     def check(self, ctx):
         for ci in ctx.calls_to(*TQDM):
-            if kwarg(ci.node, "disable") is None and every_rank(ctx, ci.node):
+            if kwarg(ci.node, "disable") is None and not _drawn_by_rank(ctx, ci) and every_rank(ctx, ci.node):
                 yield Report(ci.node)
+
+
+def _drawn_by_rank(ctx, ci) -> bool:
+    """`tqdm(..., file=out)` with a stream chosen by the rank (`out = sys.stderr if
+    is_leader_process() else open(os.devnull, "w")`): the other ranks draw into nothing."""
+    arg = kwarg(ci.node, "file")
+    if arg is None:
+        return False
+    name = dotted_name(arg.value)
+    values = [arg.value] + [b.value for b in ctx.assignments if b.dotted == name and b.func is ci.func]
+    return any(ctx.reads_rank(v.test if isinstance(v, cst.IfExp) else v) for v in values)
