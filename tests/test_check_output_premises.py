@@ -365,3 +365,110 @@ def test_a_large_project_follows_import_lines_that_name_the_package() -> None:
     assert names.search("from utility import helper")
     assert names.search("from .helper import x") and names.search("from . import helper")
     assert not names.search("from tools.helper_functions import x") and not names.search("import helper")
+
+
+EXPERIMENT = """\
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+import wandb
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Experiment:
+    def __init__(self, conf, model):
+        self._log = logging.getLogger(__name__)
+        self._use_wandb = True
+        self._model = model
+        dist.init_process_group("nccl")
+{clear}        self._model.load_state_dict(torch.load(conf.ckpt, map_location="cpu"))
+        self._log.info("model loaded")
+
+    def start_training(self, batches, opt):
+        self._model = DDP(self._model)
+        if self._use_wandb:
+            wandb.init(project="exp")
+        for x in batches:
+            opt.zero_grad()
+            self._model(x).sum().backward()
+            opt.step()
+            self._log.info("step")
+        dist.destroy_process_group()
+
+
+logging.basicConfig(level=logging.INFO)
+"""
+
+
+@pytest.mark.parametrize("cleared", [True, False])
+def test_switches_cleared_off_rank0_in_the_constructor(tmp_path: Path, cleared: bool) -> None:
+    """`if rank not in [0, -1]: self._log.setLevel("ERROR")` in the constructor (a method, whose
+    callers are not all in sight): info logs are not known to show on every rank (DDP303 silent).
+    The constructor's load runs before `start_training` wraps the model (DDP121 silent either way)."""
+    clear = (
+        "        if int(os.environ['RANK']) not in [0, -1]:\n"
+        "            self._log.setLevel('ERROR')\n            self._use_wandb = False\n"
+    ) if cleared else ""
+    (tmp_path / "train.py").write_text(EXPERIMENT.format(clear=clear))
+    codes = sorted({c.split()[1] for c in _codes(tmp_path / "train.py") if c.split()[1] in ("DDP303", "DDP305", "DDP121")})
+    assert codes == ([] if cleared else ["DDP303"])
+
+
+LAUNCHER = """\
+import torch.multiprocessing as mp
+
+import data
+import worker
+
+
+def read_configs():
+    data.fetch("cifar")
+    print("configs read")
+    return {}
+
+
+if __name__ == "__main__":
+    cfg = read_configs()
+    mp.spawn(worker.run, args=(cfg,), nprocs=2)
+"""
+
+
+@pytest.mark.parametrize("caller", ["launch.py", "worker.py"])
+def test_code_only_the_launcher_runs_before_it_spawns_is_not_every_ranks(tmp_path: Path, caller: str) -> None:
+    """`data.fetch(...)` called while the launcher reads its configs, before `mp.spawn`: the
+    download runs once (DDP115 silent); called by the spawned worker, on every rank."""
+    launch = LAUNCHER if caller == "launch.py" else LAUNCHER.replace('    data.fetch("cifar")\n', "")
+    run = "    data.fetch('cifar')\n" if caller == "worker.py" else ""
+    _write(tmp_path, {
+        "pyproject.toml": "", "launch.py": launch,
+        "data.py": "import torch.distributed as dist\nfrom torchvision.datasets import CIFAR10\n\n\n"
+                   "def fetch(name):\n    return CIFAR10(root='data', download=True)\n",
+        "worker.py": "import torch.distributed as dist\n\nimport data\n\n\ndef run(rank, cfg):\n"
+                     "    dist.init_process_group('gloo', rank=rank, world_size=2)\n" + run + "    dist.destroy_process_group()\n",
+    })  # fmt: skip
+    assert bool([c for c in _codes(tmp_path / "data.py", "DDP115") if c.endswith("DDP115")]) is (caller == "worker.py")
+
+
+def test_a_loader_only_a_sanity_loop_reads_is_not_the_training_loader(tmp_path: Path) -> None:
+    """`for batch in tr_dataloader: show(batch); break` and nothing else reads it: DDP110 silent."""
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n\n"
+        "dist.init_process_group('gloo')\ntr_dataloader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+        "for step, batch in enumerate(tr_dataloader):\n    print(batch.shape)\n    break\n"
+    )
+    assert [c for c in _codes(tmp_path / "train.py", "DDP110") if c.endswith("DDP110")] == []
+
+
+def test_a_test_that_imports_the_script_is_not_part_of_its_program(tmp_path: Path) -> None:
+    """tests/test_train.py imports train.py and destroys a group of its own: the script still never
+    destroys its group (DDP105)."""
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "train.py": "import torch.distributed as dist\n\n\ndef main():\n    dist.init_process_group('gloo')\n\n\n"
+                    "if __name__ == '__main__':\n    main()\n",
+        "tests/test_train.py": "import torch.distributed as dist\n\nimport train\n\n\ndef test_main():\n"
+                               "    train.main()\n    dist.destroy_process_group()\n",
+    })  # fmt: skip
+    assert [c for c in _codes(tmp_path / "train.py", "DDP105") if c.endswith("DDP105")] == ["5 DDP105"]

@@ -73,3 +73,17 @@ def test_ranks_plural_and_rankings_are_not_the_rank(expr, reads):
     module = cst.parse_module(f"if {expr}:\n    pass\n")
     test = module.body[0].test
     assert rank_analysis(index_of(module)).reads_rank(test) is reads
+
+
+def test_a_field_cleared_off_rank0_is_a_rank0_flag():
+    """`if rank not in [0, -1]: self._use_wandb = False; cfg.ckpt_dir = None`: `if
+    self._use_wandb:` and `if cfg.ckpt_dir is not None:` are rank 0's."""
+    module = cst.parse_module(
+        "import os\nclass E:\n    def __init__(self, cfg):\n        rank = int(os.environ['RANK'])\n"
+        "        if rank not in [0, -1]:\n            self._use_wandb = False\n            cfg.ckpt_dir = None\n"
+        "    def run(self, cfg):\n        if self._use_wandb:\n            track()\n"
+        "        if cfg.ckpt_dir is not None:\n            save()\n        if self.other:\n            every()\n"
+    )
+    ranks = rank_analysis(index_of(module))
+    calls = {module.code_for_node(c.func): c for c in iter_nodes(module) if isinstance(c, cst.Call)}
+    assert ranks.in_rank0(calls["track"]) and ranks.in_rank0(calls["save"]) and not ranks.in_rank0(calls["every"])

@@ -870,6 +870,10 @@ class FileIndex:
                 if name not in self.param_names(func) and name not in self._assigned_in(func):
                     return True  # a closure reads the enclosing function's binding
             elif name.startswith("self."):
+                if func is not None and func.name.value == "__init__" and not any(
+                    s.func is func and self.line(s.node) < line for s in self.call_sites(b.func)
+                ):
+                    continue  # the constructor runs before the other methods (unless it calls this one first)
                 # a method only called before the wrapping (e.g. loading a snapshot in __init__)
                 sites = self.call_sites(func) if func is not None else []
                 if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):

@@ -162,8 +162,8 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
             names_it = _names_with_package(reached, stem)
         dotted = _dotted_under(reached, root)
         for path, text in texts.items():
-            if path in imported or stem not in text:
-                continue
+            if path in imported or stem not in text or (_is_test(path, root) and not _is_test(target, root)):
+                continue  # (a test imports the module to try it: it is not a run of the program)
             if not names_it.search(text):
                 if any(pattern.fullmatch(dotted) for pattern in _dynamic_imports(text)):
                     try:  # `importlib.import_module(f"app.{name}.train")`: a launcher that picks its module by name
@@ -248,6 +248,14 @@ def _python_files(root: Path) -> list[Path]:
         if len(files) > MAX_IMPORTER_FILES:
             return []
     return files
+
+
+def _is_test(path: Path, root: Path) -> bool:
+    """A test module of the project (`tests/`, `test_*.py`, `*_test.py`, `conftest.py`)."""
+    name = path.name
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py" or any(
+        part in ("test", "tests") for part in path.relative_to(root).parent.parts
+    )
 
 
 def _names_with_package(target: Path, stem: str) -> re.Pattern:

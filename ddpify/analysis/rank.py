@@ -12,7 +12,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis.flow import env_presence, flow
 from ddpify.analysis.index import Binding, FileIndex, Func, dotted_name, iter_nodes, last_name
-from ddpify.analysis.literals import int_value, string_value
+from ddpify.analysis.literals import int_value, is_false, string_value
 
 MAIN_PROCESS_RE = re.compile(
     r"^_?(is_?)?(main|master|primary|chief|leader|rank_?0|rank_?zero|global_?zero|local_?zero|local_?(main|master))"
@@ -162,7 +162,8 @@ class RankAnalysis:
             ok_r = right == 1 or self._is_single_process(e.right)
             return 1 if (ok_l and ok_r and 1 in (left, right)) else 0
         if isinstance(e, cst.Comparison) and len(e.comparisons) == 1 and _is_none(e.comparisons[0].comparator):
-            if isinstance(e.comparisons[0].operator, (cst.Is, cst.IsNot)) and self._rank0_only(e.left):
+            field = isinstance(e.left, cst.Attribute) and e.left.attr.value in self.rank0_fields  # `cfg.ckpt_dir is not None`
+            if isinstance(e.comparisons[0].operator, (cst.Is, cst.IsNot)) and (self._rank0_only(e.left) or field):
                 return 1 if isinstance(e.comparisons[0].operator, cst.IsNot) else -1  # `if saver is not None:`
         if isinstance(e, cst.Comparison) and len(e.comparisons) == 1:
             comp = e.comparisons[0]
@@ -272,13 +273,15 @@ class RankAnalysis:
     @property
     def rank0_fields(self) -> frozenset[str]:
         """Fields of a config object or dict set to a rank-0 test (`params["log_to_wandb"] =
-        (world_rank == 0) and params["log_to_wandb"]`, `cfg.is_main = rank == 0`): read anywhere
-        (`self.params.log_to_wandb`), they are rank-0 flags."""
+        (world_rank == 0) and params["log_to_wandb"]`, `cfg.is_main = rank == 0`), or cleared on
+        the other ranks (`if rank not in [0, -1]: self._use_wandb = False; cfg.ckpt_dir = None`):
+        read anywhere in the program (`self.params.log_to_wandb`, `if self._use_wandb:`, `if
+        cfg.ckpt_dir is not None:`), they are rank-0 flags."""
         found = self.__dict__.get("_rank0_fields")
         if found is None:
             found = self.__dict__["_rank0_fields"] = frozenset()  # (recursion: none yet)
             fields = set()
-            for node in iter_nodes(self.index.module):
+            for node in (n for root in self.index.roots for n in iter_nodes(root)):
                 if isinstance(node, cst.Assign) and len(node.targets) == 1:
                     target = node.targets[0].target
                     key = None
@@ -288,6 +291,9 @@ class RankAnalysis:
                         key = string_value(target.slice[0].slice.value)
                     if key and isinstance(node.value, (cst.Comparison, cst.BooleanOperation)) and self.rank_test(node.value) == 1:
                         fields.add(key)
+                    elif key and (is_false(node.value) or _is_none(node.value) or int_value(node.value) == 0):
+                        if self.under_rank_test(node) and not self.in_rank0(node):
+                            fields.add(key)  # cleared off rank 0
             found = self.__dict__["_rank0_fields"] = frozenset(fields)
         return found
 

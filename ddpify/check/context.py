@@ -203,6 +203,20 @@ class FileContext:
             )
         return found[func]
 
+    def launcher_only(self, node: cst.CSTNode) -> bool:
+        """Does the module-level function around `node` run only in the launcher process: every
+        call, here or in an importer, is in a script that starts the workers with `mp.spawn`, in
+        its top-level code or a function only that code calls (`download_data_if_possible(...)`
+        while the configs are read, before `mp.spawn(worker, ...)`), never in a spawned worker?"""
+        func = self.enclosing_func(node)
+        if func is None or not isinstance(self.parent(func), cst.Module):
+            return False
+        found = self.__dict__.setdefault("_launcher_only", {})
+        if func not in found:
+            sites = [(self.index, s) for s in self.call_sites(func)] + self.remote_call_sites(func)
+            found[func] = bool(sites) and all(_in_launcher(index, site) for index, site in sites)
+        return found[func]
+
     def remote_call_sites(self, func: Func) -> list[tuple[FileIndex, CallInfo]]:
         """The calls of this file's module-level function in the programs that import it
         (`checkpoint_utils.torch_persistent_save(...)` in trainer.py), with their file's index."""
@@ -362,8 +376,8 @@ class FileContext:
         for rank, index, ci in sites:
             if not is_level_setting(ci) or rank.in_rank0(ci.node) or flow(index).single_process(ci.node):
                 continue  # rank 0's setting, or a run without a group
-            if index is self.index and ci.func is not None and not self.runs(ci.func):
-                continue  # a helper nothing calls
+            if index is self.index and (self.rank0_or_idle(ci.node) or _module_function(self, ci.func) and not self.runs(ci.func)):
+                continue  # a function nothing calls, or only rank 0 (a method's callers are not all in sight: not skipped)
             level = set_level(index, ci, options)
             if level is None or rank.under_rank_test(ci.node):
                 return None
@@ -501,6 +515,26 @@ class FileContext:
             or any(kwarg(c.node, "device_id") for c in self.calls_to(INIT_PROCESS_GROUP))
             or (self.project is not None and self.project.truncated)
         )  # fmt: skip
+
+
+def _module_function(ctx: "FileContext", func: Optional[Func]) -> bool:
+    return func is not None and isinstance(ctx.parent(func), cst.Module)
+
+
+def _in_launcher(index: FileIndex, site: CallInfo, depth: int = 0) -> bool:
+    """A call in a script that spawns its workers, made by its top-level code or by functions
+    only that code calls (`main()` -> `hydra_multirun_main()` -> `hydra_main()`), none of them the
+    function handed to `mp.spawn`."""
+    if not index.calls_to(*SPAWN) or index.root_of(site.node) is not index.module:
+        return False
+    if site.func is None:
+        return True
+    spawned = {a.value.value for ci in index.calls_to(*SPAWN) for a in ci.node.args if isinstance(a.value, cst.Name)}
+    callers = index.call_sites(site.func)
+    return (
+        site.func.name.value not in spawned and bool(callers) and depth < 3
+        and all(c.func is not site.func and _in_launcher(index, c, depth + 1) for c in callers)
+    )  # fmt: skip
 
 
 def _referenced(ctx: "FileContext", func: Func) -> bool:

@@ -23,7 +23,7 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
     or never)."""
     return (
         not ctx.under_rank_test(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
-        and not ctx.rank0_or_idle(call)
+        and not ctx.rank0_or_idle(call) and not ctx.launcher_only(call)
     )  # fmt: skip
 
 

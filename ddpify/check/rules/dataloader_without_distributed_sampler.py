@@ -5,7 +5,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, iter_nodes, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import assigned_name, iterated_name, single_process_branch
+from ddpify.check.rules._common import assigned_name, iterated_name, name_reads, single_process_branch
 
 _LOCAL_SAMPLERS = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER
 _TRAINING_NAME = re.compile(r"train|(^|[._])tr_")  # `train_loader`, `tr_loader`, `self.tr_dl`
@@ -93,8 +93,20 @@ class DataLoaderWithoutDistributedSampler(Rule):
             if ctx.in_rank0(call) or _sharded_by_hand(ctx, call) or single_process_branch(ctx, call):
                 continue  # rank 0 alone, split already, or the branch that runs without a group
             shuffle = kwarg(call, "shuffle")
+            if not (name in step_iterated) and _only_looked_at(ctx, call, name):
+                continue  # read only by loops that never train (a one-batch sanity check, a plot)
             if trains or (shuffle is not None and is_true(shuffle.value) and not _evaluates(ctx, call, name)):
                 yield Report(call, None if name and name in step_iterated else self.MESSAGE + _assumed(name))
+
+
+def _only_looked_at(ctx, call, name: str) -> bool:
+    """Is every read of the loader's name the iterable of a loop that never syncs (no backward,
+    no collective: `for batch in train_loader: show(batch); break`)? Then nothing here trains on it."""
+    if not name or "." in name:
+        return False
+    reads = name_reads(ctx.enclosing_func(call) or ctx.module, name)
+    loops = [next((a for a in ctx.ancestors(r) if isinstance(a, (cst.For, cst.BaseSmallStatement, cst.BaseCompoundStatement))), None) for r in reads]
+    return bool(reads) and all(isinstance(l, cst.For) and iterated_name(l) == name and not ctx.syncs(l) for l in loops)
 
 
 def _assumed(name: str) -> str:

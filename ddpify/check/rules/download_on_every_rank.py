@@ -54,8 +54,8 @@ class DownloadOnEveryRank(Rule):
         if any(ctx.in_rank0(c.node) for c in calls):
             return
         for ci in calls:
-            if not _after_barrier(ctx, ci.node):
-                yield Report(kwarg(ci.node, "download"))
+            if not _after_barrier(ctx, ci.node) and not ctx.launcher_only(ci.node):
+                yield Report(kwarg(ci.node, "download"))  # (not in the launcher process, before it spawns the workers)
 
 
 def _after_barrier(ctx, node) -> bool:
