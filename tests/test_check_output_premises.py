@@ -472,3 +472,99 @@ def test_a_test_that_imports_the_script_is_not_part_of_its_program(tmp_path: Pat
                                "    train.main()\n    dist.destroy_process_group()\n",
     })  # fmt: skip
     assert [c for c in _codes(tmp_path / "train.py", "DDP105") if c.endswith("DDP105")] == ["5 DDP105"]
+
+
+def test_the_function_that_starts_the_workers_runs_once(tmp_path: Path) -> None:
+    """`Launcher.launch` starts an `mp.Process` per rank and joins them, printing before and after:
+    one parent process prints (DDP302 silent there); the worker's print is every rank's."""
+    (tmp_path / "launch.py").write_text(
+        "import torch.distributed as dist\nimport torch.multiprocessing as mp\n\n\n"
+        "def work(rank, batches, model, opt):\n    dist.init_process_group('gloo', rank=rank, world_size=2)\n"
+        "    for x in batches:\n        opt.zero_grad()\n        model(x).sum().backward()\n        opt.step()\n"
+        "        print('step')\n    dist.destroy_process_group()\n\n\n"
+        "class Launcher:\n    def launch(self, batches, model, opt):\n"
+        "        procs = [mp.Process(target=work, args=(r, batches, model, opt)) for r in range(2)]\n"
+        "        for p in procs:\n            print('starting')\n            p.start()\n"
+        "        for p in procs:\n            p.join()\n            print('joined')\n"
+    )
+    assert [c for c in _codes(tmp_path / "launch.py", "DDP302") if c.endswith("DDP302")] == ["11 DDP302"]
+
+
+def test_a_group_started_only_by_a_helper_nothing_calls_is_not_missing_its_teardown(tmp_path: Path) -> None:
+    """env.py's `init_dist()` is imported by train.py but never called (the script starts its group
+    inline, and never destroys it): DDP105 at the script's call only."""
+    _write(tmp_path, {
+        "pyproject.toml": "",
+        "env.py": "import torch.distributed as dist\n\n\ndef init_dist():\n    dist.init_process_group('nccl')\n",
+        "train.py": "import torch.distributed as dist\n\nfrom env import init_dist  # noqa: F401\n\n\ndef main():\n"
+                    "    dist.init_process_group('nccl')\n\n\nif __name__ == '__main__':\n    main()\n",
+    })  # fmt: skip
+    assert [c for c in _codes(tmp_path / "env.py", "DDP105") if c.endswith("DDP105")] == []
+    assert [c for c in _codes(tmp_path / "train.py", "DDP105") if c.endswith("DDP105")] == ["7 DDP105"]
+
+
+@pytest.mark.parametrize("quiet, flagged", [("    if dist.get_rank() != 0:\n        sys.stderr = open(os.devnull, 'w')\n", False), ("", True)])
+def test_progress_bars_of_a_program_that_points_stderr_elsewhere(tmp_path: Path, quiet: str, flagged: bool) -> None:
+    (tmp_path / "train.py").write_text(
+        "import os\nimport sys\n\nimport torch.distributed as dist\nfrom tqdm import tqdm\n\n\n"
+        "def main(model, batches, opt):\n    dist.init_process_group('gloo')\n" + quiet +
+        "    for x in tqdm(batches):\n        opt.zero_grad()\n        model(x).sum().backward()\n        opt.step()\n"
+        "    dist.destroy_process_group()\n"
+    )
+    assert bool([c for c in _codes(tmp_path / "train.py", "DDP304") if c.endswith("DDP304")]) is flagged
+
+
+SPAWNING = """\
+import os
+
+import matplotlib.pyplot as plt
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, args, model):
+        self.args = args
+        self.model = DDP(model) if args.multi_gpu else model
+
+    def plot(self, values):
+        plt.plot(values)
+        plt.savefig("loss.png")
+
+    def train(self, batches, opt):
+        accumulate = self.model.no_sync if self.args.multi_gpu else None
+        for step, x in enumerate(batches):
+            loss = self.model(x).sum()
+            loss.backward()
+            if step % 4 == 0:
+                opt.step()
+        if not self.args.multi_gpu or self.args.rank == 0:
+            self.plot([1, 2])
+        return accumulate
+
+
+def worker(rank, args):
+    dist.init_process_group("nccl", rank=rank, world_size=2)
+    Trainer(args, None).train([], None)
+    for name, p in Trainer(args, None).model.state_dict().items():
+        dist.broadcast(p, 0)
+    dist.destroy_process_group()
+
+
+def main(args):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "29500"
+    if args.multi_gpu:
+        mp.spawn(worker, args=(args,), nprocs=2)
+"""
+
+
+def test_a_one_machine_spawning_program_with_a_switch(tmp_path: Path) -> None:
+    """`if args.multi_gpu: mp.spawn(...)` makes `not self.args.multi_gpu` the one-process run: the
+    plot under `not multi_gpu or rank == 0` is rank 0's (DDP306 silent); `self.model.no_sync`
+    stored and called later is a use of it (DDP204 silent); the state dict walked for a broadcast
+    is not saved (DDP120 silent); the rendezvous set by the parent that spawns this machine's
+    workers is not a torchrun rank's (DDP123 silent)."""
+    (tmp_path / "train.py").write_text(SPAWNING)
+    assert [c for c in _codes(tmp_path / "train.py") if c.split()[1] in ("DDP306", "DDP204", "DDP120", "DDP123")] == []

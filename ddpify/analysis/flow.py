@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes
 from ddpify.analysis.literals import string_value
-from ddpify.analysis.names import INIT_PROCESS_GROUP
+from ddpify.analysis.names import INIT_PROCESS_GROUP, SPAWN
 
 FUNCTION, LOOP = "function", "loop"  # how far an ending statement sends control
 _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort", "builtins.exit", "builtins.quit"})
@@ -280,9 +280,14 @@ class Flow:
         name = dotted_name(test)
         if name in self.flags_off_under_ddp:
             return 1
-        if name is not None and name in self.group_switches:
-            return -1
+        if name is not None and (name in self.group_switches or any(name.endswith("." + s) for s in self._switch_fields)):
+            return -1  # (`self.args.multi_gpu` for the launcher's `args.multi_gpu`)
         return self._flag_side(name) if name is not None else 0
+
+    @property
+    def _switch_fields(self) -> frozenset[str]:
+        """The switches' attribute chains without their first name (`args.multi_gpu` -> `multi_gpu`)."""
+        return frozenset(s.split(".", 1)[1] for s in self.group_switches if "." in s)
 
     @property
     def group_switches(self) -> frozenset[str]:
@@ -305,6 +310,11 @@ class Flow:
             found = {self._test_side(b.value) for b in self.index.assignments if b.dotted == name}
             sides[name] = found.pop() if len(found) == 1 else 0
         return sides[name]
+
+    def true_without_group(self, test: cst.BaseExpression) -> bool:
+        """Is the test true only in a run without a process group (`not args.distributed`, `world_size
+        == 1`, `not cfg.multi_gpu` where the program spawns its workers under `if cfg.multi_gpu:`)?"""
+        return self._test_side(test) > 0
 
     def mode_test(self, test: cst.BaseExpression) -> bool:
         """Does the test ask about the run's mode, the same answer on every rank (`if
@@ -335,10 +345,11 @@ class Flow:
 
 
 def group_switches(index: FileIndex) -> frozenset[str]:
-    """The flags (a name or attribute chain) whose `if` starts the file's process group."""
+    """The flags (a name or attribute chain) whose `if` starts the file's process group or spawns
+    its workers (`if args.multi_gpu: mp.spawn(...)`)."""
     def switches(i: FileIndex) -> frozenset[str]:
         found = set()
-        for ci in i.calls_to(*INIT_PROCESS_GROUP):
+        for ci in i.calls_to(*INIT_PROCESS_GROUP, *SPAWN):
             child = ci.node
             for p in i.ancestors(ci.node):
                 if isinstance(p, cst.If) and child is p.body:

@@ -221,6 +221,7 @@ DISTRIBUTED_SAMPLER = spelled({"torch.utils.data.DistributedSampler"})
 SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in spellings("torch.nn.SyncBatchNorm"))
 SPAWN = spelled({"torch.multiprocessing.spawn"})
 START_PROCESSES = spelled({"torch.multiprocessing.start_processes"})
+PROCESS_CLASSES = frozenset({"multiprocessing.Process", "torch.multiprocessing.Process", "multiprocessing.context.Process"})
 CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
 # What a distributed script uses; one with a process group, a DDP wrap and a DistributedSampler
 # (or no DataLoader) is left alone (analysis.script.fully_distributed).

@@ -137,17 +137,19 @@ class RankAnalysis:
         if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
             inner = e.expression
             target = inner.func if isinstance(inner, cst.Call) else inner
-            return bool(_NOT_MULTI_PROCESS.search(self.index.code(target)))
+            if _NOT_MULTI_PROCESS.search(self.index.code(target)):
+                return True
         if isinstance(e, cst.Comparison) and len(e.comparisons) == 1:
             n = last_name(e.left) or ""
             v = int_value(e.comparisons[0].comparator)
             op = e.comparisons[0].operator
             if isinstance(op, cst.Equal) and v == -1 and self.is_rank_expr(e.left):
                 return True  # `local_rank == -1`: the old launcher's "not distributed"
-            return "world_size" in n.lower() and (
+            if "world_size" in n.lower() and (
                 (isinstance(op, cst.Equal) and v == 1) or (isinstance(op, cst.LessThanEqual) and v == 1)
-            )
-        return False
+            ):
+                return True
+        return flow(self.index).true_without_group(e)  # `not self.args.multi_gpu`: the launcher's switch off
 
     def rank_test(self, e: cst.BaseExpression) -> int:
         """+1: true only on rank 0; -1: true only off rank 0; 0: don't know."""

@@ -323,8 +323,16 @@ class FileContext:
         redirect_stdout(buf):`, `os.dup2(fd, 1)`), here, in a module it imports or in a program
         that imports it: where each rank's prints then go is that code's doing (a tee to the
         console on rank 0 only, `/dev/null` on the others), not known from the prints."""
+        return self._redirected("sys.stdout", "contextlib.redirect_stdout")
+
+    @cached_property
+    def stderr_redirected(self) -> bool:
+        """The same for `sys.stderr`, where progress bars draw (`sys.stderr = open(os.devnull, "w")`)."""
+        return self._redirected("sys.stderr", "contextlib.redirect_stderr")
+
+    def _redirected(self, stream: str, redirect: str) -> bool:
         return any(
-            any(b.dotted == "sys.stdout" for b in index.assignments) or index.calls_to("contextlib.redirect_stdout", "os.dup2")
+            any(b.dotted == stream for b in index.assignments) or index.calls_to(redirect, "os.dup2")
             for index in (self.index, *self._importers)
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 
 import libcst as cst
 
@@ -64,6 +65,9 @@ def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
     after the group is started in the same function or at the module's top level (by
     ``init_process_group`` or a call that reaches it: ``utils.init_distributed()``); launcher
     code before spawn is not."""
+    func = ctx.enclosing_func(node)
+    if func is not None and _starts_workers(ctx, func):
+        return False  # the parent that starts the worker processes and waits for them: one process
     func = None
     for p in ctx.ancestors(node):
         if isinstance(p, (cst.For, cst.While)):
@@ -82,6 +86,25 @@ def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
     if func is not None and _depth < 3:
         return any(in_worker(ctx, s.node, _depth + 1) for s in ctx.call_sites(owner))
     return False
+
+
+_PROCESS_STARTERS = N.SPAWN | N.START_PROCESSES
+
+
+def _starts_workers(ctx: FileContext, func: cst.FunctionDef) -> bool:
+    """Does this function start the worker processes itself (`mp.spawn(...)`,
+    `mp.Process(target=run, ...).start()`, `ctx.Process(...)`)? It is the launcher, run once."""
+    return any(
+        ci.func is func and (
+            ci.qnames & _PROCESS_STARTERS
+            or ci.qnames & N.PROCESS_CLASSES
+            or ci.name == "Process" and ci.receiver is not None and _MP_RECEIVER.search(ctx.code(ci.receiver))
+        )
+        for ci in ctx.calls
+    )
+
+
+_MP_RECEIVER = re.compile(r"\b(mp|multiprocessing|ctx|context|get_context\(.*\))$")
 
 
 def starts_group(ctx: FileContext, ci) -> bool:

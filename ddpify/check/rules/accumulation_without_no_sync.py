@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis.index import iter_nodes
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -65,7 +66,7 @@ class AccumulationWithoutNoSync(Rule):
         return False
 
     def check(self, ctx):
-        if not ctx.ddp_bindings or ctx.method_calls("no_sync"):
+        if not ctx.ddp_bindings or ctx.method_calls("no_sync") or _no_sync_referenced(ctx):
             return
         for loop in ctx.step_loops:
             calls = [c for c in ctx.calls if c.loops and c.loops[-1] is loop]
@@ -80,3 +81,9 @@ class AccumulationWithoutNoSync(Rule):
             for b in calls:
                 if ctx.is_backward(b) and not self._under_modulo_if(ctx, b.node, loop):
                     yield Report(b.node)
+
+
+def _no_sync_referenced(ctx) -> bool:
+    """`ctx = model.no_sync if step % n else nullcontext`, then `with ctx():`: the bound method,
+    stored and called later."""
+    return any(isinstance(n, cst.Attribute) and n.attr.value == "no_sync" for n in iter_nodes(ctx.module))

@@ -3,7 +3,7 @@ import libcst as cst
 from ddpify.analysis.multinode import (
     RENDEZVOUS_VARIABLES, SPAWN, TORCHRUN_VARIABLES, env_read, env_tested, env_writes, launched_by_torchrun,
 )  # fmt: skip
-from ddpify.check.context import INIT_PROCESS_GROUP, int_value, iter_nodes, kwarg, positional, string_value
+from ddpify.check.context import INIT_PROCESS_GROUP, SPAWN, int_value, iter_nodes, kwarg, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 
 _LAUNCHER = TORCHRUN_VARIABLES | RENDEZVOUS_VARIABLES
@@ -71,7 +71,7 @@ class HardCodedRendezvous(Rule):
             return
         for name, node, value in env_writes(ctx.index):
             if name in RENDEZVOUS_VARIABLES and not isinstance(node, cst.Call) and _constant(value):
-                if not _fallback(ctx, node):
+                if not _fallback(ctx, node) and not _spawns_here(ctx, node):
                     yield Report(node)
         for ci in ctx.calls_to(*INIT_PROCESS_GROUP):
             args = positional(ci.node)
@@ -120,3 +120,10 @@ def _fallback(ctx, node, depth: int = 0) -> bool:
             sites = ctx.call_sites(p)
             return spawned or (depth < 3 and bool(sites) and all(_fallback(ctx, s.node, depth + 1) for s in sites))
     return False
+
+
+def _spawns_here(ctx, node) -> bool:
+    """Set by the function that then starts this machine's workers itself (`os.environ["MASTER_ADDR"]
+    = "localhost"`, then `mp.spawn(worker, nprocs=n)`): a one-machine launcher, not a torchrun rank."""
+    func = ctx.enclosing_func(node)
+    return any(ci.func is func and ctx.line(ci.node) > ctx.line(node) for ci in ctx.calls_to(*SPAWN))

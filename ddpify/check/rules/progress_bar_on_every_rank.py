@@ -12,7 +12,8 @@ class ProgressBarOnEveryRank(Rule):
 
     ## What it does
     Flags `tqdm(...)`/`trange(...)` without `disable=` outside a rank-0-only branch (a bar drawn
-    into a stream chosen by the rank, `file=sys.stderr if rank == 0 else devnull`, is not flagged).
+    into a stream chosen by the rank, `file=sys.stderr if rank == 0 else devnull`, is not flagged,
+    nor any bar of a program that points `sys.stderr` somewhere itself).
 
     ## Why is this bad?
     N bars fight over the same terminal lines, flooding the log of every job.
@@ -44,6 +45,8 @@ class ProgressBarOnEveryRank(Rule):
     INVALID = [Invalid("import torch.distributed as dist\nfrom tqdm import tqdm\nfor x in tqdm(loader):\n    pass\n")]
 
     def check(self, ctx):
+        if ctx.stderr_redirected:
+            return  # the bars draw where the program sends stderr (`sys.stderr = open(os.devnull, "w")` off rank 0)
         for ci in ctx.calls_to(*TQDM):
             if kwarg(ci.node, "disable") is None and not _drawn_by_rank(ctx, ci) and every_rank(ctx, ci.node):
                 yield Report(ci.node)

@@ -78,10 +78,19 @@ class SaveDDPStateDict(Rule):
         if ctx.ddp_state_round_trip:
             return  # saved from the wrapper and loaded back into it: consistent
         for ci in ctx.method_calls("state_dict"):
-            if ctx.is_ddp(ci.receiver) and not _template_for_loading(ctx, ci.node):
+            if ctx.is_ddp(ci.receiver) and not _template_for_loading(ctx, ci.node) and not _walked(ctx, ci.node):
                 func = ci.node.func
                 new = func.with_changes(value=insert_module_attr(ci.receiver))
                 yield Report(ci.node, fixes=[(func, new)])
+
+
+def _walked(ctx, call: cst.Call) -> bool:
+    """`for name, p in model.state_dict().items(): dist.broadcast(p, 0)`: the state is walked in
+    memory, not saved, so its key names reach no file."""
+    attr = ctx.parent(call)
+    method = ctx.parent(attr) if isinstance(attr, cst.Attribute) and attr.attr.value in ("items", "values", "keys") else None
+    loop = ctx.parent(method) if isinstance(method, cst.Call) else None
+    return isinstance(loop, (cst.For, cst.CompFor)) and loop.iter is method
 
 
 def _template_for_loading(ctx, call: cst.Call) -> bool:
