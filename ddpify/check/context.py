@@ -214,7 +214,8 @@ class FileContext:
         found = self.__dict__.setdefault("_launcher_only", {})
         if func not in found:
             sites = [(self.index, s) for s in self.call_sites(func)] + self.remote_call_sites(func)
-            found[func] = bool(sites) and all(_in_launcher(index, site) for index, site in sites)
+            handed_on = func.name.value in self._passed_functions  # `mp.spawn(main_worker, ...)`: the workers run it too
+            found[func] = bool(sites) and not handed_on and all(_in_launcher(index, site) for index, site in sites)
         return found[func]
 
     def remote_call_sites(self, func: Func) -> list[tuple[FileIndex, CallInfo]]:
