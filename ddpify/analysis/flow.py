@@ -20,7 +20,9 @@ _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort", "builtin
 _SEQUENCES = (cst.Module, cst.IndentedBlock, cst.SimpleStatementSuite, cst.SimpleStatementLine)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 DISTRIBUTED_TEST = re.compile(
-    r"(distributed|\bddp\b|is_initialized|rank\s*!=\s*-1|hasattr\(\s*[\w.]+\s*,\s*['\"]module['\"]\s*\)|(world|my|group|comm)_size\s*>\s*1|\bis_dist|num_gpus\s*>\s*1|\bworld_size\s*!=\s*1"
+    r"(distributed|\bddp\b|is_initialized|(world|my|group|comm)_size\s*>\s*1|\bis_dist|num_gpus\s*>\s*1|\bworld_size\s*!=\s*1"
+    r"|rank\s*!=\s*-1"  # `local_rank != -1`: the old launcher's "distributed"
+    r"|hasattr\(\s*[\w.]+\s*,\s*['\"]module['\"]\s*\)"  # `hasattr(model, "module")`: the model is wrapped
     r"|\[\s*['\"](dist|use_dist|use_ddp)['\"]\s*\])",  # `opt['dist']`: a flag kept in a dict
     re.IGNORECASE,
 )
@@ -287,7 +289,10 @@ class Flow:
     @property
     def _switch_fields(self) -> frozenset[str]:
         """The switches' attribute chains without their first name (`args.multi_gpu` -> `multi_gpu`)."""
-        return frozenset(s.split(".", 1)[1] for s in self.group_switches if "." in s)
+        found = self.__dict__.get("_fields")
+        if found is None:
+            found = self.__dict__["_fields"] = frozenset(s.split(".", 1)[1] for s in self.group_switches if "." in s)
+        return found
 
     @property
     def group_switches(self) -> frozenset[str]:

@@ -53,7 +53,7 @@ from ddpify.analysis.flow import flow, group_switches
 from ddpify.analysis.log_levels import LEVELS, is_handler_setting, is_level_setting, set_level
 from ddpify.analysis.multinode import launched_by_torchrun
 from ddpify.analysis.options import option_defaults
-from ddpify.analysis.project import sibling_launchers
+from ddpify.analysis.project import MAIN_GUARD, sibling_launchers
 from ddpify.analysis.rank import RANK_TEXT, mentions_rank, rank_analysis
 from ddpify.analysis.training import StepAnalysis, step_analysis
 
@@ -366,10 +366,9 @@ class FileContext:
         Proven by a handler (`basicConfig`, `addHandler`, a `dictConfig`) and levels the code
         states plainly (`basicConfig(level=logging.INFO)`, `setLevel("DEBUG")`, a helper's
         parameter every caller fills with one, a `--log-level` option's default; Hydra's
-        `@hydra.main` sets INFO), set by code
-        every rank runs (here, in a module it imports, or in a program that imports it). A
-        level the code does not state (`setLevel(cfg.log_level)`, a parameter filled from a
-        config) or set under a test of the rank leaves it unproven."""
+        `@hydra.main` sets INFO), set by code every rank runs (here, in a module it imports, or
+        in a program that imports it). A level the code does not state (`setLevel(cfg.log_level)`,
+        a parameter filled from a config) or set under a test of the rank leaves it unproven."""
         sites = [(self._rank, self.index, ci) for ci in self.calls]
         sites += [(rank_analysis(index), index, ci) for index in self._importers for ci in index.calls]
         hydra = any(ci.is_("hydra.main") for _, _, ci in sites)
@@ -582,12 +581,9 @@ def _one_process(index: FileIndex) -> bool:
     return index.cached("one_process", lambda i: not _DISTRIBUTED_HINT.search(i.module.code))
 
 
-_MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']""", re.MULTILINE)
-
-
 def _is_script(index: FileIndex) -> bool:
     """A file run as a program (`if __name__ == "__main__":`)."""
-    return index.cached("is_script", lambda i: bool(_MAIN_GUARD.search(i.module.code)))
+    return index.cached("is_script", lambda i: bool(MAIN_GUARD.search(i.module.code)))
 
 
 def _splits_stdout(index: FileIndex) -> bool:
