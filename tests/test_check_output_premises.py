@@ -568,3 +568,59 @@ def test_a_one_machine_spawning_program_with_a_switch(tmp_path: Path) -> None:
     workers is not a torchrun rank's (DDP123 silent)."""
     (tmp_path / "train.py").write_text(SPAWNING)
     assert [c for c in _codes(tmp_path / "train.py") if c.split()[1] in ("DDP306", "DDP204", "DDP120", "DDP123")] == []
+
+
+def test_a_program_whose_group_is_switched_off_by_a_constant_runs_as_one_process(tmp_path: Path) -> None:
+    """`is_distributed, world_size = (False, 1)  # get_distrib_config()`, then `if is_distributed:
+    dist.init_process_group(...)`: nothing runs on several ranks (no DDP302, DDP105)."""
+    source = (
+        "import torch.distributed as dist\n\n\ndef main(model, batches, opt):\n"
+        "    is_distributed, world_size = ({flag}, 1)  # get_distrib_config()\n"
+        "    if is_distributed:\n        dist.init_process_group('nccl', world_size=world_size)\n"
+        "    for x in batches:\n        opt.zero_grad()\n        model(x).sum().backward()\n        opt.step()\n"
+        "        print('step')\n"
+    )
+    (tmp_path / "train.py").write_text(source.format(flag="False"))
+    assert [c for c in _codes(tmp_path / "train.py") if c.split()[1] in ("DDP302", "DDP105")] == []
+    (tmp_path / "train.py").write_text(source.format(flag="True"))
+    assert [c for c in _codes(tmp_path / "train.py") if c.split()[1] in ("DDP302", "DDP105")] == ["7 DDP105", "12 DDP302"]
+
+
+def test_a_guard_that_raises_on_a_single_gpu_off_rank0_does_not_make_the_rest_rank0s(tmp_path: Path) -> None:
+    """`if num_gpus == 1 and rank != 0: raise` is false on every rank of a multi-GPU run: the
+    training after it is every rank's, and its collective under `if num_gpus > 1:` is no hang."""
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\n\ndef train(num_gpus, rank, model, batches, opt):\n"
+        "    if num_gpus > 1:\n        dist.init_process_group('nccl', rank=rank, world_size=num_gpus)\n"
+        "    for x in batches:\n        loss = model(x).sum()\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+        "        if num_gpus > 1:\n            dist.all_reduce(loss)\n\n\n"
+        "def main(num_gpus, rank):\n    if num_gpus == 1 and rank != 0:\n        raise RuntimeError('one GPU, rank > 0')\n"
+        "    train(num_gpus, rank, None, [], None)\n"
+    )
+    assert [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP116")] == []
+
+
+def test_a_parameter_every_caller_fills_with_a_rank0_test_is_a_rank0_flag(tmp_path: Path) -> None:
+    """`print_variables(model, log=dist.get_rank() == 0)`, then `if log: print(...)`: rank 0's."""
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\n\n\ndef print_variables(model, log):\n    for name, p in model.named_parameters():\n"
+        "        if log:\n            print(name, p.shape)\n\n\ndef main(model, batches, opt):\n    dist.init_process_group('gloo')\n"
+        "    print_variables(model, log=dist.get_rank() == 0)\n    for x in batches:\n        opt.zero_grad()\n"
+        "        model(x).sum().backward()\n        opt.step()\n    dist.destroy_process_group()\n"
+    )
+    assert [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP302")] == []
+
+
+def test_set_epoch_for_the_next_epoch_at_the_end_of_the_loop(tmp_path: Path) -> None:
+    """`sampler.set_epoch(epoch + 1)` after the epoch's training sets the coming epoch's order."""
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n\n"
+        "def main(model, ds, opt):\n    dist.init_process_group('gloo')\n    sampler = DistributedSampler(ds)\n"
+        "    loader = DataLoader(ds, sampler=sampler)\n    for epoch in range(3):\n        for x in loader:\n"
+        "            opt.zero_grad()\n            model(x).sum().backward()\n            opt.step()\n"
+        "        sampler.set_epoch({arg})\n    dist.destroy_process_group()\n"
+    )
+    (tmp_path / "train.py").write_text((tmp_path / "train.py").read_text().replace("{arg}", "epoch + 1"))
+    assert [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP113")] == []
+    (tmp_path / "train.py").write_text((tmp_path / "train.py").read_text().replace("epoch + 1", "epoch"))
+    assert [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP113")] == ["14 DDP113"]

@@ -12,7 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes
-from ddpify.analysis.literals import string_value
+from ddpify.analysis.literals import int_value, string_value
 from ddpify.analysis.names import INIT_PROCESS_GROUP, SPAWN
 
 FUNCTION, LOOP = "function", "loop"  # how far an ending statement sends control
@@ -316,6 +316,23 @@ class Flow:
             sides[name] = found.pop() if len(found) == 1 else 0
         return sides[name]
 
+    def dead(self, node: cst.CSTNode) -> bool:
+        """Is `node` in the body of an `if` whose flag the function binds only to false constants
+        (`is_distributed, world_size = (False, 1)  # get_distrib_config()`, then `if is_distributed:`)?"""
+        child = node
+        for p in self.index.ancestors(node):
+            if isinstance(p, cst.If) and child is p.body and isinstance(p.test, cst.Name):
+                func = self.index.enclosing_func(p)
+                if func is not None and p.test.value in self.index.param_names(func):
+                    return False  # the callers decide
+                values = _values_bound(func or self.index.root_of(p), p.test.value)
+                if values and all(_false_constant(v) for v in values):
+                    return True
+            if isinstance(p, _SCOPES):
+                return False
+            child = p
+        return False
+
     def true_without_group(self, test: cst.BaseExpression) -> bool:
         """Is the test true only in a run without a process group (`not args.distributed`, `world_size
         == 1`, `not cfg.multi_gpu` where the program spawns its workers under `if cfg.multi_gpu:`)?"""
@@ -347,6 +364,39 @@ class Flow:
                             found.add(dotted_name(test.expression))
             self._off_flags = frozenset(found - {None})
         return self._off_flags
+
+
+def _false_constant(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value in ("False", "None") or isinstance(value, cst.Integer) and int_value(value) == 0
+
+
+def _values_bound(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
+    """The values `name` is given in this scope (not in nested ones): `name = v`, and `a, name =
+    (x, v)` element by element; a value that cannot be read (`a, name = f()`) is the call itself."""
+    found: list[cst.BaseExpression] = []
+
+    class _Bindings(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is scope
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for t in node.targets:
+                if isinstance(t.target, cst.Name) and t.target.value == name:
+                    found.append(node.value)
+                elif isinstance(t.target, (cst.Tuple, cst.List)):
+                    names = [e.value for e in t.target.elements]
+                    for i, target in enumerate(names):
+                        if isinstance(target, cst.Name) and target.value == name:
+                            value = node.value
+                            same = isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(names)
+                            found.append(value.elements[i].value if same else value)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Name) and node.target.value == name:
+                found.append(node.value)
+
+    scope.visit(_Bindings())
+    return found
 
 
 def group_switches(index: FileIndex) -> frozenset[str]:

@@ -215,18 +215,35 @@ class RankAnalysis:
                 for b in self.rank_flags:
                     if b.dotted == name:
                         return self.rank_test(b.value)
+                if isinstance(e, cst.Name):
+                    return self._passed_test(e)
             finally:
                 self._resolving.discard(name)
         return 0
 
+    def _passed_test(self, e: cst.Name) -> int:
+        """A parameter every caller fills with the same kind of rank test (`print_variables(model,
+        log=dist.get_rank() == 0)`, then `if log:`)."""
+        func = self.index.enclosing_func(e)
+        if func is None or e.value not in self.index.param_names(func):
+            return 0
+        tests = set()
+        for site in self.index.call_sites(func):
+            given = [a for i, a in enumerate(site.node.args) if self.index.param_for(func, i, a) == e.value]
+            tests.add(self.rank_test(given[0].value) if given else 0)
+        return tests.pop() if len(tests) == 1 else 0
+
     def false_only_on_rank0(self, e: cst.BaseExpression) -> bool:
         """Is the test false on rank 0 only, so its `else` is rank 0's? `rank != 0`, and an `or`
         with such a part (`use_dummy = args.run == "dummy" or not master_process`, then
-        `DummyWandb() if use_dummy else wandb.init()`): both parts false means rank 0."""
+        `DummyWandb() if use_dummy else wandb.init()`): both parts false means rank 0. Not `if
+        num_gpus == 1 and rank != 0: raise`: it is false on every rank when several GPUs run."""
+        if isinstance(e, cst.BooleanOperation):
+            if isinstance(e.operator, cst.And):  # false when either part is: both must be false on rank 0 only
+                return self.false_only_on_rank0(e.left) and self.false_only_on_rank0(e.right)
+            return self.false_only_on_rank0(e.left) or self.false_only_on_rank0(e.right)
         if self.rank_test(e) == -1:
             return True
-        if isinstance(e, cst.BooleanOperation) and isinstance(e.operator, cst.Or):
-            return self.false_only_on_rank0(e.left) or self.false_only_on_rank0(e.right)
         name = dotted_name(e) if isinstance(e, (cst.Name, cst.Attribute)) else None
         if name is None or name in self._resolving:
             return False

@@ -196,7 +196,12 @@ class FileContext:
             remote = self.remote_call_sites(func)
             local = self.call_sites(func)
             found[func] = False  # (a call from itself, while this is worked out)
-            found[func] = (not local and not remote and not _referenced(self, func)) or (
+            named = self._named_by_importers(func)
+            if named and not remote:
+                found[func] = False  # an importer names it where no call of it is seen (a re-export, a callback)
+                return False
+            idle = not local and not remote and not _referenced(self, func) and not named
+            found[func] = idle or (
                 bool(local or remote)
                 and all(self.in_rank0(s.node) or s.func is not None and self.rank0_or_idle(s.node) for s in local)
                 and all(rank_analysis(index).in_rank0(ci.node) or _one_process(index) for index, ci in remote)
@@ -218,10 +223,20 @@ class FileContext:
             found[func] = bool(sites) and not handed_on and all(_in_launcher(index, site) for index, site in sites)
         return found[func]
 
+    def _named_by_importers(self, func: Func) -> bool:
+        """Does a file that imports this one name the function (`mp.spawn(mpu.run, ...)`,
+        `hooks = [utils.enable]`)? Then "nothing calls it" is not known."""
+        name = func.name.value
+        return any(
+            name in _names_used(index) or any(name.startswith(p) for p in _name_prefixes(index)) for index in self._importers
+        )  # (`getattr(common_utils, "init_dist_%s" % launcher)`: a name built at run time)
+
     def remote_call_sites(self, func: Func) -> list[tuple[FileIndex, CallInfo]]:
         """The calls of this file's module-level function in the programs that import it
         (`checkpoint_utils.torch_persistent_save(...)` in trainer.py), with their file's index."""
-        own = {f"{Path(self.path).stem}.{n}" for n in self.index.qnames(func.name)}  # `torch_utils.profile`
+        path = Path(self.path)
+        stem = path.parent.name if path.name == "__init__.py" else path.stem  # a package's own functions
+        own = {f"{stem}.{n}" for n in self.index.qnames(func.name)}  # `torch_utils.profile`
         return [
             (index, ci) for index in self._importers for ci in index.calls
             if any(q in own or any(q.endswith("." + n) for n in own) for q in ci.qnames)
@@ -317,6 +332,14 @@ class FileContext:
                 if b.dotted == "sys.stdout" and b._node is not None and not rank.in_rank0(b._node) and rank.under_rank_test(b._node):
                     return True
         return False
+
+    @cached_property
+    def group_never_started(self) -> bool:
+        """Does every `init_process_group` of the program sit under a flag it binds only to a
+        false constant (`is_distributed, world_size = (False, 1)  # get_distrib_config()`, then
+        `if is_distributed: dist.init_process_group(...)`)? Then it always runs as one process."""
+        inits = [(index, ci) for index in (self.index, *self._importers) for ci in index.calls_to(*INIT_PROCESS_GROUP)]
+        return bool(inits) and all(flow(index).dead(ci.node) for index, ci in inits)
 
     @cached_property
     def stdout_redirected(self) -> bool:
@@ -579,6 +602,34 @@ def _one_process(index: FileIndex) -> bool:
     """An importer with no sign of a distributed run anywhere in its text (an inference or
     export script): what it calls runs in one process."""
     return index.cached("one_process", lambda i: not _DISTRIBUTED_HINT.search(i.module.code))
+
+
+def _names_used(index: FileIndex) -> frozenset[str]:
+    """Every name and attribute name the file's main module reads (an import alone is no use)."""
+    def names(i: FileIndex) -> frozenset[str]:
+        imported = {id(n) for imp in iter_nodes(i.module) if isinstance(imp, (cst.Import, cst.ImportFrom)) for n in iter_nodes(imp)}
+        return frozenset(
+            n.value if isinstance(n, cst.Name) else n.attr.value
+            for n in iter_nodes(i.module) if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in imported
+        )  # fmt: skip
+
+    return index.cached("names_used", names)
+
+
+def _name_prefixes(index: FileIndex) -> frozenset[str]:
+    """The fixed start of each formatted string of the file that looks like a name (`"init_dist_%s"`)."""
+    def prefixes(i: FileIndex) -> frozenset[str]:
+        found = set()
+        for n in iter_nodes(i.module):
+            value = string_value(n) if isinstance(n, cst.SimpleString) else None
+            head = re.split(r"%|\{", value)[0] if value and ("%" in value or "{" in value) else ""
+            if isinstance(n, cst.FormattedString) and len(n.parts) > 1 and isinstance(n.parts[0], cst.FormattedStringText):
+                head = n.parts[0].value  # f"init_dist_{launcher}"
+            if len(head) >= 4 and head.isidentifier():
+                found.add(head)
+        return frozenset(found)
+
+    return index.cached("name_prefixes", prefixes)
 
 
 def _is_script(index: FileIndex) -> bool:

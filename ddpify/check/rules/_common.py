@@ -21,10 +21,11 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
     """A side effect that runs on every rank (not rank-0-only, not under another test of the rank
     (`if rank == 0 or cfg.log_all_ranks:`: every rank only when asked), not tagged with the rank,
     not in the branch a one-process run takes, not in a helper the program calls only on rank 0
-    or never)."""
+    or never, nor only in the launcher process before it spawns the workers, nor in a program
+    whose every `init_process_group` is switched off by a constant)."""
     return (
         not ctx.under_rank_test(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
-        and not ctx.rank0_or_idle(call) and not ctx.launcher_only(call)
+        and not ctx.rank0_or_idle(call) and not ctx.launcher_only(call) and not ctx.group_never_started
     )  # fmt: skip
 
 

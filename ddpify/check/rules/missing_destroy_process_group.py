@@ -50,5 +50,5 @@ class MissingDestroyProcessGroup(Rule):
         ):
             return
         for ci in ctx.calls_to(*N.INIT_PROCESS_GROUP):
-            if not ctx.rank0_or_idle(ci.node):  # (a helper nothing in the program calls starts no group)
+            if not ctx.rank0_or_idle(ci.node) and not ctx.group_never_started:  # (nor a helper nothing calls, nor dead code)
                 yield Report(ci.node)

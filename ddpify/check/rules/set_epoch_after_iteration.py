@@ -1,4 +1,6 @@
+import libcst as cst
 
+from ddpify.analysis.literals import int_value
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import trains
 
@@ -55,8 +57,8 @@ class SetEpochAfterIteration(Rule):
 
     def check(self, ctx):
         for ci in ctx.method_calls("set_epoch"):
-            if not ci.loops:
-                continue
+            if not ci.loops or _next_epoch(ci.node):
+                continue  # (`set_epoch(epoch + 1)` after the epoch: the next one's order, set ahead)
             loop = ci.loops[-1]
             stmt = ci.node
             for a in ctx.ancestors(ci.node):
@@ -69,3 +71,9 @@ class SetEpochAfterIteration(Rule):
                 continue
             if any(self._statement_trains(ctx, s) for s in body[: body.index(stmt)]):
                 yield Report(ci.node)
+
+
+def _next_epoch(call) -> bool:
+    """`sampler.set_epoch(epoch + 1)`: the order of the coming epoch."""
+    arg = call.args[0].value if call.args else None
+    return isinstance(arg, cst.BinaryOperation) and isinstance(arg.operator, cst.Add) and int_value(arg.right) == 1
