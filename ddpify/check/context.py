@@ -224,12 +224,23 @@ class FileContext:
         return found[func]
 
     def _named_by_importers(self, func: Func) -> bool:
-        """Does a file that imports this one name the function (`mp.spawn(mpu.run, ...)`,
-        `hooks = [utils.enable]`)? Then "nothing calls it" is not known."""
+        """Does a file that imports this one name the function other than in its imports
+        (`mp.spawn(mpu.run, ...)`, a call through a package that re-exports it, `getattr(utils,
+        "init_dist_%s" % launcher)`)? Then "nothing calls it" is not known. A name that resolves to
+        another module's function (`thop.profile`) is not it."""
         name = func.name.value
-        return any(
-            name in _names_used(index) or any(name.startswith(p) for p in _name_prefixes(index)) for index in self._importers
-        )  # (`getattr(common_utils, "init_dist_%s" % launcher)`: a name built at run time)
+        path = Path(self.path).with_suffix("")
+        owners = set(path.parts[-4:])  # the file's stem and the packages above it
+        for index in self._importers:
+            if any(name.startswith(p) for p in _name_prefixes(index)):
+                return True
+            for node in _names_used(index).get(name, ()):
+                found = index.qnames(node)
+                if any(q.rpartition(".")[0].rpartition(".")[2] in owners for q in found):
+                    return True
+                if not found and isinstance(node, cst.Attribute):
+                    return True  # `mpu.run` on a module the analysis did not resolve
+        return False
 
     def remote_call_sites(self, func: Func) -> list[tuple[FileIndex, CallInfo]]:
         """The calls of this file's module-level function in the programs that import it
@@ -604,14 +615,16 @@ def _one_process(index: FileIndex) -> bool:
     return index.cached("one_process", lambda i: not _DISTRIBUTED_HINT.search(i.module.code))
 
 
-def _names_used(index: FileIndex) -> frozenset[str]:
-    """Every name and attribute name the file's main module reads (an import alone is no use)."""
-    def names(i: FileIndex) -> frozenset[str]:
+def _names_used(index: FileIndex) -> dict[str, list[cst.CSTNode]]:
+    """The names and attribute chains the file's main module reads, by their last name (an import
+    alone is no use)."""
+    def names(i: FileIndex) -> dict[str, list[cst.CSTNode]]:
         imported = {id(n) for imp in iter_nodes(i.module) if isinstance(imp, (cst.Import, cst.ImportFrom)) for n in iter_nodes(imp)}
-        return frozenset(
-            n.value if isinstance(n, cst.Name) else n.attr.value
-            for n in iter_nodes(i.module) if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in imported
-        )  # fmt: skip
+        found: dict[str, list[cst.CSTNode]] = {}
+        for n in iter_nodes(i.module):
+            if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in imported:
+                found.setdefault(n.value if isinstance(n, cst.Name) else n.attr.value, []).append(n)
+        return found
 
     return index.cached("names_used", names)
 
