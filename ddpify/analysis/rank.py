@@ -388,13 +388,14 @@ class RankAnalysis:
         return False
 
     def _rank_exit(self, block: cst.CSTNode) -> int:
-        """Index of the first `if <test of the rank>: return` (or `raise`, `continue`, ...) in a block."""
+        """Index of the first `if <test true only on or only off rank 0>: return` (or `raise`,
+        `continue`, ...) in a block (not `if args.gpu and not cuda: raise`: a GPU flag, no rank test)."""
         found = self._exit_index.get(block)
         if found is None:
             paths = flow(self.index)
             found = next(
                 (i for i, stmt in enumerate(block.body)
-                 if isinstance(stmt, cst.If) and stmt.orelse is None and self.reads_rank(stmt.test) and paths.block_ends(stmt.body)),
+                 if isinstance(stmt, cst.If) and stmt.orelse is None and self.rank_test(stmt.test) and paths.block_ends(stmt.body)),
                 1 << 30,
             )  # fmt: skip
             self._exit_index[block] = found
