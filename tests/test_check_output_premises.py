@@ -6,13 +6,12 @@ a helper of a script that nothing calls runs on no rank."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from ddpify.check.rule import select_rules
-from ddpify.check.runner import check_paths
+from check_projects import codes as _codes
+from check_projects import write_files as _write
 
 LOOP = """\
     dist.init_process_group("gloo")
@@ -35,15 +34,6 @@ logging.basicConfig(level=args.log_level)
 """
 
 
-def _codes(path: Path, select: str | None = None) -> list[str]:
-    [result] = check_paths([(path, frozenset(select_rules(select)))], jobs=1)
-    return [f"{f.line} {f.code}" for f in result.findings]
-
-
-def _write(folder: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(textwrap.dedent(text))
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,11 @@ own `setup.py` module is not the project's root)."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 from ddpify.analysis.project import find_project
-from ddpify.check.rule import select_rules
-from ddpify.check.runner import check_paths
+from check_projects import codes as _codes
+from check_projects import write_files as _write
 
 TRAIN = """\
 import torch.distributed as dist
@@ -36,15 +35,6 @@ def show(net):
 """
 
 
-def _codes(path: Path) -> list[str]:
-    [result] = check_paths([(path, frozenset(select_rules(None)))], jobs=1)
-    return [f"{f.line} {f.code}" for f in result.findings]
-
-
-def _write(folder: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(textwrap.dedent(text))
 
 
 def test_a_helper_the_program_calls_on_rank0_only_prints_once(tmp_path: Path) -> None:

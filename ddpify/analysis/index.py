@@ -843,6 +843,19 @@ class FileIndex:
             params = params[1:]
         return params[index].name.value if index < len(params) else None
 
+    def argument_for(self, func: Func, site: CallInfo, name: str) -> Optional[tuple[cst.BaseExpression, Optional[Func]]]:
+        """What a call of `func` gives its parameter `name`, with the function whose names that
+        expression reads: the argument (read in the caller) or the default (module level); None
+        when the call passes `*args`/`**kwargs` or the parameter has no default."""
+        for i, arg in enumerate(site.node.args):
+            if not arg.star and self.param_for(func, i, arg) == name:
+                return arg.value, site.func
+        if any(arg.star for arg in site.node.args):
+            return None
+        params = (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)
+        default = next((p.default for p in params if p.name.value == name), None)
+        return (default, None) if default is not None else None
+
     def is_bound(self, expr: cst.CSTNode, bindings: list[Binding]) -> bool:
         """Does ``expr`` (a name or ``self.attr``) hold a value of ``bindings`` where it is read?"""
         name = dotted_name(expr)

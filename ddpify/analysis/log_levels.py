@@ -64,29 +64,14 @@ def level_of(
         for b in index.assignments
         if b.dotted == value.value and (b.func is func or b.func is None)
     }
-    if func is not None and value.value in _param_names(func):
+    if func is not None and value.value in index.param_names(func):
         found |= {_passed_level(index, func, site, value.value, options, depth) for site in index.call_sites(func)} or {None}
     return found.pop() if len(found) == 1 else None
-
-
-def _param_names(func: Func) -> list[str]:
-    return [p.name.value for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)]
 
 
 def _passed_level(
     index: FileIndex, func: Func, site: CallInfo, name: str, options: Mapping[str, cst.BaseExpression], depth: int
 ) -> Optional[int]:
     """The level a call site hands the parameter `name` (its default when it passes none)."""
-    names = _param_names(func)
-    if names and names[0] in ("self", "cls") and isinstance(site.node.func, cst.Attribute):
-        names = names[1:]
-    given = kwarg(site.node, name)
-    positional = [a for a in site.node.args if a.keyword is None]
-    if given is None and any(a.star for a in site.node.args):
-        return None  # `*args` / `**kwargs`: not read
-    if given is None and name in names and names.index(name) < len(positional):
-        given = positional[names.index(name)]
-    if given is not None:
-        return level_of(index, given.value, site.func, options, depth + 1)
-    default = next((p.default for p in (*func.params.params, *func.params.kwonly_params) if p.name.value == name), None)
-    return None if default is None else level_of(index, default, None, options, depth + 1)
+    given = index.argument_for(func, site, name)
+    return None if given is None else level_of(index, given[0], given[1], options, depth + 1)

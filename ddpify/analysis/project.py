@@ -185,7 +185,7 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
                 todo.append(path)
     # and what the importers import besides (the trainer beside the loader module, both imported by
     # main.py): the scripts' imports first (`if __name__ == "__main__":`), then the library's
-    scripts = [p for p in found if MAIN_GUARD.search(texts.get(p, ""))]
+    scripts = [p for p in found if _MAIN_GUARD.search(texts.get(p, ""))]
     for todo in (scripts, [p for p in found if p not in scripts]):
         while todo and len(found) < MAX_IMPORTED_BY_IMPORTERS:  # the nearest first, as find_project's limit
             path = todo.pop(0)
@@ -202,7 +202,7 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
     return found
 
 
-MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']""", re.MULTILINE)  # a file run as a program
+_MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']""", re.MULTILINE)  # a file run as a program
 
 
 def sibling_launchers(target: Path, read=None) -> list[cst.Module]:

@@ -229,8 +229,8 @@ class RankAnalysis:
             return 0
         tests = set()
         for site in self.index.call_sites(func):
-            given = [a for i, a in enumerate(site.node.args) if self.index.param_for(func, i, a) == e.value]
-            tests.add(self.rank_test(given[0].value) if given else 0)
+            given = self.index.argument_for(func, site, e.value)
+            tests.add(self.rank_test(given[0]) if given is not None else 0)
         return tests.pop() if len(tests) == 1 else 0
 
     def false_only_on_rank0(self, e: cst.BaseExpression) -> bool:

@@ -53,7 +53,7 @@ from ddpify.analysis.flow import flow, group_switches
 from ddpify.analysis.log_levels import LEVELS, is_handler_setting, is_level_setting, set_level
 from ddpify.analysis.multinode import launched_by_torchrun
 from ddpify.analysis.options import option_defaults
-from ddpify.analysis.project import MAIN_GUARD, sibling_launchers
+from ddpify.analysis.project import sibling_launchers
 from ddpify.analysis.rank import RANK_TEXT, mentions_rank, rank_analysis
 from ddpify.analysis.training import StepAnalysis, step_analysis
 
@@ -137,6 +137,11 @@ class FileContext:
         return [index_of(m) for m in self.project.importers] if self.project is not None else []
 
     @property
+    def is_script(self) -> bool:
+        """Is this file run as a program (`if __name__ == "__main__":`)?"""
+        return _is_script(self.index)
+
+    @property
     def has_importers(self) -> bool:
         """Does a file of the project import this one (its callers are in sight)?"""
         return bool(self._importers)
@@ -189,7 +194,7 @@ class FileContext:
         func = self.enclosing_func(node)
         if func is None or not isinstance(self.parent(func), cst.Module):
             return False
-        if not self.has_importers and not _is_script(self.index):
+        if not self.has_importers and not self.is_script:
             return False  # a library module whose callers are out of sight
         found = self.__dict__.setdefault("_rank0_or_idle", {})
         if func not in found:
@@ -646,8 +651,8 @@ def _name_prefixes(index: FileIndex) -> frozenset[str]:
 
 
 def _is_script(index: FileIndex) -> bool:
-    """A file run as a program (`if __name__ == "__main__":`)."""
-    return index.cached("is_script", lambda i: bool(MAIN_GUARD.search(i.module.code)))
+    """A file run as a program (an `if __name__ == "__main__":` block at its top level)."""
+    return any(isinstance(stmt, cst.If) and "__main__" in index.code(stmt.test) for stmt in index.module.body)
 
 
 def _splits_stdout(index: FileIndex) -> bool:

@@ -178,7 +178,7 @@ def library_code(ctx: FileContext, node: cst.CSTNode, setup_helper: bool = False
     the device, is decided by the caller, which this file cannot see. A function that trains
     (DDP, backward) or starts the process group is an entry, not a helper; with
     ``setup_helper`` a function whose job is to start the group (`init_distributed()`) is one."""
-    if _has_main_block(ctx):
+    if ctx.is_script:
         return False
     outer_func = outer_class = None
     for p in ctx.ancestors(node):
@@ -200,13 +200,6 @@ def _trains_itself(ctx: FileContext, func: cst.FunctionDef, setup_helper: bool =
     marks = N.DDP_CLASSES if setup_helper else N.DDP_CLASSES | N.INIT_PROCESS_GROUP
     for ci in ctx.calls:
         if (ci.qnames & marks or ci.name == "backward") and func in ctx.ancestors(ci.node):
-            return True
-    return False
-
-
-def _has_main_block(ctx: FileContext) -> bool:
-    for stmt in ctx.module.body:
-        if isinstance(stmt, cst.If) and "__main__" in ctx.code(stmt.test):
             return True
     return False
 
