@@ -180,7 +180,7 @@ def measure(root: Path, projects: list[dict[str, str]], labels: dict, ddpify_dir
             result.lines.append(f"{project['repo']} {finding['path']}:{finding['line']}:{finding['column']} "
                                 f"{finding['code']} [{verdict}] {finding['message']}")
             if not label:
-                result.unlabelled.append([*key, "?", finding["message"]])
+                result.unlabelled.append([*key, "?", " ".join(finding["message"].split())])  # one row each
     return result
 
 
@@ -216,8 +216,11 @@ def main() -> int:
     if args.verbose:
         print("\n".join(result.lines))
     if args.write_unlabelled and result.unlabelled:
+        new_file = not args.write_unlabelled.exists() or not args.write_unlabelled.stat().st_size
         with args.write_unlabelled.open("a", newline="") as handle:
             writer = csv.writer(handle, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\")
+            if new_file:
+                writer.writerow(["repo", "path", "line", "code", "verdict", "reason"])
             writer.writerows(result.unlabelled)
     if args.prune:
         measured = {p["repo"] for p in projects}
