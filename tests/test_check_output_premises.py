@@ -187,7 +187,7 @@ import torch
 import torch.distributed as dist
 
 
-def load_old(path):
+def load_old_checkpoint(path):
     return torch.load(path)
 
 
@@ -195,7 +195,7 @@ def main():
     dist.init_process_group("nccl")
     local_rank = int(os.environ["LOCAL_RANK"])
     state = torch.load("last.pt", map_location=f"cuda:{local_rank}")
-    # load_old("old.pt")
+    # load_old_checkpoint("old.pt")
     dist.destroy_process_group()
 
 
@@ -208,7 +208,7 @@ if __name__ == "__main__":
 def test_a_helper_of_a_script_that_nothing_calls_runs_on_no_rank(tmp_path: Path, called: bool) -> None:
     """A script nothing imports is its whole program: its helper whose only call is commented out
     runs nowhere (DDP109 silent); called from `main()`, it runs on every rank."""
-    source = SCRIPT_WITH_IDLE_HELPER.replace("# load_old", "load_old") if called else SCRIPT_WITH_IDLE_HELPER
+    source = SCRIPT_WITH_IDLE_HELPER.replace("# load_old_checkpoint", "load_old_checkpoint") if called else SCRIPT_WITH_IDLE_HELPER
     (tmp_path / "train.py").write_text(source)
     assert [c for c in _codes(tmp_path / "train.py", "DDP109") if c.endswith("DDP109")] == (["8 DDP109"] if called else [])
 

@@ -27,7 +27,10 @@ DISTRIBUTED_TEST = re.compile(
     re.IGNORECASE,
 )
 _AVAILABLE = re.compile(r"^[\w.]*is_available\(\)$")  # `dist.is_available()`: true wherever a group can be
-_SINGLE_TEST = re.compile(r"(world_size\s*(==|<=)\s*1|local_rank\s*==\s*-1|\brank\s*==\s*-1)", re.IGNORECASE)
+_SINGLE_TEST = re.compile(
+    r"((world|group|comm)_size\s*((==|<=)\s*1|<\s*2)\b|num_gpus\s*((==|<=)\s*1|<\s*2)\b|local_rank\s*==\s*-1|\brank\s*==\s*-1)",
+    re.IGNORECASE,
+)
 
 
 class Flow:
@@ -298,11 +301,11 @@ class Flow:
     def group_switches(self) -> frozenset[str]:
         """The flags under which the program starts its process group (`if cfg.MODEL.DIST_TRAIN:
         dist.init_process_group(...)`): here, in the modules this file imports, and in the
-        programs that import it (`index.importer_switches`, set by the caller who reads them)."""
+        programs that import it (`index.importers`)."""
         found = self.__dict__.get("_switches")
         if found is None:
             found = set(group_switches(self.index))
-            found |= set(self.index.__dict__.get("importer_switches", lambda: ())())
+            found = found.union(*map(group_switches, self.index.importers()))
             found = self.__dict__["_switches"] = frozenset(found)
         return found
 
@@ -341,7 +344,7 @@ class Flow:
     def mode_test(self, test: cst.BaseExpression) -> bool:
         """Does the test ask about the run's mode, the same answer on every rank (`if
         local_rank != -1:`, `if args.rank is not None:`, `if args.distributed:`)?"""
-        if self._test_side(test) or _presence_only(test):
+        if self._test_side(test) or _presence_only(test) or _against_strings(test):
             return True
         return bool(_MODE_COMPARISON.search(self.index.code(test)))
 
@@ -451,6 +454,20 @@ def env_presence(node: cst.CSTNode) -> bool:
         and isinstance(node.comparisons[0].operator, (cst.In, cst.NotIn))
         and string_value(node.left) is not None and dotted_name(node.comparisons[0].comparator) in ("os.environ", "environ")
     )  # fmt: skip
+
+
+def _against_strings(test: cst.BaseExpression) -> bool:
+    """`rank not in ("cpu", "cuda")`, `device == "cpu"`: a rank is a number; a value compared with
+    strings only is the run's mode (one process on "cpu"/"cuda", or a spawned worker), the same on
+    every rank."""
+    if not isinstance(test, cst.Comparison):
+        return False
+    for comp in test.comparisons:
+        right = comp.comparator
+        items = [el.value for el in right.elements] if isinstance(right, (cst.Tuple, cst.List, cst.Set)) else [right]
+        if not items or not all(isinstance(i, (cst.SimpleString, cst.ConcatenatedString)) for i in items):
+            return False
+    return True
 
 
 def _presence_only(test: cst.BaseExpression) -> bool:

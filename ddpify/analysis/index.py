@@ -22,7 +22,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from collections import OrderedDict
-from typing import Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import libcst as cst
 
@@ -237,6 +237,9 @@ class FileIndex:
         self.imported_modules: list[str] = []  # every module and name imported, dotted
         self.own_imports: list[str] = []  # those the module itself imports (not the project modules walked with it)
         self.reads_rank_env = False  # a "LOCAL_RANK"/"WORLD_SIZE" string
+        # the indexes of the files that import this one (their programs call its functions and build
+        # its classes), found lazily by whoever knows the project (the checker); none by default
+        self.importers: Callable[[], Sequence["FileIndex"]] = tuple
         # scope -> name -> bindings ((_IMPORT, real name) or (_LOCAL, None))
         self._bindings: dict[cst.CSTNode, dict[str, list[tuple[int, Optional[str]]]]] = {module: {}}
         self._globals: dict[cst.CSTNode, set[str]] = {}
@@ -889,9 +892,20 @@ class FileIndex:
                     continue  # the constructor runs before the other methods (unless it calls this one first)
                 # a method only called before the wrapping (e.g. loading a snapshot in __init__)
                 sites = self.call_sites(func) if func is not None else []
-                if not (sites and all(s.func is b.func and self.line(s.node) < b.line for s in sites)):
+                if not (sites and all(self._before_wrap(s, b) for s in sites)):
                     return True
         return False
+
+    def _before_wrap(self, site: "CallInfo", wrap: Binding) -> bool:
+        """Does this call of a method run before the binding: earlier in the binding's own method,
+        or in the constructor before its call of that method (`self.load_checkpoint()` then
+        `self._setup_ddp()` in `__init__`)?"""
+        if site.func is wrap.func:
+            return self.line(site.node) < wrap.line
+        return (
+            site.func is not None and site.func.name.value == "__init__"
+            and any(w.func is site.func and self.line(w.node) > self.line(site.node) for w in self.call_sites(wrap.func))
+        )  # fmt: skip
 
     def _unwrapped_between(self, name: str, func: Optional[Func], after: int, before: int) -> bool:
         """Is `name` bound to its own wrapped module (`model = model.module`, often under `if

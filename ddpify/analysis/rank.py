@@ -68,8 +68,15 @@ class RankAnalysis:
             return self.is_rank_expr(e.left)
         n = last_name(e) if isinstance(e, (cst.Name, cst.Attribute)) else None
         if n is not None and (RANK_WORD.search(n) or n.lower() in RANK_NAMES):
-            return True
+            return not (isinstance(e, cst.Name) and self._presence_flag(e.value))
         return isinstance(e, cst.Name) and self._bound_to_rank(e.value)
+
+    def _presence_flag(self, name: str) -> bool:
+        """`has_local_rank = hasattr(params, "local_rank")`: a name the file binds only to whether
+        something exists (`hasattr`, `isinstance`, `"LOCAL_RANK" in os.environ`, a bool), the same
+        on every rank, whatever its name says."""
+        values = [b.value for b in self.index.assignments if b.dotted == name]
+        return bool(values) and all(_presence_value(v) for v in values)
 
     def _bound_to_rank(self, name: str) -> bool:
         """`me = dist.get_rank()` (or `me, world = dist.get_rank(), ...`): a name the file binds to
@@ -173,7 +180,7 @@ class RankAnalysis:
             if int_value(left) is not None and isinstance(op, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)):
                 left, right = right, left
             if not self.is_rank_expr(left):
-                return 0
+                return 1 if isinstance(op, cst.Equal) and self._field_equals_value(left, right) else 0
             v = int_value(right)
             if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
                 values = {int_value(el.value) for el in right.elements}
@@ -207,6 +214,8 @@ class RankAnalysis:
                 return 1
             if isinstance(e, cst.Attribute) and n in self.rank0_fields:
                 return 1  # `params.log_to_screen` after `params["log_to_screen"] = rank == 0 and ...`
+            if isinstance(e, cst.Attribute) and self._rank0_attribute(e):
+                return 1
             name = dotted_name(e)
             if name in self._resolving:  # `flag = flag and x`: a flag bound from itself
                 return 0
@@ -216,7 +225,7 @@ class RankAnalysis:
                     if b.dotted == name:
                         return self.rank_test(b.value)
                 if isinstance(e, cst.Name):
-                    return self._passed_test(e)
+                    return self._passed_test(e) or self._returned_test(e)
             finally:
                 self._resolving.discard(name)
         return 0
@@ -232,6 +241,70 @@ class RankAnalysis:
             given = self.index.argument_for(func, site, e.value)
             tests.add(self.rank_test(given[0]) if given is not None else 0)
         return tests.pop() if len(tests) == 1 else 0
+
+    def _field_equals_value(self, field: cst.BaseExpression, value: cst.BaseExpression) -> bool:
+        """`config["lr_schedule"] == "linear"`, where the field is cleared off rank 0 (`if rank != 0:
+        config["lr_schedule"] = None`): true on rank 0 alone."""
+        if isinstance(field, cst.Subscript) and len(field.slice) == 1 and isinstance(field.slice[0].slice, cst.Index):
+            key = string_value(field.slice[0].slice.value)
+        else:
+            key = field.attr.value if isinstance(field, cst.Attribute) else None
+        truthy = string_value(value) or int_value(value)
+        return bool(key and truthy) and key in self.rank0_fields
+
+    def _returned_test(self, e: cst.Name) -> int:
+        """`device, is_logger = setup(config)`, where every `return` of the project's `setup` gives
+        a rank test in that place (`return device, comm.get_local_rank() == 0`)."""
+        tests = set()
+        for call, place in self._unpacked.get(e.value, ()):
+            info = self.index.call_info.get(call)
+            for func in self.index.local_callees(info) if info is not None else ():
+                for r in iter_nodes(func.body):
+                    if isinstance(r, cst.Return) and isinstance(r.value, cst.Tuple) and place < len(r.value.elements):
+                        tests.add(self.rank_test(r.value.elements[place].value))
+                    elif isinstance(r, cst.Return):
+                        tests.add(0)
+        return tests.pop() if len(tests) == 1 else 0
+
+    @property
+    def _unpacked(self) -> dict[str, list[tuple[cst.Call, int]]]:
+        """Names bound by unpacking a call's result (`a, b = f(x)`), with the call and the place."""
+        found = self.__dict__.get("_unpacked_names")
+        if found is None:
+            found = self.__dict__["_unpacked_names"] = {}
+            for node in (n for root in self.index.roots for n in iter_nodes(root)):
+                if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+                    for t in node.targets:
+                        for place, el in enumerate(getattr(t.target, "elements", ())):
+                            if isinstance(el.value, cst.Name):
+                                found.setdefault(el.value.value, []).append((node.value, place))
+        return found
+
+    def _rank0_attribute(self, e: cst.Attribute) -> bool:
+        """`self.verbose`, where the constructor stores a parameter every construction of the
+        class fills with a rank-0 test (`Trainer(..., verbose=config.verbose and is_logger)`, here
+        or in a file that imports this one)."""
+        if not (isinstance(e.value, cst.Name) and e.value.value == "self"):
+            return False
+        cls = next((a for a in self.index.ancestors(e) if isinstance(a, cst.ClassDef)), None)
+        init = cls and next((f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
+        if init is None:
+            return False
+        stored = {b.value.value for b in self.index.assignments if b.func is init and b.dotted == dotted_name(e)
+                  and isinstance(b.value, cst.Name)}  # fmt: skip
+        param = stored.pop() if len(stored) == 1 and stored <= self.index.param_names(init) else None
+        if param is None or dotted_name(e) in self._resolving:
+            return False
+        self._resolving.add(dotted_name(e))
+        try:
+            tests = [
+                rank_analysis(index).rank_test(given[0]) if (given := index.argument_for(init, site, param)) else 0
+                for index in (self.index, *(i for i in self.index.importers() if not one_process_program(i)))
+                for site in index.calls if _builds(site, cls.name.value)
+            ]  # fmt: skip
+        finally:
+            self._resolving.discard(dotted_name(e))
+        return bool(tests) and all(t == 1 for t in tests)
 
     def false_only_on_rank0(self, e: cst.BaseExpression) -> bool:
         """Is the test false on rank 0 only, so its `else` is rank 0's? `rank != 0`, and an `or`
@@ -311,10 +384,23 @@ class RankAnalysis:
                     if key and isinstance(node.value, (cst.Comparison, cst.BooleanOperation)) and self.rank_test(node.value) == 1:
                         fields.add(key)
                     elif key and (is_false(node.value) or _is_none(node.value) or int_value(node.value) == 0):
-                        if self.under_rank_test(node) and not self.in_rank0(node):
+                        if self._off_rank0(node):
                             fields.add(key)  # cleared off rank 0
             found = self.__dict__["_rank0_fields"] = frozenset(fields)
         return found
+
+    def _off_rank0(self, node: cst.CSTNode) -> bool:
+        """In a branch only the other ranks take (`if rank != 0:`, the `else` of `if rank == 0:`),
+        not one a test of the run's mode picks (`if local_rank != -1: ... else:`)."""
+        child = node
+        for p in self.index.ancestors(node):
+            if isinstance(p, cst.If):
+                if child is p.body and self.rank_test(p.test) == -1 or child is p.orelse and self.rank_test(p.test) == 1:
+                    return True
+            elif isinstance(p, (cst.FunctionDef, cst.Lambda)):
+                return False
+            child = p
+        return False
 
     @property
     def rank_flags(self) -> list[Binding]:
@@ -471,6 +557,19 @@ def mentions_rank(index: FileIndex, call: cst.Call) -> bool:
     )  # `handler = StreamHandler(open(log_path))` with a per-rank `log_path`
 
 
+def _builds(site, class_name: str) -> bool:
+    """Is this call a construction of the class (`Trainer(...)`, `trainer.Trainer(...)`)?"""
+    return site.name == class_name and (not site.qnames or any(q.rpartition(".")[2] == class_name for q in site.qnames))
+
+
+def _presence_value(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.Name) and value.value in ("True", "False"):
+        return True
+    if isinstance(value, cst.Call) and last_name(value.func) in ("hasattr", "isinstance", "callable"):
+        return True
+    return env_presence(value)
+
+
 def _is_none(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Name) and expr.value == "None"
 
@@ -512,6 +611,17 @@ def _identifier_like(value: cst.CSTNode) -> bool:
         value, (cst.BaseString, cst.BinaryOperation, cst.Name, cst.Attribute, cst.Subscript, cst.Integer, cst.Comparison,
                 cst.BooleanOperation, cst.UnaryOperation),
     )  # fmt: skip
+
+
+_DISTRIBUTED_HINT = re.compile(
+    r"distributed|ddp|process_group|local_rank|world_size|accelerat|fabric|deepspeed|horovod|\bspawn\(|start_processes", re.I
+)  # (`set_start_method("spawn")` is how data workers start, not a sign of several ranks)
+
+
+def one_process_program(index: FileIndex) -> bool:
+    """A file with no sign of a distributed run anywhere in its text (an importer that is an
+    inference or export script): what it calls runs in one process."""
+    return index.cached("one_process", lambda i: not _DISTRIBUTED_HINT.search(i.module.code))
 
 
 def rank_analysis(index: FileIndex) -> RankAnalysis:

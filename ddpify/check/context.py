@@ -49,12 +49,12 @@ from ddpify.analysis.names import (  # re-exported for the rules
     SET_DEVICE_CALLS,
     SPAWN,
 )
-from ddpify.analysis.flow import flow, group_switches
+from ddpify.analysis.flow import flow
 from ddpify.analysis.log_levels import LEVELS, is_handler_setting, is_level_setting, set_level
 from ddpify.analysis.multinode import launched_by_torchrun
 from ddpify.analysis.options import option_defaults
 from ddpify.analysis.project import sibling_launchers
-from ddpify.analysis.rank import RANK_TEXT, mentions_rank, rank_analysis
+from ddpify.analysis.rank import RANK_TEXT, mentions_rank, one_process_program, rank_analysis
 from ddpify.analysis.training import StepAnalysis, step_analysis
 
 __all__ = [
@@ -90,8 +90,8 @@ class FileContext:
         else:
             self.index = index_of(self.module)
         self.project = project
-        if project is not None and project.importers:  # `if cfg.DIST_TRAIN: init_process_group()` in the launcher
-            self.index.__dict__["importer_switches"] = lambda: frozenset().union(*map(group_switches, self._importers))
+        if project is not None and project.importers:
+            self.index.importers = lambda: self._importers
         index = self.index
         self.calls = index.calls
         self.call_info = index.call_info
@@ -188,7 +188,8 @@ class FileContext:
         nothing imports is its whole program), does the module-level function around `node` run on
         rank 0 only or not at all: nothing calls it (a call left commented out), or
         every call, here or in an importer, is in rank-0-only code (`if rank == 0:
-        misc.print_module_summary(net)`), in a function of this file that is itself rank 0's or
+        misc.print_module_summary(net)`), in a branch a one-process run takes (`if world_size <
+        2: test(model)`), in a function of this file that is itself rank 0's or
         idle, or in an importer that shows no sign of a distributed run (an inference script
         beside the training one)?"""
         func = self.enclosing_func(node)
@@ -208,8 +209,12 @@ class FileContext:
             idle = not local and not remote and not _referenced(self, func) and not named
             found[func] = idle or (
                 bool(local or remote)
-                and all(self.in_rank0(s.node) or s.func is not None and self.rank0_or_idle(s.node) for s in local)
-                and all(rank_analysis(index).in_rank0(ci.node) or _one_process(index) for index, ci in remote)
+                and all(
+                    self.in_rank0(s.node) or flow(self.index).single_process(s.node)
+                    or s.func is not None and self.rank0_or_idle(s.node)
+                    for s in local
+                )  # fmt: skip
+                and all(rank_analysis(index).in_rank0(ci.node) or one_process_program(index) for index, ci in remote)
             )
         return found[func]
 
@@ -241,8 +246,8 @@ class FileContext:
                 return True
             for node in _names_used(index).get(name, ()):
                 found = index.qnames(node)
-                if any(q.rpartition(".")[0].rpartition(".")[2] in owners for q in found):
-                    return True
+                if any(q.rpartition(".")[2] == name and q.rpartition(".")[0].rpartition(".")[2] in owners for q in found):
+                    return True  # (not `from .validation import validation_ddp as validation`: another function)
                 if not found and isinstance(node, cst.Attribute):
                     return True  # `mpu.run` on a module the analysis did not resolve
         return False
@@ -609,15 +614,6 @@ def _null_handler(index: FileIndex, call: cst.Call) -> bool:
         isinstance(a.value, cst.Call) and a.value in index.call_info and index.call_info[a.value].is_("logging.NullHandler")
         for a in call.args
     )
-
-
-_DISTRIBUTED_HINT = re.compile(r"distributed|ddp|process_group|local_rank|world_size|accelerat|fabric|deepspeed|horovod|spawn", re.I)
-
-
-def _one_process(index: FileIndex) -> bool:
-    """An importer with no sign of a distributed run anywhere in its text (an inference or
-    export script): what it calls runs in one process."""
-    return index.cached("one_process", lambda i: not _DISTRIBUTED_HINT.search(i.module.code))
 
 
 def _names_used(index: FileIndex) -> dict[str, list[cst.CSTNode]]:

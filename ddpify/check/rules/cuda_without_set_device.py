@@ -1,6 +1,6 @@
 from ddpify.analysis import names as N
 from ddpify.check.context import kwarg, positional, string_value
-from ddpify.check.rules._common import library_code
+from ddpify.check.rules._common import every_rank, library_code
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -64,6 +64,8 @@ class CudaWithoutSetDevice(Rule):
         for ci in ctx.calls:
             if not ctx.has_importers and library_code(ctx, ci.node):
                 continue  # a helper module's code: its caller sets the device first
+            if not every_rank(ctx, ci.node):
+                continue  # the launcher before it spawns the ranks, a one-process branch, rank 0 alone
             if ci.receiver is not None and ci.name == "cuda" and not ci.node.args:
                 yield Report(ci.node)
             elif ci.is_(*N.TORCH_DEVICE) or (ci.receiver is not None and ci.name == "to"):

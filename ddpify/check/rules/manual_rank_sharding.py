@@ -23,9 +23,10 @@ class ManualRankSharding(Rule):
     pick from parts whose count is a multiple of the world size (`parts =
     seeds.tensor_split(n * world_size)`: every rank the same number of parts). A slice of a
     tensor by rank (a chunk of optimizer state) is not a shard of the data and is left alone,
-    and so is a shard whose every use is followed to code that never talks to the other ranks
-    (an evaluation loop with no backward and no collective): uneven counts only hang where each
-    batch syncs.
+    and so is a shard no use of which is followed to code that talks to the other ranks per
+    batch (a training loop with a backward, a collective; also through a helper that returns
+    the shard): uneven counts only hang where each batch syncs, and a shard stored into a
+    buffer of fixed size or handed on where it cannot be followed proves nothing.
 
     ## Why is this bad?
     When the dataset size is not a multiple of the world size, ranks get different numbers of
@@ -35,6 +36,8 @@ class ManualRankSharding(Rule):
     ## Example
     ```python
     shard = samples[rank::world_size]
+    for batch in DataLoader(shard, batch_size=32):
+        model(batch).sum().backward()
     ```
 
     ## Use instead
@@ -65,12 +68,18 @@ class ManualRankSharding(Rule):
         "    loader = DataLoader(val)\n    acc = evaluate(loader, model)\n    for batch in loader:\n        print(model(batch))\n",
     ]
     INVALID = [
-        Invalid("import torch.distributed as dist\nshard = data[rank::world_size]\n"),
-        Invalid("import numpy as np, torch.distributed as dist\nshard = np.array_split(data, world_size)[rank]\n"),
-        Invalid("import torch.distributed as dist\nshard = Subset(ds, range(rank * per, min((rank + 1) * per, n)))\n"),
+        Invalid("import torch.distributed as dist\nshard = data[rank::world_size]\nfor x in shard:\n    model(x).sum().backward()\n"),
+        Invalid("import numpy as np, torch.distributed as dist\nshard = np.array_split(data, world_size)[rank]\n"
+                "for x in DataLoader(shard):\n    model(x).sum().backward()\n"),
+        Invalid("import torch.distributed as dist\nshard = Subset(ds, range(rank * per, min((rank + 1) * per, n)))\n"
+                "for x in DataLoader(shard):\n    model(x).sum().backward()\n"),
         Invalid("import torch.distributed as dist\nfrom math import ceil\n\ndef run(rank, world_size, model, opt, data):\n"
                 "    idx = data.split(ceil(len(data) / world_size))[rank]\n    for x in DataLoader(idx):\n"
                 "        model(x).sum().backward()\n        opt.step()\n"),
+        # a shard returned by a helper, iterated by the training loop of its caller
+        Invalid("import torch.distributed as dist\n\ndef my_part(data, rank, world_size):\n    return data[rank::world_size]\n\n"
+                "def run(rank, world_size, model, data):\n    for x in my_part(data, rank, world_size):\n"
+                "        model(x).sum().backward()\n"),
     ]
 
     def check(self, ctx):
@@ -135,8 +144,9 @@ def _feeds_training(ctx, shard: cst.CSTNode) -> bool:
     Follows the names bound from it in its function (`loader = DataLoader(shard)`, through library
     calls) to where they are consumed: iterated by a loop, or passed to a local function, that
     syncs is; a loop or local functions that do not (an evaluation without a per-batch
-    collective) are not. A use that cannot be followed (returned, stored, tested, handed on, a
-    name never read) counts: the premise is assumed."""
+    collective) are not; nor is a use that cannot be followed (stored into a buffer of a fixed
+    size, tested, handed on, a name never read): the premise is not proven there. A shard
+    returned is followed to the loops of the callers in this file."""
     scope = ctx.enclosing_func(shard) or ctx.module
     uses: list[cst.CSTNode] = [shard]
     followed: set[str] = set()
@@ -146,10 +156,7 @@ def _feeds_training(ctx, shard: cst.CSTNode) -> bool:
             return True
         if isinstance(verdict, str) and verdict not in followed:
             followed.add(verdict)
-            reads = name_reads(scope, verdict)
-            if not reads:
-                return True
-            uses += reads
+            uses += name_reads(scope, verdict)
     return False
 
 
@@ -166,11 +173,13 @@ def _consumer(ctx, use: cst.CSTNode):
             return ctx.syncs(node)
         elif isinstance(node, cst.Assign) and prev is node.value:
             targets = [t.target for t in node.targets]
-            return targets[0].value if len(targets) == 1 and isinstance(targets[0], cst.Name) else True
+            return targets[0].value if len(targets) == 1 and isinstance(targets[0], cst.Name) else False
+        elif isinstance(node, cst.Return) and (func := ctx.enclosing_func(node)) is not None:
+            return any(_consumer(ctx, site.node) is True for site in ctx.call_sites(func))
         elif isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.Lambda, cst.BaseComp)):
-            return True
+            return False
         prev, node = node, ctx.parent(node)
-    return True
+    return False
 
 
 def _even(ctx, low: cst.BaseExpression) -> bool:

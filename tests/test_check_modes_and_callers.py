@@ -1,0 +1,283 @@
+"""What the run's mode, the callers and the constructors of a helper say about where its code runs.
+
+Each case is a shape met in public DDP codebases, written in our own words: a flag that tells
+whether an option exists, a rank compared with device names, a construction that hands a rank-0
+test to a trainer, a helper only a one-process script calls. Each is checked both ways: the
+shape that proves the rule's premise wrong is silent, the nearest shape where it holds is flagged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from check_projects import codes, write_files
+from ddpify.check.rule import select_rules
+from ddpify.check.runner import check_source
+
+
+def _codes(source: str, code: str) -> list[str]:
+    result = check_source(source, "train.py", select_rules(code))
+    return [f"{f.line} {f.code}" for f in result.findings if f.code == code]
+
+
+PRESENCE = """\
+import torch.distributed as dist
+
+
+def init(params):
+    has_local_rank = {test}
+    if has_local_rank and params.local_rank != -1:
+        params.is_distributed = True
+    else:
+        params.is_distributed = False
+    if params.is_distributed:
+        dist.init_process_group(backend="gloo")
+        group = dist.new_group([0, 1], backend="gloo")
+        dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [('hasattr(params, "local_rank")', False), ("params.local_rank == 0", True)])
+def test_a_flag_named_after_the_rank_that_holds_whether_an_option_exists_is_the_mode(test, flagged):
+    """`has_local_rank = hasattr(params, "local_rank")` is the same on every rank, and so is
+    `is_distributed` set in its `else`: the collective under `if params.is_distributed:` runs on
+    every rank (DDP116 silent). Bound to `local_rank == 0`, the flag is rank 0's."""
+    assert _codes(PRESENCE.format(test=test), "DDP116") == (["12 DDP116"] if flagged else [])
+
+
+SENTINEL = """\
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if rank {test}:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2,), nprocs=2)
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [('not in ("cpu", "cuda")', False), ("== 0", True)])
+def test_a_rank_compared_with_device_names_is_the_mode(test, flagged):
+    """`rank` is "cpu"/"cuda" in a one-process run and a number in a spawned worker: `if rank not
+    in ("cpu", "cuda"):` is the same on every worker, not a rank test (DDP116 silent)."""
+    assert _codes(SENTINEL.format(test=test), "DDP116") == (["8 DDP116"] if flagged else [])
+
+
+TRAINER = """\
+import torch
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self, model, verbose=False):
+        self.model = model
+        self.verbose = verbose
+
+    def fit(self, loader):
+        for x in loader:
+            loss = self.model(x).sum()
+            loss.backward()
+            if self.verbose:
+                print(f"loss {loss.item()} over {dist.get_world_size()} ranks")
+"""
+
+TRAIN = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer import Trainer
+
+
+def setup():
+    dist.init_process_group("gloo")
+    return "cpu", dist.get_rank() == 0
+
+
+def main():
+    device, is_logger = setup()
+    model = DDP(torch.nn.Linear(2, 1))
+    Trainer(model, verbose={verbose}).fit([torch.ones(2)])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("verbose, flagged", [("True and is_logger", False), ("True", True)])
+def test_a_constructor_argument_that_is_a_rank0_test_guards_the_trainers_prints(tmp_path: Path, verbose, flagged):
+    """`Trainer(model, verbose=... and is_logger)` where `is_logger` is the rank-0 test a setup
+    helper returns: `if self.verbose:` in the trainer is rank 0's (DDP302 silent); `verbose=True`
+    prints on every rank."""
+    write_files(tmp_path, {"trainer.py": TRAINER, "train.py": TRAIN.format(verbose=verbose)})
+    assert codes(tmp_path / "trainer.py", "DDP302") == (["15 DDP302"] if flagged else [])
+
+
+VALIDATION = """\
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+
+def validation(model, loader):
+    return [model(x) for x in tqdm(loader)]
+
+
+def validation_ddp(model, loader, rank):
+    return [model(x) for x in (tqdm(loader) if rank == 0 else loader)]
+"""
+
+ONE_GPU = """\
+import torch
+import torch.multiprocessing
+
+from validation import validation
+
+if __name__ == "__main__":
+    torch.multiprocessing.set_start_method("spawn")
+    print(validation(torch.nn.Linear(2, 1), [torch.ones(2)]))
+"""
+
+DDP_SCRIPT = """\
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from validation import {imported}
+
+
+def worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    validation(torch.nn.Linear(2, 1), [torch.ones(2)]{extra})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2,), nprocs=2)
+"""
+
+
+@pytest.mark.parametrize(
+    "imported, extra, flagged",
+    [("validation_ddp as validation", ", rank", False), ("validation", "", True)],
+)
+def test_a_function_imported_under_another_name_is_that_function(tmp_path: Path, imported, extra, flagged):
+    """`from validation import validation_ddp as validation`: the DDP script calls
+    `validation_ddp`; `validation` is called only by the one-GPU script (whose
+    `set_start_method("spawn")` starts data workers, not ranks), so its bar is one process's
+    (DDP304 silent). Imported by its own name, it draws on every rank."""
+    write_files(tmp_path, {
+        "validation.py": VALIDATION, "train.py": ONE_GPU,
+        "train_ddp.py": DDP_SCRIPT.format(imported=imported, extra=extra),
+    })  # fmt: skip
+    assert codes(tmp_path / "validation.py", "DDP304") == (["7 DDP304"] if flagged else [])
+
+
+MODES = """\
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def predict(model):
+    device = torch.device("cuda")
+    return model.to(device)
+
+
+def evaluate(model):
+    print("evaluating", model)
+
+
+def train(rank, world_size):
+    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+    torch.cuda.set_device(rank)
+    if world_size {test}:
+        evaluate(torch.nn.Linear(2, 1))
+    dist.destroy_process_group()
+
+
+def main(mode, world_size):
+    if mode == "train":
+        mp.spawn(train, args=(world_size,), nprocs=world_size)
+    elif mode == "predict":
+        predict(torch.nn.Linear(2, 1))
+
+
+if __name__ == "__main__":
+    main("train", 2)
+"""
+
+
+def test_code_of_the_other_run_modes_runs_in_one_process():
+    """`predict` runs in the launcher (instead of `mp.spawn`): its `cuda` is the one process's GPU
+    (DDP108 silent); `evaluate`, called under `if world_size < 2:`, runs in a one-process run only
+    (DDP302 silent), and on every rank under `if world_size > 0:`."""
+    assert _codes(MODES.format(test="< 2"), "DDP108") == []
+    assert _codes(MODES.format(test="< 2"), "DDP302") == []
+    assert _codes(MODES.format(test="> 0"), "DDP302") == ["12 DDP302"]
+
+
+WRAP_AFTER_LOAD = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, model, path):
+        self.model = model
+        self.path = path
+        {first}
+        {second}
+
+    def load_checkpoint(self):
+        self.model.load_state_dict(torch.load(self.path, map_location="cpu")["model"])
+
+    def setup_ddp(self):
+        dist.init_process_group("gloo")
+        self.model = DDP(self.model)
+"""
+
+
+@pytest.mark.parametrize("first, second, flagged", [
+    ("self.load_checkpoint()", "self.setup_ddp()", False),
+    ("self.setup_ddp()", "self.load_checkpoint()", True),
+])  # fmt: skip
+def test_a_method_the_constructor_calls_before_the_wrap_loads_into_the_plain_model(first, second, flagged):
+    """The constructor calls `load_checkpoint()` before `setup_ddp()` wraps the model: the load
+    goes into the plain model (DDP121 silent); called after the wrap, it loads into the wrapper."""
+    source = WRAP_AFTER_LOAD.format(first=first, second=second)
+    assert _codes(source, "DDP121") == (["14 DDP121"] if flagged else [])
+
+
+CLEARED_FIELD = """\
+import torch.distributed as dist
+
+
+class Agent:
+    def __init__(self, config):
+        dist.init_process_group("gloo")
+        if dist.get_rank() {op} 0:
+            config["schedule"] = None
+        self.linear = config["schedule"] == "linear"
+        if self.linear:
+            print("linear schedule")
+        dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("op, flagged", [("!=", False), ("==", True)])
+def test_a_field_cleared_off_rank0_compared_with_a_value_is_rank0s(op, flagged):
+    """`config["schedule"] = None` on every rank but 0: `config["schedule"] == "linear"` can
+    only be true on rank 0 (DDP302 silent). Cleared on rank 0, the other ranks print."""
+    assert _codes(CLEARED_FIELD.format(op=op), "DDP302") == (["11 DDP302"] if flagged else [])
