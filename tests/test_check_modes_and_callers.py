@@ -281,3 +281,58 @@ def test_a_field_cleared_off_rank0_compared_with_a_value_is_rank0s(op, flagged):
     """`config["schedule"] = None` on every rank but 0: `config["schedule"] == "linear"` can
     only be true on rank 0 (DDP302 silent). Cleared on rank 0, the other ranks print."""
     assert _codes(CLEARED_FIELD.format(op=op), "DDP302") == (["11 DDP302"] if flagged else [])
+
+
+SPAWNED_OR_CALLED = """\
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def main_worker(gpu, args):
+    if args.distributed:
+        dist.init_process_group("gloo", rank=gpu, world_size=2)
+    print("worker", gpu)
+
+
+def main(args):
+    if args.distributed:
+        mp.spawn(main_worker, nprocs=2, args=(args,))
+    else:
+        main_worker(0, args)
+
+
+if __name__ == "__main__":
+    main(parse_args())
+"""
+
+
+def test_a_worker_handed_to_spawn_runs_on_every_rank_though_its_one_call_is_one_processs():
+    """`main_worker` is called directly only in the one-process `else:`, but it is also handed
+    to `mp.spawn`: it runs in every worker (DDP105 speaks: the group is never destroyed)."""
+    assert _codes(SPAWNED_OR_CALLED, "DDP105") == ["7 DDP105"]
+
+
+SELF_TEST = """\
+import torch
+import torch.distributed as dist
+
+
+def shard(items):
+    return items[dist.get_rank()::dist.get_world_size()]
+
+
+def main():
+    {start}
+    print(len(shard(list(range(10)))))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("start, flagged", [("pass", False), ('dist.init_process_group("gloo")', True)])
+def test_a_modules_self_test_that_starts_no_group_runs_as_one_process(start, flagged):
+    """A module's own `__main__` block that starts no process group is run by hand, as one
+    process (DDP302 silent); one whose `main()` starts the group runs on every rank."""
+    assert _codes(SELF_TEST.format(start=start), "DDP302") == (["11 DDP302"] if flagged else [])

@@ -35,8 +35,9 @@ CASES = {
     "resume": (320, 2, "last.pt", "Classifier", r"epoch \d: loss", 1e-5),
     "factory": (256, 2, "denoiser.pt", "Denoiser", r"epoch \d: mse", 1e-5),  # sharded inside its builder
     "sampler_method": (256, 2, "refiner.pt", "Refiner", r"epoch \d: loss [\d.]+, refined probe mean", 1e-5),
+    "own_method": (256, 2, "tagger.pt", "StepTagger", r"epoch \d: mean batch loss", 1e-5),  # a method of its own reads the parameters
 }
-FP32_ORIGINALS = ("mlp", "cnn_stages", "factory", "sampler_method")
+FP32_ORIGINALS = ("mlp", "cnn_stages", "factory", "sampler_method", "own_method")
 # Inputs whose every TODO is pinned: what FSDP2 cannot do as the script does it (not run).
 LEFT_TO_THE_USER = {
     "outside_forward": [

@@ -207,6 +207,8 @@ class FileContext:
                 found[func] = False  # an importer names it where no call of it is seen (a re-export, a callback)
                 return False
             idle = not local and not remote and not _referenced(self, func) and not named
+            if func.name.value in self._passed_functions:
+                return False  # handed to a caller too (`mp.spawn(main_worker, ...)`): it runs there
             found[func] = idle or (
                 bool(local or remote)
                 and all(

@@ -45,6 +45,8 @@ class Context:
     driver: bool = False  # the module only drives training another module runs (and sets up)
     collective_lines: set[cst.CSTNode] = field(default_factory=set)  # statements with a collective now run before them
     every_rank: set[cst.Call] = field(default_factory=set)  # saves every rank makes (sharded checkpoints): never guarded
+    forward_methods: set[tuple[str, str]] = field(default_factory=set)  # (model, method) registered with FSDP2
+    shard_units: dict[str, list[str]] = field(default_factory=dict)  # model -> attribute paths sharded as units of their own
 
     def ran(self, what: str, node: cst.CSTNode) -> bool:
         """Did the brief run of `convert --run` see `what` (RunFacts.lines) at `node`'s line?"""

@@ -11,8 +11,11 @@ Outside forward, a sharded model's parameters are DTensors holding one rank's sh
 A print or log message that reads `model...weight` / `.bias` gets the gathered value, computed
 on every rank before the rank-0 guard. A method of the model's own class other than forward
 that reads its parameters (`model.init_hidden(bsz)` calling `next(self.parameters())`) would
-make DTensors out of them: a TODO at the call; so does a loop over the model's parameters
-that hands each to a writer (`writer.add_histogram(name, p)`), which would see one shard.
+make DTensors out of them: it is registered as a forward method
+(`register_fsdp_forward_method(model, "init_hidden")`), so FSDP2 gathers the parameters for it
+as for forward (a TODO where the model is not sharded in this file); a loop over the model's
+parameters that hands each to a writer (`writer.add_histogram(name, p)`), which would see one
+shard, gets a TODO.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.analysis.literals import string_value
 from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 
@@ -107,11 +111,65 @@ def _flag_own_method(ctx: Context, call: cst.Call) -> None:
         models = [owner] if owner in script.models else list(script.models)
         cls = ctx.model_class(models[0]) if len(models) == 1 else None
         fn = ctx.script.methods(cls).get(method) if cls is not None else None
-    if fn is not None and not _reads_parameters(ctx, fn):
+    found = [fn] if fn is not None else _definitions(ctx, method)
+    if found and not any(_reads_parameters(ctx, f) for f in found) or _registered(ctx, owner, method):
         return
-    reads = "reads" if fn is not None else "may read (its code is not in sight)"
     stmt = script.statement_line(call) or script.top_statement(call, script.scope_of(call)) or call
+    units = ctx.shard_units.get(owner)
+    if units is not None and script.root_of(call) is script.module and not any(_reads_unit(ctx, f, units) for f in found):
+        _register_forward_method(ctx, owner, method, stmt)
+        return
+    reads = "reads" if found else "may read (its code is not in sight)"
     edits.todo(stmt, call, f"`{owner}.{method}()` {reads} the model's parameters outside forward: under FSDP2 they are sharded DTensors there (run it through forward, or build what it makes from plain tensors)")
+
+
+def _register_forward_method(ctx: Context, model: str, method: str, stmt: cst.CSTNode) -> None:
+    """`register_fsdp_forward_method(model, "init_hidden")` after the model is sharded: calling
+    the method gathers the parameters whole, as forward does (a collective: every rank calls it)."""
+    ctx.collective_lines.add(stmt)
+    if (model, method) in ctx.forward_methods:
+        return
+    ctx.forward_methods.add((model, method))
+    ctx.edits.insert_after(ctx.wrap_after[model], f'register_fsdp_forward_method({model}, "{method}")\n')
+    ctx.edits.need_import(N.FSDP_MODULE, "register_fsdp_forward_method")
+    ctx.edits.change(ctx.wrap_after[model], f"`{model}.{method}()` reads the parameters outside forward: registered as a forward method, FSDP2 gathers them whole for it")
+
+
+def _registered(ctx: Context, model: str, method: str) -> bool:
+    """Is `register_fsdp_forward_method(model, "method")` in the script already?"""
+    return any(
+        N.call_name(c) == "register_fsdp_forward_method" and len(c.args) == 2
+        and ref_of(c.args[0].value) == model and string_value(c.args[1].value) == method
+        for c in ctx.script.calls
+    )  # fmt: skip
+
+
+def _reads_unit(ctx: Context, fn: cst.FunctionDef, units: list[str]) -> bool:
+    """Does the method read parameters a registered forward method would not gather: those of a
+    submodule sharded as a unit of its own (`self.code.weight`), or any of them
+    (`next(self.parameters())`) when the model has such units?"""
+    if not units:
+        return False
+    for node in ctx.script.nodes_in(fn, cst.Attribute):
+        if node.attr.value in ("parameters", "named_parameters") and N.is_name(node.value, "self"):
+            return True
+        if node.attr.value in PARAMETER_ATTRIBUTES:
+            path = ctx.script.module.code_for_node(node.value)
+            if path.startswith("self.") and any(path[5:] == u or path[5:].startswith(u + ".") or u == "*" for u in units):
+                return True
+    return False
+
+
+def _definitions(ctx: Context, method: str) -> list[cst.FunctionDef]:
+    """The methods of this name of the classes of the script and its project (the model's class
+    is chosen at run time among them: `RNNModel` or `TransformerModel` by a flag)."""
+    found = []
+    for root in ctx.script.index.roots:
+        for cls in (s for s in root.body if isinstance(s, cst.ClassDef)):
+            fn = ctx.script.methods(cls).get(method)
+            if fn is not None:
+                found.append(fn)
+    return found
 
 
 def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:

@@ -152,6 +152,7 @@ def _code(ctx: Context, model: str, cls: str | None, units: list, policy: bool, 
     else:
         what = f"`{model}` as one unit"
     code += f"fully_shard({model}{kwargs})\n"
+    ctx.shard_units[model] = ["*"] if cls else [path for path, _ in units]
     return code, what
 
 

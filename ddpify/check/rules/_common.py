@@ -9,6 +9,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis import rank
 from ddpify.analysis.flow import flow
+from ddpify.analysis.index import main_guard
 from ddpify.check.context import FileContext, dotted_name, last_name
 
 
@@ -26,7 +27,19 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
     return (
         not ctx.under_rank_test(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
         and not ctx.rank0_or_idle(call) and not ctx.launcher_only(call) and not ctx.group_never_started
+        and not self_test_block(ctx, call)
     )  # fmt: skip
+
+
+def self_test_block(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """Is `node` in the file's `if __name__ == "__main__":` block, and does that block start no
+    process group and no workers (a module's self-test, run by hand as one process)?"""
+    block = main_guard(ctx.module)
+    if block is None or not any(p is block for p in ctx.ancestors(node)):
+        return False
+    inside = [ci for ci in ctx.calls if any(p is block for p in ctx.ancestors(ci.node))]
+    return not any(starts_group(ctx, ci) or ci.qnames & _PROCESS_STARTERS or ctx.local_callees(ci) and any(
+        _starts_workers(ctx, f) for f in ctx.local_callees(ci)) for ci in inside)
 
 
 def single_process_branch(ctx: FileContext, node: cst.CSTNode) -> bool:
