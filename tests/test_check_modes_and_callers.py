@@ -336,3 +336,91 @@ def test_a_modules_self_test_that_starts_no_group_runs_as_one_process(start, fla
     """A module's own `__main__` block that starts no process group is run by hand, as one
     process (DDP302 silent); one whose `main()` starts the group runs on every rank."""
     assert _codes(SELF_TEST.format(start=start), "DDP302") == (["11 DDP302"] if flagged else [])
+
+
+DRIVER = """\
+import torch.distributed as dist
+
+
+def clip(grads, verbose=False):
+    total = sum(g.norm() for g in grads)
+    dist.all_reduce(total)
+    if verbose:
+        print("grad norm", total)
+    return total
+
+
+class Driver:
+    def __init__(self, params):
+        self.log_to_screen = params["log_to_screen"] if "log_to_screen" in params else False
+
+    def fit(self, grads):
+        for epoch in range(2):
+            clip(grads)
+            clip(grads, verbose=self.log_to_screen)
+            if self.log_to_screen:
+                print("epoch", epoch)
+"""
+
+LAUNCHER = """\
+import torch.distributed as dist
+
+from driver import Driver
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    params = {{"log_to_screen": True}}
+    params["log_to_screen"] = {value}
+    Driver(params).fit([])
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("value, flagged", [('(dist.get_rank() == 0) and params["log_to_screen"]', False), ("True", True)])
+def test_a_field_the_launcher_sets_to_a_rank0_test_guards_the_library(tmp_path: Path, value, flagged):
+    """The launcher sets `params["log_to_screen"]` to a rank-0 test; the driver module it imports
+    reads `self.log_to_screen`, and hands it to a helper whose other callers leave `verbose`
+    False: both prints are rank 0's (DDP302 silent). Set to True, both print on every rank."""
+    write_files(tmp_path, {"driver.py": DRIVER, "train.py": LAUNCHER.format(value=value)})
+    assert codes(tmp_path / "driver.py", "DDP302") == (["8 DDP302", "21 DDP302"] if flagged else [])
+
+
+ABSL_LAUNCHER = """\
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from absl import app
+
+
+def report(results):
+    print("results", results)
+
+
+def worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if rank == 0:
+        report(rank)
+    dist.destroy_process_group()
+
+
+def one_gpu():
+    report(0)
+
+
+def main(argv):
+    if len(argv) > 1:
+        mp.spawn(worker, args=(2,), nprocs=2)
+    else:
+        {call}
+
+
+if __name__ == "__main__":
+    app.run(main)
+"""
+
+
+@pytest.mark.parametrize("call, flagged", [("one_gpu()", False), ("mp.spawn(one_gpu, nprocs=2)", True)])
+def test_a_helper_called_on_rank0_or_by_the_launchers_entry_runs_once(call, flagged):
+    """`report` is called on rank 0 in the workers and by `one_gpu()`, which only `main` calls,
+    and `main` is handed to `app.run` at the top level: the launcher's one process (DDP302
+    silent). Spawned as workers, `one_gpu` reports on every rank."""
+    assert _codes(ABSL_LAUNCHER.format(call=call), "DDP302") == (["7 DDP302"] if flagged else [])

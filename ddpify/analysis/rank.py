@@ -41,7 +41,7 @@ class RankAnalysis:
         self._guard_index: dict[cst.CSTNode, int] = {}
         self._exit_index: dict[cst.CSTNode, int] = {}
         self._flags: Optional[list[Binding]] = None
-        self._resolving: set[str] = set()  # flag names being resolved (a flag bound from itself)
+        self._resolving: set = set()  # flags being resolved (a flag bound from itself)
         self._reads_rank: dict[cst.CSTNode, bool] = {}
         self._rank_names: Optional[set[str]] = None
         self._per_rank_names: Optional[set[tuple[Optional[Func], str]]] = None
@@ -217,9 +217,10 @@ class RankAnalysis:
             if isinstance(e, cst.Attribute) and self._rank0_attribute(e):
                 return 1
             name = dotted_name(e)
-            if name in self._resolving:  # `flag = flag and x`: a flag bound from itself
+            key = (self.index.enclosing_func(e), name)  # (a parameter passed on under its own name is another)
+            if key in self._resolving:  # `flag = flag and x`: a flag bound from itself
                 return 0
-            self._resolving.add(name)
+            self._resolving.add(key)
             try:
                 for b in self.rank_flags:
                     if b.dotted == name:
@@ -227,20 +228,34 @@ class RankAnalysis:
                 if isinstance(e, cst.Name):
                     return self._passed_test(e) or self._returned_test(e)
             finally:
-                self._resolving.discard(name)
+                self._resolving.discard(key)
         return 0
 
     def _passed_test(self, e: cst.Name) -> int:
         """A parameter every caller fills with the same kind of rank test (`print_variables(model,
-        log=dist.get_rank() == 0)`, then `if log:`)."""
+        log=dist.get_rank() == 0)`, then `if log:`), here or in a file that imports this one; a
+        caller that leaves it False never takes the branch."""
         func = self.index.enclosing_func(e)
         if func is None or e.value not in self.index.param_names(func):
             return 0
+        sites = [(self, site) for site in self.index.call_sites(func)]
+        if isinstance(self.index.parent(func), cst.Module):  # `clip_grads(model, verbose=self.log_to_screen)` in an importer
+            sites += [
+                (rank_analysis(index), site) for index in self.index.importers() for site in index.calls
+                if site.name == func.name.value and any(q.rpartition(".")[2] == site.name for q in site.qnames)
+            ]  # fmt: skip
         tests = set()
-        for site in self.index.call_sites(func):
-            given = self.index.argument_for(func, site, e.value)
-            tests.add(self.rank_test(given[0]) if given is not None else 0)
+        for ranks, site in sites:
+            given = ranks.index.argument_for(func, site, e.value)
+            if given is not None and is_false(given[0]):
+                continue  # `clip_grads(model, max_norm)`: the default False, the branch never runs there
+            tests.add(self._program_test(ranks, given[0]) if given is not None else 0)
         return tests.pop() if len(tests) == 1 else 0
+
+    def _program_test(self, ranks: "RankAnalysis", value: cst.BaseExpression) -> int:
+        """A value's rank test where it is written, with the fields the whole program sets to a
+        rank-0 test (`verbose=self.log_to_screen` in one trainer, the field set in the launcher)."""
+        return ranks.rank_test(value) or (1 if isinstance(value, cst.Attribute) and value.attr.value in self.rank0_fields else 0)
 
     def _field_equals_value(self, field: cst.BaseExpression, value: cst.BaseExpression) -> bool:
         """`config["lr_schedule"] == "linear"`, where the field is cleared off rank 0 (`if rank != 0:
@@ -372,6 +387,16 @@ class RankAnalysis:
         found = self.__dict__.get("_rank0_fields")
         if found is None:
             found = self.__dict__["_rank0_fields"] = frozenset()  # (recursion: none yet)
+            found = self.__dict__["_rank0_fields"] = self._fields_set_here().union(
+                *(rank_analysis(index)._fields_set_here() for index in self.index.importers())
+            )  # a launcher that imports this module sets them too: `params["log_to_screen"] = rank == 0`
+        return found
+
+    def _fields_set_here(self) -> frozenset[str]:
+        """The rank-0 fields this file and the modules it imports set."""
+        found = self.__dict__.get("_fields_here")
+        if found is None:
+            found = self.__dict__["_fields_here"] = frozenset()  # (recursion: none yet)
             fields = set()
             for node in (n for root in self.index.roots for n in iter_nodes(root)):
                 if isinstance(node, cst.Assign) and len(node.targets) == 1:
@@ -386,7 +411,7 @@ class RankAnalysis:
                     elif key and (is_false(node.value) or _is_none(node.value) or int_value(node.value) == 0):
                         if self._off_rank0(node):
                             fields.add(key)  # cleared off rank 0
-            found = self.__dict__["_rank0_fields"] = frozenset(fields)
+            found = self.__dict__["_fields_here"] = frozenset(fields)
         return found
 
     def _off_rank0(self, node: cst.CSTNode) -> bool:

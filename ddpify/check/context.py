@@ -189,8 +189,8 @@ class FileContext:
         rank 0 only or not at all: nothing calls it (a call left commented out), or
         every call, here or in an importer, is in rank-0-only code (`if rank == 0:
         misc.print_module_summary(net)`), in a branch a one-process run takes (`if world_size <
-        2: test(model)`), in a function of this file that is itself rank 0's or
-        idle, or in an importer that shows no sign of a distributed run (an inference script
+        2: test(model)`), in a function of this file that is itself rank 0's, idle or the
+        launcher's alone (`single_gpu_example()` beside `mp.spawn(worker)`), or in an importer that shows no sign of a distributed run (an inference script
         beside the training one)?"""
         func = self.enclosing_func(node)
         if func is None or not isinstance(self.parent(func), cst.Module):
@@ -213,7 +213,7 @@ class FileContext:
                 bool(local or remote)
                 and all(
                     self.in_rank0(s.node) or flow(self.index).single_process(s.node)
-                    or s.func is not None and self.rank0_or_idle(s.node)
+                    or s.func is not None and (self.rank0_or_idle(s.node) or self.launcher_only(s.node))
                     for s in local
                 )  # fmt: skip
                 and all(rank_analysis(index).in_rank0(ci.node) or one_process_program(index) for index, ci in remote)
@@ -577,18 +577,23 @@ def _module_function(ctx: "FileContext", func: Optional[Func]) -> bool:
 
 def _in_launcher(index: FileIndex, site: CallInfo, depth: int = 0) -> bool:
     """A call in a script that spawns its workers, made by its top-level code or by functions
-    only that code calls (`main()` -> `hydra_multirun_main()` -> `hydra_main()`), none of them the
-    function handed to `mp.spawn`."""
+    only that code calls or hands to a runner (`main()` -> `hydra_multirun_main()` ->
+    `hydra_main()`, `app.run(main)`), none of them the function handed to `mp.spawn`."""
     if not index.calls_to(*SPAWN) or index.root_of(site.node) is not index.module:
         return False
     if site.func is None:
         return True
     spawned = {a.value.value for ci in index.calls_to(*SPAWN) for a in ci.node.args if isinstance(a.value, cst.Name)}
+    name = site.func.name.value
+    if name in spawned:
+        return False
+    if any(  # `app.run(main)`, `fire.Fire(main)` in the top-level code: the launcher's entry
+        ci.func is None and any(isinstance(a.value, cst.Name) and a.value.value == name for a in ci.node.args)
+        for ci in index.calls
+    ):
+        return True
     callers = index.call_sites(site.func)
-    return (
-        site.func.name.value not in spawned and bool(callers) and depth < 3
-        and all(c.func is not site.func and _in_launcher(index, c, depth + 1) for c in callers)
-    )  # fmt: skip
+    return bool(callers) and depth < 3 and all(c.func is not site.func and _in_launcher(index, c, depth + 1) for c in callers)
 
 
 def _referenced(ctx: "FileContext", func: Func) -> bool:
