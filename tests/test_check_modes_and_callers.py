@@ -424,3 +424,38 @@ def test_a_helper_called_on_rank0_or_by_the_launchers_entry_runs_once(call, flag
     and `main` is handed to `app.run` at the top level: the launcher's one process (DDP302
     silent). Spawned as workers, `one_gpu` reports on every rank."""
     assert _codes(ABSL_LAUNCHER.format(call=call), "DDP302") == (["7 DDP302"] if flagged else [])
+
+
+PICKED = """\
+import torch.distributed as dist
+from tqdm import tqdm
+
+
+def validate(loader):
+    return [x for x in tqdm(loader)]
+
+
+def validate_sphere(loader):
+    return [x for x in tqdm(loader)]
+
+
+def main(world_size, sphere):
+    dist.init_process_group("gloo")
+    validate_fn = {picked}
+    for epoch in range(2):
+        validate_fn([1, 2])
+    if world_size < 2:
+        validate_sphere([1, 2])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(2, True)
+"""
+
+
+@pytest.mark.parametrize("picked, flagged", [("validate_sphere if sphere else validate", True), ("validate", False)])
+def test_a_function_picked_as_a_value_runs_where_the_value_is_called(picked, flagged):
+    """`validate_sphere`'s one direct call is one process's (`if world_size < 2:`), but when the
+    training loop calls it through `validate_fn`, it runs on every rank (DDP304 speaks)."""
+    assert _codes(PICKED.format(picked=picked), "DDP304") == (["6 DDP304", "10 DDP304"] if flagged else ["6 DDP304"])

@@ -207,8 +207,8 @@ class FileContext:
                 found[func] = False  # an importer names it where no call of it is seen (a re-export, a callback)
                 return False
             idle = not local and not remote and not _referenced(self, func) and not named
-            if func.name.value in self._passed_functions:
-                return False  # handed to a caller too (`mp.spawn(main_worker, ...)`): it runs there
+            if _used_as_value(self, func):
+                return False  # handed on too (`mp.spawn(main_worker, ...)`, `fn = validate_sphere`): it runs there
             found[func] = idle or (
                 bool(local or remote)
                 and all(
@@ -613,6 +613,18 @@ def _referenced(ctx: "FileContext", func: Func) -> bool:
                 used.setdefault(n.value.strip("'\""), []).append(None)
     own = ctx.index.qnames(func.name)
     return any(n is None or not (q := ctx.index.qnames(n)) or q & own for n in used.get(func.name.value, ()))
+
+
+def _used_as_value(ctx: "FileContext", func: Func) -> bool:
+    """Is the function's name read other than as the callee of a call (`validate_fn =
+    validate_sphere if sphere else validate`, a callback)? Its call sites are then not all."""
+    _referenced(ctx, func)  # (fills the names used)
+    own = ctx.index.qnames(func.name)
+    return any(
+        n is not None and not (isinstance(ctx.parent(n), cst.Call) and ctx.parent(n).func is n)
+        and (not (q := ctx.index.qnames(n)) or q & own)
+        for n in ctx.__dict__["_names_used"].get(func.name.value, ())
+    )  # fmt: skip
 
 
 def _null_handler(index: FileIndex, call: cst.Call) -> bool:
