@@ -42,7 +42,6 @@ FP32_ORIGINALS = ("mlp", "cnn_stages", "factory", "sampler_method", "own_method"
 LEFT_TO_THE_USER = {
     "outside_forward": [
         "a gradient of a gradient (create_graph=True",
-        "each parameter of `critic` is handed to `writer.add_histogram`",
         "`critic.code_scale()` reads the model's parameters outside forward",
         "saves the whole sharded model object",
         "FSDP2 cannot deepcopy a sharded model",

@@ -15,7 +15,8 @@ make DTensors out of them: it is registered as a forward method
 (`register_fsdp_forward_method(model, "init_hidden")`), so FSDP2 gathers the parameters for it
 as for forward (a TODO where the model is not sharded in this file); a loop over the model's
 parameters that hands each to a writer (`writer.add_histogram(name, p)`), which would see one
-shard, gets a TODO.
+shard, reads them gathered whole (`get_model_state_dict(..., full_state_dict=True)` on every
+rank, before the loop).
 """
 
 from __future__ import annotations
@@ -173,8 +174,10 @@ def _definitions(ctx: Context, method: str) -> list[cst.FunctionDef]:
 
 
 def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:
-    """`for name, p in model.named_parameters(): writer.add_histogram(name, p)`."""
-    script = ctx.script
+    """`for name, p in model.named_parameters(): writer.add_histogram(name, p)`: each parameter
+    would be this rank's shard (and a writer's `.numpy()` would pin an unsharded one's storage):
+    the loop reads the parameters gathered whole instead, fetched on every rank before it."""
+    script, edits = ctx.script, ctx.edits
     if not (isinstance(loop.iter, cst.Call) and N.call_name(loop.iter) in ("parameters", "named_parameters")):
         return
     owner = N.receiver(loop.iter)
@@ -185,9 +188,22 @@ def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:
     if not isinstance(target, cst.Name):
         return
     for call in script.calls_in(loop.body):
-        if any(isinstance(a.value, cst.Name) and a.value.value == target.value for a in call.args):
-            ctx.edits.todo(loop, call, f"each parameter of `{model}` is handed to `{script.module.code_for_node(call.func)}`: under FSDP2 it is this rank's shard (gather it with `.full_tensor()` on every rank)")
-            return
+        if any(isinstance(n, cst.Name) and n.value == target.value for a in call.args for n in script.nodes_in(a, cst.Name)):
+            break  # `writer.add_histogram(name, p)`, `print(f"{name}: {p.norm()}")`
+    else:
+        return
+    if loop.iter.args:
+        edits.todo(loop, call, f"each parameter of `{model}` is handed to `{script.module.code_for_node(call.func)}`: under FSDP2 it is this rank's shard (gather it with `.full_tensor()` on every rank)")
+        return
+    holder = script.module.code_for_node(owner)
+    whole = re.sub(r"\W+", "_", holder.replace("self.", "")).strip("_") + "_whole"
+    edits.insert_before(loop, f"{whole} = get_model_state_dict({holder}, options=StateDictOptions(full_state_dict=True))  # every rank: the parameters gathered whole\n")
+    pairs = f"(name, {whole}[name]) for name, _ in {holder}.named_parameters()"
+    edits.replace(loop.iter, cst.parse_expression(f"({pairs})" if N.call_name(loop.iter) == "named_parameters" else f"({whole}[name] for name, _ in {holder}.named_parameters())"))
+    edits.need_import(N.STATE_DICT_MODULE, "get_model_state_dict")
+    edits.need_import(N.STATE_DICT_MODULE, "StateDictOptions")
+    ctx.collective_lines.add(loop)
+    edits.change(loop, f"each parameter of `{model}` handed to `{script.module.code_for_node(call.func)}` is gathered whole first (on every rank)")
 
 
 def _reads_parameters(ctx: Context, fn: cst.FunctionDef) -> bool:
