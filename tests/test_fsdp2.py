@@ -54,6 +54,32 @@ def env(batch: int, epochs: int, shuffle: bool = False) -> dict:
     return {"BATCH_SIZE": str(batch), "EPOCHS": str(epochs), "SHUFFLE": "1" if shuffle else "0"}
 
 
+PARAMETER_LOOPS = """\
+import torch
+import torch.nn as nn
+
+model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+for step in range(3):
+    loss = model(torch.randn(16, 4)).pow(2).mean()
+    model.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-0.1)
+for name, p in model.named_parameters():
+    print(name, p.norm())
+"""
+
+
+def test_a_loop_that_shows_the_parameters_reads_them_whole_one_that_updates_them_is_left():
+    """Under FSDP2 each parameter is this rank's shard: a loop that hands them to a print reads
+    them gathered whole; a loop that updates them by hand (`p.data.add_(p.grad, ...)`) must keep
+    the model's own parameters."""
+    code = convert_source(PARAMETER_LOOPS, "train.py", FSDP2).code
+    assert "for p in model.parameters():\n        p.data.add_(p.grad, alpha=-0.1)" in code
+    assert "for name, p in ((name, model_whole[name]) for name, _ in model.named_parameters()):" in code
+    assert code.index("model_whole = get_model_state_dict(model") < code.index("for name, p in ((name, model_whole")
+
+
 @pytest.mark.parametrize("case", sorted([*CASES, *LEFT_TO_THE_USER]))
 def test_golden_conversion(case, update_goldens):
     src, golden = FIXTURES / f"{case}.in.py", FIXTURES / f"{case}.out.py"

@@ -386,7 +386,7 @@ class RankAnalysis:
         cfg.ckpt_dir is not None:`), they are rank-0 flags."""
         found = self.__dict__.get("_rank0_fields")
         if found is None:
-            found = self.__dict__["_rank0_fields"] = frozenset()  # (recursion: none yet)
+            self.__dict__["_rank0_fields"] = frozenset()  # (recursion: none yet)
             found = self.__dict__["_rank0_fields"] = self._fields_set_here().union(
                 *(rank_analysis(index)._fields_set_here() for index in self.index.importers())
             )  # a launcher that imports this module sets them too: `params["log_to_screen"] = rank == 0`

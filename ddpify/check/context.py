@@ -190,8 +190,10 @@ class FileContext:
         every call, here or in an importer, is in rank-0-only code (`if rank == 0:
         misc.print_module_summary(net)`), in a branch a one-process run takes (`if world_size <
         2: test(model)`), in a function of this file that is itself rank 0's, idle or the
-        launcher's alone (`single_gpu_example()` beside `mp.spawn(worker)`), or in an importer that shows no sign of a distributed run (an inference script
-        beside the training one)?"""
+        launcher's alone (`single_gpu_example()` beside `mp.spawn(worker)`), or in an importer
+        that shows no sign of a distributed run (an inference script beside the training one)?
+        Not a function whose name is also read as a value (`mp.spawn(main_worker)`): it runs
+        wherever that value is called."""
         func = self.enclosing_func(node)
         if func is None or not isinstance(self.parent(func), cst.Module):
             return False

@@ -187,8 +187,15 @@ def _flag_parameters_handed_out(ctx: Context, loop: cst.For) -> None:
     target = loop.target.elements[-1].value if isinstance(loop.target, cst.Tuple) else loop.target
     if not isinstance(target, cst.Name):
         return
+    if any(  # `p.data.add_(p.grad, alpha=-lr)`: the loop updates the parameters, it does not show them
+        isinstance(node.value, cst.Name) and node.value.value == target.value and (node.attr.value in ("grad", "data") or node.attr.value.endswith("_"))
+        for node in script.nodes_in(loop.body, cst.Attribute)
+    ):
+        return
     for call in script.calls_in(loop.body):
-        if any(isinstance(n, cst.Name) and n.value == target.value for a in call.args for n in script.nodes_in(a, cst.Name)):
+        if any(isinstance(a.value, cst.Name) and a.value.value == target.value for a in call.args) or script.is_call_to(call, OUTPUT) and any(
+            isinstance(n, cst.Name) and n.value == target.value for a in call.args for n in script.nodes_in(a, cst.Name)
+        ):
             break  # `writer.add_histogram(name, p)`, `print(f"{name}: {p.norm()}")`
     else:
         return
