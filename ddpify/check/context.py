@@ -598,10 +598,10 @@ def _in_launcher(index: FileIndex, site: CallInfo, depth: int = 0) -> bool:
     return bool(callers) and depth < 3 and all(c.func is not site.func and _in_launcher(index, c, depth + 1) for c in callers)
 
 
-def _referenced(ctx: "FileContext", func: Func) -> bool:
-    """Is the function's name used other than as its definition (a callback, `hooks.append(f)`,
-    `__all__`)? Then "nothing calls it" is not known. A name that resolves to something else
-    (`from thop import profile` in another function), an import's or an attribute's name is not it."""
+def _uses_of(ctx: "FileContext", func: Func) -> list[Optional[cst.Name]]:
+    """The reads of the function's name in this file that may be it (None: its name in a
+    string, `__all__`): not its definition, not an import's or an attribute's name, not a name
+    that resolves to something else (`from thop import profile` in another function)."""
     used = ctx.__dict__.get("_names_used")
     if used is None:
         skip = {id(f.name) for f in ctx.index.all_functions}
@@ -614,19 +614,19 @@ def _referenced(ctx: "FileContext", func: Func) -> bool:
             elif isinstance(n, cst.SimpleString):
                 used.setdefault(n.value.strip("'\""), []).append(None)
     own = ctx.index.qnames(func.name)
-    return any(n is None or not (q := ctx.index.qnames(n)) or q & own for n in used.get(func.name.value, ()))
+    return [n for n in used.get(func.name.value, ()) if n is None or not (q := ctx.index.qnames(n)) or q & own]
+
+
+def _referenced(ctx: "FileContext", func: Func) -> bool:
+    """Is the function's name used other than as its definition (a call, a callback,
+    `hooks.append(f)`, `__all__`)? Then "nothing calls it" is not known."""
+    return bool(_uses_of(ctx, func))
 
 
 def _used_as_value(ctx: "FileContext", func: Func) -> bool:
     """Is the function's name read other than as the callee of a call (`validate_fn =
     validate_sphere if sphere else validate`, a callback)? Its call sites are then not all."""
-    _referenced(ctx, func)  # (fills the names used)
-    own = ctx.index.qnames(func.name)
-    return any(
-        n is not None and not (isinstance(ctx.parent(n), cst.Call) and ctx.parent(n).func is n)
-        and (not (q := ctx.index.qnames(n)) or q & own)
-        for n in ctx.__dict__["_names_used"].get(func.name.value, ())
-    )  # fmt: skip
+    return any(n is not None and not (isinstance(ctx.parent(n), cst.Call) and ctx.parent(n).func is n) for n in _uses_of(ctx, func))
 
 
 def _null_handler(index: FileIndex, call: cst.Call) -> bool:

@@ -38,8 +38,10 @@ def self_test_block(ctx: FileContext, node: cst.CSTNode) -> bool:
     if block is None or not any(p is block for p in ctx.ancestors(node)):
         return False
     inside = [ci for ci in ctx.calls if any(p is block for p in ctx.ancestors(ci.node))]
-    return not any(starts_group(ctx, ci) or ci.qnames & _PROCESS_STARTERS or ctx.local_callees(ci) and any(
-        _starts_workers(ctx, f) for f in ctx.local_callees(ci)) for ci in inside)
+    return not any(
+        starts_group(ctx, ci) or ci.qnames & _PROCESS_STARTERS or any(_starts_workers(ctx, f) for f in ctx.local_callees(ci))
+        for ci in inside
+    )
 
 
 def single_process_branch(ctx: FileContext, node: cst.CSTNode) -> bool:
