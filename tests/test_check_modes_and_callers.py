@@ -459,3 +459,52 @@ def test_a_function_picked_as_a_value_runs_where_the_value_is_called(picked, fla
     """`validate_sphere`'s one direct call is one process's (`if world_size < 2:`), but when the
     training loop calls it through `validate_fn`, it runs on every rank (DDP304 speaks)."""
     assert _codes(PICKED.format(picked=picked), "DDP304") == (["6 DDP304", "10 DDP304"] if flagged else ["6 DDP304"])
+
+
+TRAINER_METHOD = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, model, rank):
+        self.model = model
+        self.rank = rank
+
+    def show(self):
+        for name, p in self.model.named_parameters():
+            print(name, p.shape)
+
+    def step(self, x):
+        self.model(x).sum().backward()
+{call}
+
+def main():
+    dist.init_process_group("gloo")
+    trainer = Trainer(DDP(torch.nn.Linear(2, 2)), dist.get_rank())
+    for _ in range(3):
+        trainer.step(torch.randn(4, 2))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize(
+    "call, flagged",
+    [
+        ("", False),  # nothing calls it
+        ("        if self.rank == 0:\n            self.show()\n", False),  # rank 0 alone calls it
+        ('        getattr(self, "show")()\n', True),  # named by a string: its calls are not known
+        ("        self.show()\n", True),  # every rank calls it
+    ],
+)
+def test_a_method_of_the_programs_own_class_runs_where_its_calls_run(call, flagged):
+    """A method of a plain class of the program (no framework base class that may call it) that
+    nothing calls, or only rank 0 calls (`if self.rank == 0: self.show()`), prints once at most
+    (DDP302 silent); called on every rank, its print is N copies."""
+    found = _codes(TRAINER_METHOD.format(call=call), "DDP302")
+    assert found == (["13 DDP302"] if flagged else [])

@@ -195,6 +195,8 @@ class FileContext:
         Not a function whose name is also read as a value (`mp.spawn(main_worker)`): it runs
         wherever that value is called."""
         func = self.enclosing_func(node)
+        if func is not None and _own_method(self, func):
+            return self._method_rank0_or_idle(func)
         if func is None or not isinstance(self.parent(func), cst.Module):
             return False
         if not self.has_importers and not self.is_script:
@@ -220,6 +222,28 @@ class FileContext:
                 )  # fmt: skip
                 and all(rank_analysis(index).in_rank0(ci.node) or one_process_program(index) for index, ci in remote)
             )
+        return found[func]
+
+    def _method_rank0_or_idle(self, func: Func) -> bool:
+        """The same question for a method of a class only the program calls (see `_own_method`):
+        every call of a method of its name in the program (`trainer.summary()`,
+        `self.log_eval(...)`), here or in the files of the program around this one, is rank 0's,
+        a one-process branch's, or in a function that is itself rank 0's or idle; or there is
+        none. A read of the name that is not a call (`getattr(self, "summary")`, `fn =
+        self.summary`) leaves it unknown."""
+        if not self.has_importers and not self.is_script:
+            return False
+        found = self.__dict__.setdefault("_rank0_or_idle", {})
+        if func not in found:
+            found[func] = False  # (a call from itself, while this is worked out)
+            sites = _method_sites(self, func.name.value)
+            found[func] = sites is not None and all(
+                self.in_rank0(c) or flow(self.index).single_process(c)
+                or self.enclosing_func(c) is not None and self.rank0_or_idle(c)
+                if index is self.index
+                else rank_analysis(index).in_rank0(c) or one_process_program(index)
+                for index, c in sites
+            )  # fmt: skip
         return found[func]
 
     def launcher_only(self, node: cst.CSTNode) -> bool:
@@ -615,6 +639,65 @@ def _uses_of(ctx: "FileContext", func: Func) -> list[Optional[cst.Name]]:
                 used.setdefault(n.value.strip("'\""), []).append(None)
     own = ctx.index.qnames(func.name)
     return [n for n in used.get(func.name.value, ()) if n is None or not (q := ctx.index.qnames(n)) or q & own]
+
+
+def _own_method(ctx: "FileContext", func: Func) -> bool:
+    """Is `func` a method (not a dunder) of a top-level class of this file whose bases are none,
+    `object`, or such classes of this file? Only the program's own code calls it then: no
+    framework hook (`training_step`, `__getitem__`, a `Module`'s `forward`)."""
+    body = ctx.parent(func)
+    owner = ctx.parent(body) if isinstance(body, cst.IndentedBlock) else None
+    if not isinstance(owner, cst.ClassDef) or not isinstance(ctx.parent(owner), cst.Module):
+        return False
+    name = func.name.value
+    if name.startswith("__") and name.endswith("__") or func.decorators:
+        return False
+    classes = {c.name.value: c for c in ctx.module.body if isinstance(c, cst.ClassDef)}
+
+    def plain(cls: cst.ClassDef, seen: frozenset = frozenset()) -> bool:
+        for base in cls.bases:
+            base_name = dotted_name(base.value) if not base.keyword else None
+            if base_name == "object":
+                continue
+            if base_name not in classes or base_name in seen:
+                return False
+            if not plain(classes[base_name], seen | {base_name}):
+                return False
+        return True
+
+    return plain(owner)
+
+
+def _method_sites(ctx: "FileContext", name: str) -> Optional[list[tuple[FileIndex, cst.Call]]]:
+    """Every call `x.name(...)` in this file and the program's files around it, with its file's
+    index; None where the name is also read otherwise (an attribute not called, a string that
+    names it: `getattr(obj, "name")`)."""
+    sites = []
+    for index in [ctx.index, *ctx._importers]:
+        for node in _names_used(index).get(name, ()):
+            parent = index.parents.get(node)
+            if isinstance(parent, cst.Attribute) and parent.attr is node:
+                continue  # (the attribute's own name, seen as the attribute)
+            if isinstance(node, cst.Attribute) and isinstance(parent, cst.Call) and parent.func is node:
+                sites.append((index, parent))
+            elif isinstance(node, cst.Attribute) or index is ctx.index and not _defines(index, node):
+                return None
+        if name in _strings(index):
+            return None
+    return sites
+
+
+def _defines(index: FileIndex, node: cst.CSTNode) -> bool:
+    """Is this name the name of a function's definition?"""
+    parent = index.parents.get(node)
+    return isinstance(parent, cst.FunctionDef) and parent.name is node
+
+
+def _strings(index: FileIndex) -> frozenset[str]:
+    """The plain strings of the file's main module."""
+    return index.cached(
+        "plain_strings", lambda i: frozenset(v for n in iter_nodes(i.module) if isinstance(n, cst.SimpleString) and (v := string_value(n)))
+    )
 
 
 def _referenced(ctx: "FileContext", func: Func) -> bool:
