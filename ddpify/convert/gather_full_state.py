@@ -70,13 +70,76 @@ def run(ctx: Context) -> None:
             edits.change(call, f"`{owner}`'s whole state is gathered on every rank")
         else:  # gathered before the statement, which may be rank 0's alone (a save, a helper that saves)
             var = _free(taken, f"{owner.replace('self.', '').replace('.', '_')}_state")
-            edits.insert_before(line, f"{var} = {getter}, options={TO_FILE if save is not None else FULL})\n")
+            anchor = _outside_file_blocks(script, line)
+            edits.insert_before(anchor, f"{var} = {getter}, options={TO_FILE if save is not None else FULL})\n")
             edits.replace(call, cst.Name(var))
-            ctx.collective_lines.add(line)
+            ctx.collective_lines.add(anchor)
             edits.change(call, f"`{owner}`'s whole state is gathered on every rank (a collective) before it is used")
+    whole = [c for c in script.calls if script.is_call_to(c, N.TORCH_SAVE) and _saved_model(script, c, models)]
+    for save in whole:
+        _save_whole(ctx, save, _saved_model(script, save, models), taken)
+    _reload_whole(ctx, models, saved_whole=bool(whole))
+
+
+def _saved_model(script, save: cst.Call, models: set[str]) -> str | None:
+    """The sharded model `torch.save(model, f)` pickles whole, if it does."""
+    args = N.positional(save)
+    owner = ref_of(args[0].value) if args else None
+    return owner if owner in models else None
+
+
+def _save_whole(ctx: Context, save: cst.Call, model: str, taken: set[str]) -> None:
+    """`torch.save(model, f)`: a pickled sharded module loads nowhere without FSDP2 and the same
+    world size, so the file gets the model's whole state dict, gathered on every rank before
+    the statement rank 0 alone may run; a reload of the file loads it into the model."""
+    script, edits = ctx.script, ctx.edits
+    line = script.statement_line(save)
+    if line is None or not ctx.after_wrap(save, model):
+        edits.todo(script.statement_line(save) or save, save, "saves the whole sharded model object: save get_model_state_dict(...) instead")
+        return
+    anchor = _outside_file_blocks(script, line)
+    var = _free(taken, f"{model.replace('self.', '').replace('.', '_')}_state")
+    edits.need_import(N.STATE_DICT_MODULE, "StateDictOptions")
+    edits.need_import(N.STATE_DICT_MODULE, "get_model_state_dict")
+    edits.insert_before(anchor, f"{var} = get_model_state_dict({model}, options={TO_FILE})\n")
+    edits.replace(N.positional(save)[0].value, cst.Name(var))
+    ctx.collective_lines.add(anchor)
+    edits.change(save, f"the file holds `{model}`'s whole state dict, gathered on every rank (a pickled sharded model loads only under FSDP2)")
+
+
+def _reload_whole(ctx: Context, models: set[str], saved_whole: bool) -> None:
+    """`model = torch.load(f)` of the sharded model after the wrap: every rank loads its shard of
+    the whole state into `model`, which stays sharded: the file's state dict when this script
+    saves the model whole (`_save_whole` writes one), else the pickled model's `.state_dict()`."""
+    script, edits = ctx.script, ctx.edits
     for call in script.calls:
-        if script.is_call_to(call, N.TORCH_SAVE) and N.positional(call) and ref_of(N.positional(call)[0].value) in models:
-            edits.todo(script.statement_line(call) or call, call, "saves the whole sharded model object: save get_model_state_dict(...) instead")
+        assign = script.parent(call)
+        if not (script.is_call_to(call, N.TORCH_LOAD) and isinstance(assign, cst.Assign) and assign.value is call):
+            continue
+        owner = ref_of(assign.targets[0].target)
+        if owner not in models or not ctx.after_wrap(assign, owner):
+            continue
+        edits.need_import(N.STATE_DICT_MODULE, "StateDictOptions")
+        edits.need_import(N.STATE_DICT_MODULE, "set_model_state_dict")
+
+        def reload(updated: cst.Assign, owner: str = owner) -> cst.Expr:
+            load = script.module.code_for_node(updated.value) + ("" if saved_whole else ".state_dict()")
+            return cst.Expr(edits.expression(f"set_model_state_dict({owner}, {load}, options={FULL})"))
+
+        edits.rewrite(assign, reload)
+        ctx.reloads.add(assign)
+        edits.change(call, f"every rank loads its shard of the saved weights into `{owner}` (it stays sharded)")
+
+
+def _outside_file_blocks(script, line: cst.CSTNode) -> cst.CSTNode:
+    """The statement to gather before: `line`, or the outermost `with open(...)` block around it
+    (rank 0 alone runs that block once it is guarded; a collective inside it would hang)."""
+    anchor, node = line, script.parent(line)
+    while isinstance(node, cst.IndentedBlock) and isinstance(outer := script.parent(node), cst.With):
+        if not any(isinstance(i.item, cst.Call) and N.call_name(i.item) == "open" for i in outer.items):
+            break
+        anchor, node = outer, script.parent(outer)
+    return anchor
 
 
 def _load(ctx: Context, call: cst.Call, owner: str, model: str) -> None:

@@ -612,8 +612,8 @@ def _save(original):
         stripped = {str(k)[len("module."):]: v for k, v in state.items()} if prefixed else None
         _trace["saves"].append(
             dict(
-                path=os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__,
-                file=_absolute(f),
+                path=os.fspath(f) if isinstance(f, (str, os.PathLike)) else _file_name(f) or type(f).__name__,
+                file=_absolute(f if isinstance(f, (str, os.PathLike)) else _file_name(f)),
                 obj_type=type(obj).__name__,
                 keys=list(state) if state is not None else None,
                 shapes={k: list(v.shape) for k, v in state.items()} if state is not None else None,
@@ -640,6 +640,12 @@ def _load(original):
         return original(f, *args, **kwargs)
 
     return load
+
+
+def _file_name(f) -> str | None:
+    """The path of a file object the script opened (`with open(path, "wb") as f`), else None."""
+    name = getattr(f, "name", None)
+    return name if isinstance(name, str) and name else None
 
 
 def _absolute(f) -> str | None:
