@@ -37,12 +37,13 @@ CASES = {
     "sampler_method": (256, 2, "refiner.pt", "Refiner", r"epoch \d: loss [\d.]+, refined probe mean", 1e-5),
     "own_method": (256, 2, "tagger.pt", "StepTagger", r"epoch \d: mean batch loss", 1e-5),  # a method of its own reads the parameters
     "whole_model": (256, 2, "curve.pt", "CurveFit", r"epoch \d: mse", 1e-5),  # the whole object saved, reloaded, probed on rank 0
+    "penalty": (256, 2, "critic.pt", "Critic", r"epoch \d: critic", 1e-5),  # a gradient penalty: the critic replicated, the generator sharded
 }
-FP32_ORIGINALS = ("mlp", "cnn_stages", "factory", "sampler_method", "own_method", "whole_model")
+MODELS = {"penalty": {"Sequential": "fsdp2", "Critic": "replicate"}}  # (the default: the model class, sharded)
+FP32_ORIGINALS = ("mlp", "cnn_stages", "factory", "sampler_method", "own_method", "whole_model", "penalty")
 # Inputs whose every TODO is pinned: what FSDP2 cannot do as the script does it (not run).
 LEFT_TO_THE_USER = {
     "outside_forward": [
-        "a gradient of a gradient (create_graph=True",
         "`critic.code_scale()` reads the model's parameters outside forward",
         "FSDP2 cannot deepcopy a sharded model",
         "FSDP2 shards contiguous parameters only",
@@ -196,8 +197,8 @@ def test_sharded_training_matches_one_process_with_double_batch(runs, case):
     traces = ran(dist, case, NPROC)
     for rank, t in enumerate(traces):
         assert [(g["backend"], g["world_size"], g["rank"]) for g in t["init_process_group"]] == [("gloo", NPROC, rank)]
-        assert t["ddp_wrapped"] == 1 and t["ddp_models"][0]["kind"] == "fsdp2", t["ddp_models"]
-        assert t["ddp_models"][0]["module"].endswith(model_class)  # the root, its blocks folded into it
+        wrapped = {m["module"]: m.get("kind") for m in t["ddp_models"]}  # the roots, their blocks folded into them
+        assert t["ddp_wrapped"] == len(wrapped) and wrapped == MODELS.get(case, {model_class: "fsdp2"}), t["ddp_models"]
         assert t["uncovered"] == [], "an optimizer trains parameters fully_shard never sharded"
         assert t["destroy_process_group"] == 1 and not t["dist_initialized_at_exit"]
         assert all(len(steps) > 0 for steps in t["optimizer_steps"]) and t["optimizer_steps"]

@@ -259,6 +259,7 @@ FSDP1_CLASSES = frozenset(
 DIST_MODULE = "torch.distributed"
 DDP_MODULE = "torch.nn.parallel"
 FSDP_MODULE = "torch.distributed.fsdp"
+REPLICATE_MODULE = "torch.distributed._composable.replicate"  # DDP without a wrapper (torchtitan's apply_ddp)
 MESH_MODULE = "torch.distributed.device_mesh"
 STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
 DCP_MODULE = "torch.distributed.checkpoint"

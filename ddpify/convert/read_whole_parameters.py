@@ -50,6 +50,7 @@ def _sharded_root(ctx: Context, node: cst.CSTNode) -> str | None:
     """The sharded model an attribute chain starts from (`model`, `self.model`), if any."""
     script = ctx.script
     here = (set(script.models) - set(script.run_with_weights)) | set(script.ddp_names.get(script.scope_of(node), ()))
+    here -= ctx.replicated  # (whole on every rank)
     while isinstance(node, (cst.Attribute, cst.Subscript)):  # `model.body[2].bias`
         ref = ref_of(node)
         if ref in here:

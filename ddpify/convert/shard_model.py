@@ -33,6 +33,7 @@ POLICY = "mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dt
 
 def run(ctx: Context) -> None:
     mixed = _bf16_autocasts(ctx)
+    ctx.replicated |= _differentiated_twice(ctx)
     for model, scope in ctx.script.models.items():
         if model in ctx.script.run_with_weights:
             send_unwrapped(ctx, model, scope)  # run with weights passed in: replicated, averaged by hand
@@ -48,9 +49,13 @@ def _flag_unsupported(ctx: Context) -> None:
     script = ctx.script
     sharded = {m for m in script.models if m not in script.run_with_weights}
     for call in script.calls:
+        if N.call_name(call) == "to" and any(mentions(call.func, m) for m in ctx.replicated):
+            continue  # (a replicated model keeps any memory format)
         create_graph = N.keyword(call, "create_graph")
         if script.is_call_to(call, N.AUTOGRAD_GRAD) and _of_unsharded(script, call):
             continue  # the parameters of a model run with weights passed in: it is not sharded
+        if script.is_call_to(call, N.AUTOGRAD_GRAD) and _models_differentiated(ctx, call) & ctx.replicated:
+            continue  # that model is replicated, not sharded
         if script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and script.module.code_for_node(create_graph.value) != "False":
             why = "a gradient of a gradient (create_graph=True, e.g. a gradient penalty) through a model FSDP2 shards is not supported: convert with --to ddp"
         elif script.is_call_to(call, N.DEEPCOPY) and call.args and ref_of(call.args[0].value) in sharded and ctx.after_wrap(call, ref_of(call.args[0].value)):
@@ -62,6 +67,48 @@ def _flag_unsupported(ctx: Context) -> None:
         else:
             continue
         ctx.edits.todo(script.statement_line(call) or call, call, why)
+
+
+def _differentiated_twice(ctx: Context) -> set[str]:
+    """The models a gradient of a gradient runs through (`torch.autograd.grad(outputs=D(x), ...,
+    create_graph=True)`: a gradient penalty). FSDP2 does not support double backward, so they
+    are replicated instead (DDP's all-reduce of gradients, no wrapper), the others sharded."""
+    found: set[str] = set()
+    for call in ctx.script.calls:
+        create_graph = N.keyword(call, "create_graph")
+        if ctx.script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and ctx.script.module.code_for_node(create_graph.value) != "False":
+            found |= _models_differentiated(ctx, call)
+    return found - set(ctx.script.run_with_weights)
+
+
+def _models_differentiated(ctx: Context, grad: cst.Call) -> set[str]:
+    """The models whose forward gives `grad`'s outputs: `d = D(x)` in its function, where `D` is
+    a model or a parameter every call of the function fills with one."""
+    script = ctx.script
+    outputs = N.keyword(grad, "outputs") or next(iter(N.positional(grad)[:1]), None)
+    if outputs is None:
+        return set()
+    scope = script.scope_of(grad)
+    values = [outputs.value] + [  # `grad(D(x).sum(), x, ...)`, or `d = D(x)` before `grad(d, x, ...)`
+        a.value for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == ref_of(outputs.value) is not None
+    ]
+    callers = {ref_of(c.func) for v in values for c in [*([v] if isinstance(v, cst.Call) else []), *script.calls_in(v)]}
+    found = {c for c in callers if c in script.models}
+    fn = scope if isinstance(scope, cst.FunctionDef) else None
+    for param in callers - found if fn is not None else ():
+        position = _position(fn, param)
+        for call in script.calls:
+            if script.local_function(call) is not fn:
+                continue
+            arg = N.keyword(call, param) or (N.positional(call)[position] if position is not None and position < len(N.positional(call)) else None)
+            if arg is not None and ref_of(arg.value) in script.models:
+                found.add(ref_of(arg.value))
+    return found
+
+
+def _position(fn: cst.FunctionDef, name: str | None) -> int | None:
+    params = [p.name.value for p in [*fn.params.posonly_params, *fn.params.params]]
+    return params.index(name) if name in params else None
 
 
 def _of_unsharded(script, grad: cst.Call) -> bool:
@@ -100,6 +147,9 @@ def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
             edits.change(before, "bf16 autocast becomes a MixedPrecisionPolicy (bf16 parameters, gradients reduced in fp32)")
         return
     last = wrap_point(ctx, model, scope, body)
+    if model in ctx.replicated:
+        _replicate(ctx, model, scope, last)
+        return
     optimizer = _optimizer_built(ctx, model, body, last)
     anchor = last
     if optimizer is not None:
@@ -120,6 +170,16 @@ def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
         edits.note(anchor, f"`{model}` has no repeated blocks ddpify can see: one unit, gathered whole for every forward (--shard CLASS names its blocks; if it fits one GPU, --to ddp is faster)")
     if policy:
         edits.change(anchor, "bf16 autocast becomes a MixedPrecisionPolicy (bf16 parameters, gradients reduced in fp32)")
+
+
+def _replicate(ctx: Context, model: str, scope, last: cst.CSTNode) -> None:
+    """`replicate(model)`: DDP's gradient all-reduce in place (no wrapper, `model` keeps its own
+    attributes, as a sharded one does), for a model FSDP2 cannot shard."""
+    ctx.wrap_after[model] = last
+    ctx.edits.insert_after(last, f"replicate({model})  # FSDP2 cannot take a gradient of a gradient: DDP's all-reduce, in place\n")
+    ctx.edits.need_import(N.REPLICATE_MODULE, "replicate")
+    ctx.edits.need_import(N.DIST_MODULE, asname="dist")
+    ctx.edits.change(last, f"`{model}` takes a gradient of a gradient (create_graph=True), which FSDP2 does not support: it is replicated (DDP's gradient averaging, in place), not sharded")
 
 
 def _imports(ctx: Context) -> None:

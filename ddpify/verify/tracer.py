@@ -86,6 +86,7 @@ import builtins
 import faulthandler
 import functools
 import hashlib
+import importlib
 import inspect
 import io
 import json
@@ -808,6 +809,9 @@ COLLECTIVES = (
 def _ddp_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
+        replicated = _state.get("replicated_params", ())
+        if replicated and all(id(p) in replicated for p in self.parameters()):
+            return  # the DDP a `replicate(module)` builds at its first forward: traced as that module
         _trace["ddp_wrapped"] += 1
         self._ddpify_trace_index = len(_ddp_models)
         _ddp_models.append(self)
@@ -833,6 +837,35 @@ def _install_fsdp2_hooks() -> None:
     composable = sys.modules.get("torch.distributed._composable.fsdp")
     if composable is not None and hasattr(composable, "fully_shard"):
         composable.fully_shard = fsdp.fully_shard
+    try:
+        importlib.import_module("torch.distributed._composable.replicate")
+    except ImportError:
+        return
+    _wrap(sys.modules["torch.distributed._composable.replicate"], "replicate", _replicate)
+
+
+def _replicate(original):
+    """`replicate(module)`: DDP in place (a model FSDP2 cannot shard), traced as this module, of
+    kind "replicate" (the DDP it builds at the first forward is not traced again)."""
+    @functools.wraps(original)  # (with its `state` attribute, which `replicate` reads through its own global name)
+    def replicate(module, *args, **kwargs):
+        name = type(module).__name__  # (replicate changes the class to DDP<name>)
+        result = original(module, *args, **kwargs)
+        _state.setdefault("replicated_params", set()).update(id(p) for p in module.parameters())
+        _trace["ddp_wrapped"] += 1
+        module._ddpify_trace_index = len(_ddp_models)
+        _ddp_models.append(module)
+        _state["ddp_params"].update(id(p) for p in module.parameters())
+        _trace["ddp_models"].append(
+            dict(module=name, kind="replicate", params=sum(1 for _ in module.parameters()),
+                 where=_user_frame(), event=_event())
+        )  # fmt: skip
+        _trace["ddp_forwards"].append([])
+        module.register_forward_pre_hook(_record_tokens)
+        module.register_forward_pre_hook(_record_forward_params)
+        return result
+
+    return replicate
 
 
 def _fully_shard(original):
