@@ -508,3 +508,132 @@ def test_a_method_of_the_programs_own_class_runs_where_its_calls_run(call, flagg
     (DDP302 silent); called on every rank, its print is N copies."""
     found = _codes(TRAINER_METHOD.format(call=call), "DDP302")
     assert found == (["13 DDP302"] if flagged else [])
+
+
+LAUNCHED = """\
+import argparse
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, default=0)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29500", rank=args.rank, world_size=torch.cuda.device_count())
+    for epoch in range(3):
+        print("epoch", epoch)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+STARTER = """\
+import argparse
+import os
+import subprocess
+
+import torch
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--script")
+    args = parser.parse_args()
+    processes = []
+    for i in range(torch.cuda.device_count()):
+        out = None if i == 0 else open(os.devnull, "w")
+        processes.append(subprocess.Popen({python} + [args.script, f"--rank={{i}}"], stdout=out))
+    for p in processes:
+        p.wait()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("python, flagged", [("['python3']", False), ("[sys.executable]", False), ("['echo']", True)])
+def test_a_launcher_beside_the_script_that_starts_python_with_its_own_stdout_per_process(tmp_path: Path, python, flagged):
+    """`distribute.py --script train.py` beside the script starts each rank as `['python3'] +
+    command` with the output of all but the first sent to os.devnull: one copy of each line
+    (DDP302 silent), as with `[sys.executable]`; a starter of something else is no launcher."""
+    imports = "import sys\n" if "sys" in python else ""
+    write_files(tmp_path, {"train.py": LAUNCHED, "distribute.py": imports + STARTER.format(python=python)})
+    assert [c for c in codes(tmp_path / "train.py", "DDP302")] == (["13 DDP302"] if flagged else [])
+
+
+SPAWNER = """\
+import argparse
+
+import fire
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tqdm import tqdm
+
+
+def worker(rank, world_size):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29500", rank=rank, world_size=world_size)
+    for step in tqdm(range(10){disable}):
+        pass
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preview", action="store_true")
+    args = parser.parse_args()
+    if args.preview:
+        for i in tqdm(range(4)):
+            print(i)
+        return
+    mp.spawn(worker, args=(2,), nprocs=2)
+
+
+if __name__ == "__main__":
+    fire.Fire(main)
+"""
+
+
+@pytest.mark.parametrize("disable, flagged", [("", ["11 DDP304"]), (", disable=rank != 0", [])])
+def test_code_of_the_function_that_spawns_the_workers_runs_in_one_process(disable, flagged):
+    """`if args.preview: ...; return` before `mp.spawn(...)` runs in the launcher alone (its
+    function handed to `fire.Fire`): its bar is drawn once (DDP304 silent there); the worker's
+    bar is every rank's."""
+    assert _codes(SPAWNER.format(disable=disable), "DDP304") == flagged
+
+
+RUNNER = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+class Runner:
+    def __init__(self, model, device=torch.device("cuda:0")):
+        self.model = model.to(device)
+
+
+def main():
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank)
+    runner = Runner(torch.nn.Linear(2, 2){device})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("device, flagged", [(", device", []), (", device=device", []), ("", ["8 DDP106"])])
+def test_a_gpu_index_as_a_parameters_default_that_every_call_overrides(device, flagged):
+    """`device=torch.device("cuda:0")` as a constructor's default is never used when every
+    construction passes the device (DDP106 silent); a construction that leaves it out uses GPU 0
+    on every rank."""
+    assert _codes(RUNNER.format(device=device), "DDP106") == flagged

@@ -205,10 +205,14 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
 _MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']""", re.MULTILINE)  # a file run as a program
 
 
+_INTERPRETER = re.compile(r"""sys\.executable|["']python[\d.]*["']""")  # `[sys.executable] + args`, `['python3'] + command`
+
+
 def sibling_launchers(target: Path, read=None) -> list[cst.Module]:
     """The files beside `target` that start processes of the interpreter themselves and send
-    their output somewhere (`subprocess.Popen([sys.executable] + args, stdout=...)`: a launcher
-    of the project's own, run as `python multiproc.py train.py ...`), parsed."""
+    their output somewhere (`subprocess.Popen([sys.executable] + args, stdout=...)`,
+    `Popen(['python3'] + command, stdout=...)`: a launcher of the project's own, run as `python
+    multiproc.py train.py ...` or `distribute.py --script train.py`), parsed."""
     read = read or (lambda path: path.read_text(encoding="utf-8"))
     found = []
     try:
@@ -218,7 +222,7 @@ def sibling_launchers(target: Path, read=None) -> list[cst.Module]:
     for path in siblings[:MAX_IMPORTER_FILES]:
         try:
             text = read(path)
-            if "sys.executable" in text and "stdout=" in text:
+            if _INTERPRETER.search(text) and "stdout=" in text:
                 found.append(cst.parse_module(text))
         except Exception:  # noqa: BLE001 - unreadable or not Python 3: not a launcher we can read
             continue

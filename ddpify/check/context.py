@@ -46,8 +46,10 @@ from ddpify.analysis.names import (  # re-exported for the rules
     FRAMEWORKS,
     FULLY_SHARD,
     INIT_PROCESS_GROUP,
+    PROCESS_CLASSES,
     SET_DEVICE_CALLS,
     SPAWN,
+    START_PROCESSES,
 )
 from ddpify.analysis.flow import flow
 from ddpify.analysis.log_levels import LEVELS, is_handler_setting, is_level_setting, set_level
@@ -135,6 +137,11 @@ class FileContext:
     @cached_property
     def _importers(self) -> list[FileIndex]:
         return [index_of(m) for m in self.project.importers] if self.project is not None else []
+
+    @property
+    def program_indexes(self) -> list[FileIndex]:
+        """The indexes of the files of the program around this one (its importers and what they import)."""
+        return self._importers
 
     @property
     def is_script(self) -> bool:
@@ -238,10 +245,12 @@ class FileContext:
             found[func] = False  # (a call from itself, while this is worked out)
             sites = _method_sites(self, func.name.value)
             found[func] = sites is not None and all(
-                self.in_rank0(c) or flow(self.index).single_process(c)
-                or self.enclosing_func(c) is not None and self.rank0_or_idle(c)
-                if index is self.index
-                else rank_analysis(index).in_rank0(c) or one_process_program(index)
+                _in_launching_function(index, c) or (
+                    self.in_rank0(c) or flow(self.index).single_process(c)
+                    or self.enclosing_func(c) is not None and self.rank0_or_idle(c)
+                    if index is self.index
+                    else rank_analysis(index).in_rank0(c) or one_process_program(index)
+                )
                 for index, c in sites
             )  # fmt: skip
         return found[func]
@@ -642,7 +651,7 @@ def _uses_of(ctx: "FileContext", func: Func) -> list[Optional[cst.Name]]:
 
 
 def _own_method(ctx: "FileContext", func: Func) -> bool:
-    """Is `func` a method (not a dunder) of a top-level class of this file whose bases are none,
+    """Is `func` a method (not a dunder, not a property) of a top-level class of this file whose bases are none,
     `object`, or such classes of this file? Only the program's own code calls it then: no
     framework hook (`training_step`, `__getitem__`, a `Module`'s `forward`)."""
     body = ctx.parent(func)
@@ -650,7 +659,7 @@ def _own_method(ctx: "FileContext", func: Func) -> bool:
     if not isinstance(owner, cst.ClassDef) or not isinstance(ctx.parent(owner), cst.Module):
         return False
     name = func.name.value
-    if name.startswith("__") and name.endswith("__") or func.decorators:
+    if name.startswith("__") and name.endswith("__") or any(_read_as_attribute(d.decorator) for d in func.decorators):
         return False
     classes = {c.name.value: c for c in ctx.module.body if isinstance(c, cst.ClassDef)}
 
@@ -666,6 +675,20 @@ def _own_method(ctx: "FileContext", func: Func) -> bool:
         return True
 
     return plain(owner)
+
+
+def _in_launching_function(index: FileIndex, node: cst.CSTNode) -> bool:
+    """Is `node` in a function that starts the worker processes itself (`mp.spawn(run, ...)` in
+    it): the launcher's one process, not a worker?"""
+    func = index.enclosing_func(node)
+    starts = SPAWN | START_PROCESSES | PROCESS_CLASSES
+    return func is not None and any(ci.func is func and ci.qnames & starts for ci in index.calls)
+
+
+def _read_as_attribute(decorator: cst.BaseExpression) -> bool:
+    """`@property`, `@cached_property`, `@x.setter`: the method runs when the attribute is read."""
+    name = dotted_name(decorator.func if isinstance(decorator, cst.Call) else decorator) or ""
+    return name.rpartition(".")[2] in ("property", "cached_property", "setter", "getter", "deleter")
 
 
 def _method_sites(ctx: "FileContext", name: str) -> Optional[list[tuple[FileIndex, cst.Call]]]:

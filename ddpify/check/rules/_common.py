@@ -23,11 +23,13 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
     (`if rank == 0 or cfg.log_all_ranks:`: every rank only when asked), not tagged with the rank,
     not in the branch a one-process run takes, not in a helper the program calls only on rank 0
     or never, nor only in the launcher process before it spawns the workers, nor in a program
-    whose every `init_process_group` is switched off by a constant)."""
+    whose every `init_process_group` is switched off by a constant, nor in the function that
+    starts the workers itself: `if args.generate: ...; return` before its `mp.spawn(...)`)."""
+    func = ctx.enclosing_func(call)
     return (
         not ctx.under_rank_test(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
         and not ctx.rank0_or_idle(call) and not ctx.launcher_only(call) and not ctx.group_never_started
-        and not self_test_block(ctx, call)
+        and not self_test_block(ctx, call) and not (func is not None and _starts_workers(ctx, func))
     )  # fmt: skip
 
 

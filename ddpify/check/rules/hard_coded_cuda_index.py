@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.check.context import int_value, positional, string_value
+from ddpify.check.context import dotted_name, int_value, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import library_code, single_process_branch
 
@@ -69,6 +69,8 @@ class HardCodedCudaIndex(Rule):
             if ctx.in_rank0(ci.node):
                 continue  # rank 0 (local rank 0 of its node): GPU 0 is its own
             args = ci.node.args
+            if _default_always_passed(ctx, ci.node):
+                continue  # `device=torch.device("cuda:0")` as a parameter's default every caller overrides
             if ci.is_(*N.TORCH_DEVICE) and len(args) >= 2 and int_value(args[1].value) is not None:
                 if string_value(args[0].value) == "cuda":
                     yield Report(ci.node)
@@ -102,3 +104,49 @@ def _rebound_per_process(ctx, call: cst.Call) -> bool:
         return False
     name = parent.targets[0].target.value
     return any(b.dotted == name and b.value is not call and ctx.reads_rank(b.value) for b in ctx.assignments)
+
+
+def _default_always_passed(ctx, node: cst.CSTNode) -> bool:
+    """Is `node` a parameter's default (`device=torch.device("cuda:0")`) that every call of its
+    function, here or in the files that import this one, fills (`Runner(model, device)`,
+    `super().__init__(model, device)`)? A call that may leave it out (`**kwargs`, a subclass
+    that inherits the constructor) leaves the default in use."""
+    param = next((p for p in ctx.ancestors(node) if isinstance(p, cst.Param)), None)
+    func = ctx.parent(ctx.parent(param)) if param is not None else None
+    if not isinstance(func, cst.FunctionDef) or param.default is None:
+        return False
+    params = [p.name.value for p in [*func.params.posonly_params, *func.params.params]]
+    name, position = param.name.value, params.index(param.name.value) if param in func.params.params else None
+    owner = ctx.parent(ctx.parent(func))
+    callee = func.name.value
+    if isinstance(owner, cst.ClassDef):
+        position = position - 1 if position else None  # (`self` is not passed)
+        if callee == "__init__":
+            callee = owner.name.value
+            if any(_inherits_init(c, owner.name.value) for c in ctx.module.body if isinstance(c, cst.ClassDef)):
+                return False
+    sites = [c for index in [ctx.index, *ctx.program_indexes] for c in index.calls if c.name == callee]
+    if func.name.value == "__init__":  # `super().__init__(model, device)` in a subclass's constructor
+        sites += [c for c in ctx.calls if c.name == "__init__" and isinstance(c.receiver, cst.Call) and _in_subclass(ctx, c.node, callee)]
+    return bool(sites) and all(_fills(c.node, name, position) for c in sites)
+
+
+def _in_subclass(ctx, node: cst.CSTNode, base: str) -> bool:
+    """Is `node` in a class that names `base` among its bases?"""
+    cls = next((p for p in ctx.ancestors(node) if isinstance(p, cst.ClassDef)), None)
+    return cls is not None and any(dotted_name(b.value) == base for b in cls.bases)
+
+
+def _inherits_init(cls: cst.ClassDef, base: str) -> bool:
+    """A subclass of `base` with no constructor of its own: built with `base`'s defaults."""
+    if not any(dotted_name(b.value) == base for b in cls.bases):
+        return False
+    return not any(isinstance(s, cst.FunctionDef) and s.name.value == "__init__" for s in cls.body.body)
+
+
+def _fills(call: cst.Call, name: str, position: int | None) -> bool:
+    if any(a.star for a in call.args):
+        return False  # `*args`, `**kwargs`: unknown
+    if any(a.keyword is not None and a.keyword.value == name for a in call.args):
+        return True
+    return position is not None and len([a for a in call.args if a.keyword is None]) > position
