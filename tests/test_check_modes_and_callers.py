@@ -637,3 +637,71 @@ def test_a_gpu_index_as_a_parameters_default_that_every_call_overrides(device, f
     construction passes the device (DDP106 silent); a construction that leaves it out uses GPU 0
     on every rank."""
     assert _codes(RUNNER.format(device=device), "DDP106") == flagged
+
+
+SAVER = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    dist.init_process_group("gloo")
+    is_master = int(os.environ["LOCAL_RANK"]) in (-1, 0)
+    model = torch.nn.Linear(2, 2)
+
+    def due(epoch):
+        if {test}:
+            return False
+        return epoch % 2 == 0
+
+    for epoch in range(4):
+        if due(epoch):
+            torch.save(model.state_dict(), "last.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("not is_master", []), ("epoch < 1", ["19 DDP301"])])
+def test_a_predicate_that_returns_false_off_rank0_guards_what_it_decides(test, flagged):
+    """`def due(epoch): if not is_master: return False; ...` then `if due(epoch): torch.save(...)`:
+    only rank 0 saves (DDP301 silent); a predicate that tests something else guards no rank."""
+    assert _codes(SAVER.format(test=test), "DDP301") == flagged
+
+
+QUIET_BY_DEFAULT = """\
+import torch.distributed as dist
+from tqdm import tqdm
+
+
+class Trainer:
+    def run_epoch(self, loader, show_bar=False):
+        if show_bar:
+            loader = tqdm(loader)
+        for batch in loader:
+            pass
+
+
+def main():
+    dist.init_process_group("gloo")
+    trainer = Trainer()
+    for epoch in range(2):
+        trainer.run_epoch(range(8){passed})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("passed, flagged", [("", []), (", show_bar=True", ["8 DDP304"]), (", True", ["8 DDP304"])])
+def test_a_branch_under_a_parameter_off_by_default_that_no_call_turns_on_never_runs(passed, flagged):
+    """`if show_bar:` where `show_bar=False` and no call passes it: the bar is never drawn
+    (DDP304 silent); a call that turns it on, by keyword or by position, draws it on every rank."""
+    assert _codes(QUIET_BY_DEFAULT.format(passed=passed), "DDP304") == flagged

@@ -204,7 +204,7 @@ class RankAnalysis:
             return 0
         if isinstance(e, cst.Call):
             n = last_name(e.func) or ""
-            return 1 if MAIN_PROCESS_RE.match(n) else 0
+            return 1 if MAIN_PROCESS_RE.match(n) or self._false_off_rank0(e) else 0
         if isinstance(e, cst.Subscript) and len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):
             key = string_value(e.slice[0].slice.value)
             return 1 if key is not None and key in self.rank0_fields else 0
@@ -230,6 +230,24 @@ class RankAnalysis:
             finally:
                 self._resolving.discard(key)
         return 0
+
+    def _false_off_rank0(self, call: cst.Call) -> bool:
+        """A call of the project's predicate that first returns False off rank 0 (`def
+        do_save(epoch): if not is_master: return False; ...`, then `if do_save(epoch):`)."""
+        info = self.index.call_info.get(call)
+        callees = self.index.local_callees(info) if info is not None else []
+        if len(callees) != 1 or callees[0] in self._resolving:
+            return False
+        self._resolving.add(callees[0])
+        try:
+            for stmt in callees[0].body.body:
+                if isinstance(stmt, cst.If) and stmt.orelse is None and _returns_false(stmt.body) and self.rank_test(stmt.test) == -1:
+                    return True
+                if any(isinstance(n, cst.Return) for n in iter_nodes(stmt)):
+                    return False  # a return before the guard
+        finally:
+            self._resolving.discard(callees[0])
+        return False
 
     def _passed_test(self, e: cst.Name) -> int:
         """A parameter every caller fills with the same kind of rank test (`print_variables(model,
@@ -593,6 +611,15 @@ def _presence_value(value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.Call) and last_name(value.func) in ("hasattr", "isinstance", "callable"):
         return True
     return env_presence(value)
+
+
+def _returns_false(block: cst.BaseSuite) -> bool:
+    """A block that is only `return False` (or `return`, `return None`)."""
+    body = list(block.body)
+    small = body[0].body[0] if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 else None
+    if isinstance(block, cst.SimpleStatementSuite) and len(block.body) == 1:
+        small = block.body[0]
+    return isinstance(small, cst.Return) and (small.value is None or is_false(small.value) or _is_none(small.value))
 
 
 def _is_none(expr: cst.BaseExpression) -> bool:

@@ -10,7 +10,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis import rank
 from ddpify.analysis.flow import flow
 from ddpify.analysis.index import main_guard
-from ddpify.check.context import FileContext, dotted_name, last_name
+from ddpify.check.context import FileContext, dotted_name, int_value, is_false, last_name
 
 
 def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
@@ -30,7 +30,41 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
         not ctx.under_rank_test(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
         and not ctx.rank0_or_idle(call) and not ctx.launcher_only(call) and not ctx.group_never_started
         and not self_test_block(ctx, call) and not (func is not None and _starts_workers(ctx, func))
+        and not never_taken(ctx, call)
     )  # fmt: skip
+
+
+def never_taken(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """Is `node` under `if flag:` where `flag` is a parameter whose default is off (`False`,
+    `None`, `0`) and no call of its function in the program passes it (`wrap_tqdm=False` that
+    every caller leaves out)? That branch never runs. A call with `*args`/`**kwargs` may pass it."""
+    child = node
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, cst.If) and child is parent.body and isinstance(parent.test, cst.Name):
+            func = ctx.enclosing_func(parent)
+            if func is not None and _default_never_passed(ctx, func, parent.test.value):
+                return True
+        child = parent
+    return False
+
+
+def _default_never_passed(ctx: FileContext, func: cst.FunctionDef, name: str) -> bool:
+    params = [*func.params.posonly_params, *func.params.params, *func.params.kwonly_params]
+    param = next((p for p in params if p.name.value == name), None)
+    if param is None or param.default is None or not (is_false(param.default) or int_value(param.default) == 0
+                                                      or isinstance(param.default, cst.Name) and param.default.value == "None"):
+        return False
+    positional = [p.name.value for p in [*func.params.posonly_params, *func.params.params]]
+    position = positional.index(name) if name in positional else None
+    if position is not None and positional and positional[0] in ("self", "cls"):
+        position -= 1
+    sites = [c for index in [ctx.index, *ctx.program_indexes] for c in index.calls if c.name == func.name.value]
+    return bool(sites) and not any(
+        any(a.star for a in c.node.args)
+        or any(a.keyword is not None and a.keyword.value == name for a in c.node.args)
+        or position is not None and len([a for a in c.node.args if a.keyword is None]) > position
+        for c in sites
+    )
 
 
 def self_test_block(ctx: FileContext, node: cst.CSTNode) -> bool:
