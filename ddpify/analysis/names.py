@@ -78,6 +78,7 @@ TORCH_SAVE = spelled({"torch.save"})
 TORCH_LOAD = spelled({"torch.load"})
 OPEN = frozenset({"builtins.open", "open"})
 # Library calls that print as they work, and the keyword that silences them.
+MODEL_PROFILERS = frozenset({"torchinfo.summary", "torchsummary.summary", "thop.profile", "ptflops.get_model_complexity_info"})  # they run the model
 PRINTING_CALLS = {"thop.profile": "verbose", "torchinfo.summary": "verbose", "ptflops.get_model_complexity_info": "print_per_layer_stat"}
 # Commands a script runs (a scorer that reads the predictions it just wrote).
 COMMANDS = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",

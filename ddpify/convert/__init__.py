@@ -17,6 +17,7 @@ from ddpify.convert import (
     agree_on_stop,
     agree_on_training_gate,
     copy_weights_after_wrap,
+    drop_model_traces,
     download_once,
     evaluate_distributed,
     gather_full_state,
@@ -111,7 +112,7 @@ PASSES = (
 FSDP2_PASSES = tuple(
     p
     for q in PASSES
-    for p in ((shard_model,) if q is wrap_model else (gather_full_state, read_whole_parameters, q) if q is guard_rank_zero else (q,))
+    for p in ((shard_model,) if q is wrap_model else (gather_full_state, read_whole_parameters, drop_model_traces, q) if q is guard_rank_zero else (q,))
 )
 
 
