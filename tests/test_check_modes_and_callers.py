@@ -705,3 +705,99 @@ def test_a_branch_under_a_parameter_off_by_default_that_no_call_turns_on_never_r
     """`if show_bar:` where `show_bar=False` and no call passes it: the bar is never drawn
     (DDP304 silent); a call that turns it on, by keyword or by position, draws it on every rank."""
     assert _codes(QUIET_BY_DEFAULT.format(passed=passed), "DDP304") == flagged
+
+
+REPORT_AFTER_REDUCE = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def main(distributed):
+    if distributed:
+        dist.init_process_group("gloo")
+    loss = torch.tensor([1.0])
+    if distributed:
+        dist.reduce(loss, 0)
+        if dist.get_rank() == 0:
+            loss = loss / dist.get_world_size()
+        else:
+{exit}
+    print("eval loss", loss.item())
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main("WORLD_SIZE" in os.environ)
+"""
+
+
+@pytest.mark.parametrize("exit, flagged", [("            return", []), ("            pass", ["17 DDP302"])])
+def test_code_after_a_rank0_branch_whose_else_returns_is_rank0s(exit, flagged):
+    """`if distributed: ...; if rank == 0: ... else: return` leaves rank 0 (or the one process
+    of a run without a group) to run what follows (DDP302 silent); an `else` that goes on leaves
+    every rank."""
+    assert _codes(REPORT_AFTER_REDUCE.format(exit=exit), "DDP302") == flagged
+
+
+SWITCHED_OFF = """\
+import torch.distributed as dist
+
+
+def main():
+    dist.init_process_group("gloo")
+    if {test}:
+        print("shuffling the batch across ranks")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("False", []), ("0", []), ("True", ["7 DDP302"])])
+def test_code_switched_off_by_a_constant_never_runs(test, flagged):
+    """`if False:` (code switched off by hand) never runs on any rank (DDP302 silent)."""
+    assert _codes(SWITCHED_OFF.format(test=test), "DDP302") == flagged
+
+
+LOAD_IN_CONSTRUCTOR = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, net, checkpoint=None):
+        self.net = net
+        if checkpoint is not None:
+            self.resume(checkpoint)
+        self.net = DDP(self.net)
+{later}
+
+    def resume(self, checkpoint):
+        self.restore(torch.load(checkpoint, map_location="cpu"))
+
+    def restore(self, state):
+        self.net.load_state_dict(state)
+
+
+def main():
+    dist.init_process_group("gloo")
+    Trainer(torch.nn.Linear(2, 2), "last.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("later, flagged", [("", []), ('        self.resume("best.pt")', ["18 DDP121"])])
+def test_a_load_the_constructor_reaches_through_methods_before_it_wraps_goes_into_the_plain_model(later, flagged):
+    """`__init__` calls `resume()`, which calls `restore()`, before it wraps `self.net`: the load
+    goes into the plain model (DDP121 silent); a call after the wrap loads into the wrapper."""
+    assert _codes(LOAD_IN_CONSTRUCTOR.format(later=later), "DDP121") == flagged

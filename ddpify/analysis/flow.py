@@ -341,6 +341,11 @@ class Flow:
         == 1`, `not cfg.multi_gpu` where the program spawns its workers under `if cfg.multi_gpu:`)?"""
         return self._test_side(test) > 0
 
+    def true_with_group_only(self, test: cst.BaseExpression) -> bool:
+        """Is the test true only in a run with a process group (`if args.distributed:`)? Its
+        `else` (or what follows an `if` without one, for a run that skips it) has no group."""
+        return self._test_side(test) < 0
+
     def mode_test(self, test: cst.BaseExpression) -> bool:
         """Does the test ask about the run's mode, the same answer on every rank (`if
         local_rank != -1:`, `if args.rank is not None:`, `if args.distributed:`)?"""

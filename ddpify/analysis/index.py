@@ -896,16 +896,17 @@ class FileIndex:
                     return True
         return False
 
-    def _before_wrap(self, site: "CallInfo", wrap: Binding) -> bool:
+    def _before_wrap(self, site: "CallInfo", wrap: Binding, depth: int = 0) -> bool:
         """Does this call of a method run before the binding: earlier in the binding's own method,
         or in the constructor before its call of that method (`self.load_checkpoint()` then
-        `self._setup_ddp()` in `__init__`)?"""
+        `self._setup_ddp()` in `__init__`), or in a method whose every call does (`load()` called
+        by `load_from_checkpoint()`, which the constructor calls before it wraps)?"""
         if site.func is wrap.func:
             return self.line(site.node) < wrap.line
-        return (
-            site.func is not None and site.func.name.value == "__init__"
-            and any(w.func is site.func and self.line(w.node) > self.line(site.node) for w in self.call_sites(wrap.func))
-        )  # fmt: skip
+        if site.func is not None and site.func.name.value == "__init__":
+            return any(w.func is site.func and self.line(w.node) > self.line(site.node) for w in self.call_sites(wrap.func))
+        callers = self.call_sites(site.func) if site.func is not None and depth < 3 else []
+        return bool(callers) and all(c.func is not site.func and self._before_wrap(c, wrap, depth + 1) for c in callers)
 
     def _unwrapped_between(self, name: str, func: Optional[Func], after: int, before: int) -> bool:
         """Is `name` bound to its own wrapped module (`model = model.module`, often under `if

@@ -457,7 +457,8 @@ class RankAnalysis:
         return self._flags
 
     def guard_start(self, block: cst.CSTNode) -> int:
-        """Index of the first statement after an ``if rank != 0: return`` guard in a block."""
+        """Index of the first statement after an ``if rank != 0: return`` guard in a block (or
+        ``if rank == 0: ... else: return``)."""
         if block in self._guard_index:
             return self._guard_index[block]
         idx = 1 << 30
@@ -466,6 +467,14 @@ class RankAnalysis:
             if isinstance(stmt, cst.If) and stmt.orelse is None and self.false_only_on_rank0(stmt.test):
                 if paths.block_ends(stmt.body):  # `return`, `continue`, `raise`, `sys.exit()`, or both branches of an `if` inside
                     idx = i
+                    break
+            if isinstance(stmt, cst.If) and isinstance(stmt.orelse, cst.Else) and self.rank_test(stmt.test) == 1:
+                if paths.block_ends(stmt.orelse.body) and not paths.block_ends(stmt.body):  # `if rank == 0: ... else: return`
+                    idx = i
+                    break
+            if isinstance(stmt, cst.If) and stmt.orelse is None and paths.true_with_group_only(stmt.test):
+                if self.guard_start(stmt.body) < len(stmt.body.body):  # `if distributed: ...; if rank != 0: return`
+                    idx = i  # (after it: rank 0 of the group, or the one process of a run without one)
                     break
         self._guard_index[block] = idx
         return idx

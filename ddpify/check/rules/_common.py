@@ -35,11 +35,14 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
 
 
 def never_taken(ctx: FileContext, node: cst.CSTNode) -> bool:
-    """Is `node` under `if flag:` where `flag` is a parameter whose default is off (`False`,
-    `None`, `0`) and no call of its function in the program passes it (`wrap_tqdm=False` that
-    every caller leaves out)? That branch never runs. A call with `*args`/`**kwargs` may pass it."""
+    """Is `node` under `if False:`, or under `if flag:` where `flag` is a parameter whose default
+    is off (`False`, `None`, `0`) and no call of its function in the program passes it
+    (`wrap_tqdm=False` that every caller leaves out)? That branch never runs. A call with
+    `*args`/`**kwargs` may pass it."""
     child = node
     for parent in ctx.ancestors(node):
+        if isinstance(parent, (cst.If, cst.While)) and child is parent.body and (is_false(parent.test) or int_value(parent.test) == 0):
+            return True  # `if False:` (code switched off by hand)
         if isinstance(parent, cst.If) and child is parent.body and isinstance(parent.test, cst.Name):
             func = ctx.enclosing_func(parent)
             if func is not None and _default_never_passed(ctx, func, parent.test.value):
