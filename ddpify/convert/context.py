@@ -263,6 +263,13 @@ class Context:
             a for a in script.assigns.get(scope, [])
             if ref_of(a.targets[0].target) == model and isinstance(a.value, cst.Call) and not mentions(a.value, model)
         ]  # fmt: skip  (`model = model.to(device)` moves it: not what builds it)
+        wrapping = [  # `model = AutoregressiveWrapper(model)`: the last one is the class it is
+            a for a in script.assigns.get(scope, [])
+            if ref_of(a.targets[0].target) == model and isinstance(a.value, cst.Call) and not mentions(a.value.func, model)
+            and mentions(a.value, model) and script.class_called(a.value) is not None
+        ]  # fmt: skip
+        if wrapping:
+            built = wrapping[-1:]
         if len({script.module.code_for_node(a.value.func) for a in built}) > 1:
             return None  # `model = GPT(cfg)` or `model = MLP(cfg)` by a flag: known at run time only
         for assign in built:

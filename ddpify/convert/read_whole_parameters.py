@@ -49,7 +49,10 @@ def run(ctx: Context) -> None:
 def _sharded_root(ctx: Context, node: cst.CSTNode) -> str | None:
     """The sharded model an attribute chain starts from (`model`, `self.model`), if any."""
     script = ctx.script
-    here = (set(script.models) - set(script.run_with_weights)) | set(script.ddp_names.get(script.scope_of(node), ()))
+    scope = script.scope_of(node)
+    local = script.bound.get(scope, set())  # (`model = parser.add_argument_group(...)` in another function is not it)
+    models = {m for m, where in script.models.items() if where is scope or m not in local}
+    here = (models - set(script.run_with_weights)) | set(script.ddp_names.get(scope, ()))
     here -= ctx.replicated  # (whole on every rank)
     while isinstance(node, (cst.Attribute, cst.Subscript)):  # `model.body[2].bias`
         ref = ref_of(node)

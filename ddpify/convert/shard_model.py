@@ -34,6 +34,9 @@ POLICY = "mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dt
 def run(ctx: Context) -> None:
     mixed = _bf16_autocasts(ctx)
     ctx.replicated |= _differentiated_twice(ctx)
+    scalar = _zero_dim_parameter(ctx)
+    if scalar is not None:  # (where the models' classes come from is not followed: all of them)
+        ctx.replicated |= set(ctx.script.models) - set(ctx.script.run_with_weights)
     for model, scope in ctx.script.models.items():
         if model in ctx.script.run_with_weights:
             send_unwrapped(ctx, model, scope)  # run with weights passed in: replicated, averaged by hand
@@ -62,7 +65,7 @@ def _flag_unsupported(ctx: Context) -> None:
             why = "FSDP2 cannot deepcopy a sharded model: copy it before fully_shard (and shard the copy the same way)"
         elif N.call_name(call) == "to" and _channels_last(script, call) and any(mentions(call.func, m) for m in sharded):
             why = "FSDP2 shards contiguous parameters only: keep the model in the default memory format (channels_last inputs are fine)"
-        elif script.is_call_to(call, N.GRAD_SCALER):
+        elif script.is_call_to(call, N.GRAD_SCALER) and sharded - ctx.replicated:
             why = "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients"
         else:
             continue
@@ -79,6 +82,29 @@ def _differentiated_twice(ctx: Context) -> set[str]:
         if ctx.script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and ctx.script.module.code_for_node(create_graph.value) != "False":
             found |= _models_differentiated(ctx, call)
     return found - set(ctx.script.run_with_weights)
+
+
+def _zero_dim_parameter(ctx: Context) -> cst.Call | None:
+    """A parameter of the program built 0-dimensional (`nn.Parameter(torch.tensor(0.07))`,
+    `nn.Parameter(torch.ones(()))`): fully_shard refuses it (it shards along dimension 0)."""
+    script = ctx.script
+    for root in script.index.roots:
+        for node in iter_nodes(root):
+            if isinstance(node, cst.Call) and N.call_name(node) == "Parameter" and node.args and _zero_dim(node.args[0].value):
+                return node
+    return None
+
+
+def _zero_dim(value: cst.BaseExpression) -> bool:
+    """`torch.tensor(x)` of a plain number or expression (not a list), `torch.ones(())`, `torch.zeros([])`,
+    also inside arithmetic or a call around it (`torch.log(torch.tensor(t))`, `torch.ones(()) * 0.01`)."""
+    for call in (n for n in iter_nodes(value) if isinstance(n, cst.Call)):
+        name, args = N.call_name(call), N.positional(call)
+        if name == "tensor" and len(args) == 1 and not isinstance(args[0].value, (cst.List, cst.Tuple, cst.ListComp)):
+            return isinstance(args[0].value, (cst.Integer, cst.Float, cst.BinaryOperation, cst.UnaryOperation, cst.Name))
+        if name in ("ones", "zeros", "empty", "randn", "rand", "full") and args and isinstance(args[0].value, (cst.Tuple, cst.List)) and not args[0].value.elements:
+            return True
+    return False
 
 
 def _models_differentiated(ctx: Context, grad: cst.Call) -> set[str]:
@@ -146,15 +172,17 @@ def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
         if policy:
             edits.change(before, "bf16 autocast becomes a MixedPrecisionPolicy (bf16 parameters, gradients reduced in fp32)")
         return
-    last = wrap_point(ctx, model, scope, body)
+    last = wrap_point(ctx, model, scope, body, into_blocks=True)  # (inside `if not args.eval_only:` that builds and trains it)
     if model in ctx.replicated:
         _replicate(ctx, model, scope, last)
         return
+    nested = last not in body
+    body = list(script.parent(last).body) if nested else body
     optimizer = _optimizer_built(ctx, model, body, last)
     anchor = last
     if optimizer is not None:
         at = body.index(optimizer)
-        floor = ctx.init_index - 1 if scope is ctx.setup_scope else -1
+        floor = ctx.init_index - 1 if scope is ctx.setup_scope and not nested else -1
         if at - 1 > floor and _built_before(body, at, model):
             anchor = body[at - 1]  # before the optimizer: it must see the sharded parameters
         else:
@@ -176,10 +204,17 @@ def _replicate(ctx: Context, model: str, scope, last: cst.CSTNode) -> None:
     """`replicate(model)`: DDP's gradient all-reduce in place (no wrapper, `model` keeps its own
     attributes, as a sharded one does), for a model FSDP2 cannot shard."""
     ctx.wrap_after[model] = last
-    ctx.edits.insert_after(last, f"replicate({model})  # FSDP2 cannot take a gradient of a gradient: DDP's all-reduce, in place\n")
+    reason = "cannot take a gradient of a gradient" if model in _differentiated_twice(ctx) else "cannot shard 0-dim parameters"
+    ctx.edits.insert_after(last, f"replicate({model})  # FSDP2 {reason}: DDP's all-reduce, in place\n")
     ctx.edits.need_import(N.REPLICATE_MODULE, "replicate")
     ctx.edits.need_import(N.DIST_MODULE, asname="dist")
-    ctx.edits.change(last, f"`{model}` takes a gradient of a gradient (create_graph=True), which FSDP2 does not support: it is replicated (DDP's gradient averaging, in place), not sharded")
+    why = "takes a gradient of a gradient (create_graph=True), which FSDP2 does not support"
+    scalar = _zero_dim_parameter(ctx)
+    if scalar is not None and model not in _differentiated_twice(ctx):
+        root = ctx.script.root_of(scalar)
+        where = ctx.script.index.roots.get(root) or "this script"
+        why = f"may hold a 0-dimensional parameter (`{_short(root.code_for_node(scalar))}` in {where}), which fully_shard refuses"
+    ctx.edits.change(last, f"`{model}` {why}: it is replicated (DDP's gradient averaging, in place), not sharded")
 
 
 def _imports(ctx: Context) -> None:
@@ -384,3 +419,7 @@ def _drop_autocasts(ctx: Context, found: list[tuple[cst.With, cst.WithItem]]) ->
             items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             edits.rewrite(with_, lambda updated, kept=items: updated.with_changes(items=kept))
         edits.change(with_, "autocast to bf16 is the MixedPrecisionPolicy's work under FSDP2")
+
+
+def _short(code: str) -> str:
+    return code if len(code) <= 50 else code[:47] + "..."
