@@ -355,3 +355,101 @@ def test_shard_names_the_block_class():
     code = convert_source(src, "tiny_gpt.py", ConvertOptions(target="fsdp2", shard="TransformerEncoderLayer")).code
     assert 'if type(module).__name__ == "TransformerEncoderLayer" and module is not model]' in code
     compile(code, "tiny_gpt.py", "exec")
+
+
+BUILT_IN_A_BRANCH = """\
+import argparse
+
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--eval-only", action="store_true")
+args = parser.parse_args()
+
+
+def main():
+    if not args.eval_only:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        model = model.to("cpu")
+        for step in range(3):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def options():
+    model = parser.add_argument_group("model")
+    model.add_argument("--width", type=int)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_model_built_and_trained_inside_a_branch_is_sharded_there_before_its_optimizer():
+    """`if not args.eval_only:` builds, then trains: the model is sharded inside that block,
+    before the optimizer is built over it (after the block it would be after training); a local
+    `model` of another function (an argparse group) is no model of the script."""
+    code = convert_source(BUILT_IN_A_BRANCH, "train.py", FSDP2).code
+    assert code.index("    fully_shard(model, mesh=mesh)") < code.index("optimizer = torch.optim.Adam")
+    assert "register_fsdp_forward_method" not in code and "TODO" not in code
+    compile(code, "train.py", "exec")
+
+
+WRAPPED_AND_PENALISED = """\
+import torch
+import torch.nn as nn
+
+
+class Body(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class Scaled(nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.scale = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x):
+        return self.net(x) * self.scale
+
+
+model = Body()
+model = Scaled(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+average = torch.optim.swa_utils.AveragedModel(model)
+for step in range(3):
+    x = torch.randn(8, 4).requires_grad_(True)
+    out = model(x)
+    grads = torch.autograd.grad(out.sum(), x, create_graph=True)[0]
+    loss = out.pow(2).mean() + grads.pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    average.update_parameters(model)
+torch.save(average.state_dict(), "average.pt")
+"""
+
+
+def test_a_model_fsdp2_cannot_shard_is_replicated_and_its_class_is_the_outer_wrapper():
+    """`model = Scaled(model)` is a `Scaled` (no `model.blocks` to shard); a 0-dim parameter
+    (`nn.Parameter(torch.tensor(1.0))`) or a gradient of its gradient makes it `replicate(model)`
+    (DDP in place) with a line in the summary; `AveragedModel` is a model, not an optimizer."""
+    result = convert_source(WRAPPED_AND_PENALISED, "train.py", FSDP2)
+    assert "replicate(model)" in result.code and "fully_shard(model" not in result.code and "model.blocks" not in result.code
+    assert "get_optimizer_state_dict" not in result.code
+    assert any("replicated" in c.message for c in result.changes), result.changes
+    compile(result.code, "train.py", "exec")

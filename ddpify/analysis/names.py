@@ -100,9 +100,12 @@ def is_optimizer(qnames) -> bool:
     apex's `FusedAdam`, bitsandbytes' `Adam8bit`), not a learning-rate scheduler?"""
     return any(
         q.startswith(OPTIMIZER_MODULES) and "lr_scheduler" not in q and "schedul" not in q.rsplit(".", 1)[-1].lower()
-        and q.rsplit(".", 1)[-1][:1].isupper()
+        and q.rsplit(".", 1)[-1][:1].isupper() and q.rsplit(".", 1)[-1] not in NOT_OPTIMIZERS
         for q in qnames
     )
+
+
+NOT_OPTIMIZERS = frozenset({"AveragedModel", "SWALR"})  # torch.optim.swa_utils: a model's running average, a schedule
 CUDA_PREFIX = "torch.cuda."  # `torch.cuda.X`: the script names CUDA
 # Methods and functions that test whether a file or folder is there (`os.path.exists(p)`,
 # `Path(p).is_file()`): an `if` on one is a cache test, whose branch a rank takes by when it looks.
@@ -218,6 +221,9 @@ FULLY_SHARD = frozenset(
      "torch.distributed._composable.fsdp.fully_shard.fully_shard", "torch.distributed.fsdp._fully_shard.fully_shard",
      "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"}
 )  # fmt: skip
+# `replicate(module)`: DDP's gradient all-reduce applied in place (composable, no wrapper), what
+# `--to fsdp2` uses for a model FSDP2 cannot shard.
+REPLICATE = frozenset({"torch.distributed._composable.replicate.replicate", "torch.distributed._composable.replicate"})
 DISTRIBUTED_SAMPLER = spelled({"torch.utils.data.DistributedSampler"})
 SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in spellings("torch.nn.SyncBatchNorm"))
 SPAWN = spelled({"torch.multiprocessing.spawn"})
@@ -226,7 +232,7 @@ PROCESS_CLASSES = frozenset({"multiprocessing.Process", "torch.multiprocessing.P
 CURRENT_DEVICE = frozenset({"torch.cuda.current_device"})
 # What a distributed script uses; one with a process group, a DDP wrap and a DistributedSampler
 # (or no DataLoader) is left alone (analysis.script.fully_distributed).
-DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | FULLY_SHARD | DISTRIBUTED_SAMPLER | SPAWN
+DISTRIBUTED_MARKERS = INIT_PROCESS_GROUP | DDP_CLASSES | FULLY_SHARD | REPLICATE | DISTRIBUTED_SAMPLER | SPAWN
 AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
 AUTOGRAD_GRAD = frozenset({"torch.autograd.grad"})
 # Calls that run (or patch for running) the module they are given with weights of their own

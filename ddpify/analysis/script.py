@@ -692,7 +692,7 @@ def fully_distributed(script: Script) -> bool:
     (or through no DataLoader at all)? Only what the program runs counts: a helper module's
     setup that nothing calls does not make the entry distributed."""
     apis = {name for name, uses in script.distributed_apis.items() if any(run_by_entry(script, n) for n in uses)}
-    wrapped = apis & (D.DDP | D.FULLY_SHARD)
+    wrapped = apis & (D.DDP | D.FULLY_SHARD | D.REPLICATE)
     return bool(
         apis & D.INIT_PROCESS_GROUP and wrapped and (apis & D.DISTRIBUTED_SAMPLER or not script.has_dataloader)
     )

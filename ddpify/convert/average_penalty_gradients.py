@@ -41,9 +41,12 @@ def run(ctx: Context) -> None:
             if forward is None:
                 continue
             model = ref_of(forward.func)
+            if model in ctx.replicated:
+                continue  # `--to fsdp2` replicated it in place: every forward runs through DDP's hooks
             backward = _next_backward(ctx, grad, scope)
             if backward is None or ctx.fsdp2:
-                edits.todo(forward, forward, f"`{model}`'s output feeds a gradient penalty (autograd.grad with create_graph=True), which DDP's reducer cannot follow: run it as `{model}.module(...)` and average its gradients after the backward")
+                stmt = script.statement_line(forward) or script.top_statement(forward, scope) or forward
+                edits.todo(stmt, forward, f"`{model}`'s output feeds a gradient penalty (autograd.grad with create_graph=True), which DDP's reducer cannot follow: run it as `{model}.module(...)` and average its gradients after the backward")
                 continue
             edits.replace(forward.func, edits.expression(f"{model}.module"))
             edits.insert_after(backward, CALL.format(model=model))

@@ -42,7 +42,7 @@ def run(ctx: Context) -> None:
         elif owner in optimizers or owner.rsplit(".", 1)[-1] in {o.rsplit(".", 1)[-1] for o in optimizers}:
             scope = script.scope_of(call)
             candidates = sorted(set(script.ddp_names.get(scope, ())) | {m for m, s in script.models.items() if s is scope and m in models})
-            candidates = candidates or sorted(models)
+            candidates = candidates or sorted(m for m in models if _visible(script, m, call))
             if len(candidates) != 1:
                 edits.todo(script.statement_line(call) or call, call, f"`{owner}.{name}()` of a sharded model's optimizer: use get/set_optimizer_state_dict with its model")
                 continue
@@ -167,6 +167,13 @@ def _load(ctx: Context, call: cst.Call, owner: str, model: str) -> None:
     if ctx.options.sharded_checkpoints:
         edits.todo(script.statement_line(call), call, "--sharded-checkpoints writes torch.distributed.checkpoint folders: read one with dcp.load(state, checkpoint_id=path) into get_model_state_dict(model) (and the optimizer's), then set_model_state_dict")
     edits.change(call, f"every rank loads its shard of `{owner}`'s whole state")
+
+
+def _visible(script, model: str, node: cst.CSTNode) -> bool:
+    """Can code at `node` read the name `model`: the model is bound in `node`'s own function, or
+    at the top level of `node`'s module (not in another module or another function)?"""
+    where, scope = script.models.get(model), script.scope_of(node)
+    return where is scope or where is script.root_of(node) and model not in script.bound.get(scope, set())
 
 
 def _kept(line: cst.SimpleStatementLine, call: cst.Call) -> bool:

@@ -115,8 +115,9 @@ def _models_differentiated(ctx: Context, grad: cst.Call) -> set[str]:
     if outputs is None:
         return set()
     scope = script.scope_of(grad)
-    values = [outputs.value] + [  # `grad(D(x).sum(), x, ...)`, or `d = D(x)` before `grad(d, x, ...)`
-        a.value for a in script.assigns.get(scope, []) if ref_of(a.targets[0].target) == ref_of(outputs.value) is not None
+    name = ref_of(outputs.value)
+    values = [outputs.value] + [  # `grad(D(x).sum(), x, ...)`, or `d = D(x)` (`d, _ = D(x)`) before `grad(d, x, ...)`
+        a.value for a in script.assigns.get(scope, []) if name is not None and name in _targets(a.targets[0].target)
     ]
     callers = {ref_of(c.func) for v in values for c in [*([v] if isinstance(v, cst.Call) else []), *script.calls_in(v)]}
     found = {c for c in callers if c in script.models}
@@ -130,6 +131,14 @@ def _models_differentiated(ctx: Context, grad: cst.Call) -> set[str]:
             if arg is not None and ref_of(arg.value) in script.models:
                 found.add(ref_of(arg.value))
     return found
+
+
+def _targets(target: cst.BaseExpression) -> set[str]:
+    """The names an assignment target binds (`out, _, _ = ...`: out and _)."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_targets(e.value) for e in target.elements))
+    ref = ref_of(target)
+    return {ref} if ref else set()
 
 
 def _position(fn: cst.FunctionDef, name: str | None) -> int | None:
@@ -155,7 +164,7 @@ def _channels_last(script, call: cst.Call) -> bool:
 def _shard(ctx: Context, model: str, scope, policy: bool) -> None:
     script, edits = ctx.script, ctx.edits
     body = list(script.block_of(scope).body)
-    existing = [s for s in body if any(script.is_call_to(c, N.FULLY_SHARD) for c in script.calls_in(s))]
+    existing = [s for s in body if any(script.is_call_to(c, N.FULLY_SHARD | N.REPLICATE) for c in script.calls_in(s))]
     if existing:
         ctx.wrap_after[model] = existing[-1]
         return
