@@ -651,9 +651,9 @@ def _uses_of(ctx: "FileContext", func: Func) -> list[Optional[cst.Name]]:
 
 
 def _own_method(ctx: "FileContext", func: Func) -> bool:
-    """Is `func` a method (not a dunder, not a property) of a top-level class of this file whose bases are none,
-    `object`, or such classes of this file? Only the program's own code calls it then: no
-    framework hook (`training_step`, `__getitem__`, a `Module`'s `forward`)."""
+    """Is `func` a method (not a dunder, not a property) of a top-level class of this file whose
+    bases are none, `object`, or such classes of this file? Only the program's own code calls it
+    then: no framework hook (`training_step`, `__getitem__`, a `Module`'s `forward`)."""
     body = ctx.parent(func)
     owner = ctx.parent(body) if isinstance(body, cst.IndentedBlock) else None
     if not isinstance(owner, cst.ClassDef) or not isinstance(ctx.parent(owner), cst.Module):
@@ -696,7 +696,7 @@ def _method_sites(ctx: "FileContext", name: str) -> Optional[list[tuple[FileInde
     index; None where the name is also read otherwise (an attribute not called, a string that
     names it: `getattr(obj, "name")`)."""
     sites = []
-    for index in [ctx.index, *ctx._importers]:
+    for index in [ctx.index, *ctx.program_indexes]:
         for node in _names_used(index).get(name, ()):
             parent = index.parents.get(node)
             if isinstance(parent, cst.Attribute) and parent.attr is node:

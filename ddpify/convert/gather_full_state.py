@@ -12,6 +12,9 @@ before that statement, which may be rank 0's alone. Loading into the sharded mod
 `set_model_state_dict` (each rank takes its shard of the full state dict); the optimizer's
 state through `get_optimizer_state_dict` / `set_optimizer_state_dict`. With
 `--sharded-checkpoints` a save is `dcp.save(...)` on every rank: a folder of every rank's shards.
+A whole model object saved with `torch.save(model, f)` (a pickled sharded module loads only
+under FSDP2) is saved as its whole state dict, and `model = torch.load(f)` of it loads into the
+sharded model. A gather for a save inside `with open(path, "wb") as f:` goes before that block.
 """
 
 from __future__ import annotations

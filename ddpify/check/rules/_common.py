@@ -57,17 +57,27 @@ def _default_never_passed(ctx: FileContext, func: cst.FunctionDef, name: str) ->
     if param is None or param.default is None or not (is_false(param.default) or int_value(param.default) == 0
                                                       or isinstance(param.default, cst.Name) and param.default.value == "None"):
         return False
-    positional = [p.name.value for p in [*func.params.posonly_params, *func.params.params]]
-    position = positional.index(name) if name in positional else None
-    if position is not None and positional and positional[0] in ("self", "cls"):
-        position -= 1
     sites = [c for index in [ctx.index, *ctx.program_indexes] for c in index.calls if c.name == func.name.value]
-    return bool(sites) and not any(
-        any(a.star for a in c.node.args)
-        or any(a.keyword is not None and a.keyword.value == name for a in c.node.args)
-        or position is not None and len([a for a in c.node.args if a.keyword is None]) > position
-        for c in sites
-    )
+    return bool(sites) and all(passes(c.node, name, argument_position(func, name)) is False for c in sites)
+
+
+def argument_position(func: cst.FunctionDef, name: str) -> int | None:
+    """The place of parameter `name` among a call's positional arguments (`self`/`cls` not
+    passed); None when it is keyword-only or not there."""
+    positional = [p.name.value for p in [*func.params.posonly_params, *func.params.params]]
+    if name not in positional:
+        return None
+    return positional.index(name) - (1 if positional[0] in ("self", "cls") else 0)
+
+
+def passes(call: cst.Call, name: str, position: int | None) -> bool | None:
+    """Does the call give parameter `name` a value (by keyword, or at `position`)? None where
+    `*args`/`**kwargs` may."""
+    if any(a.keyword is not None and a.keyword.value == name for a in call.args):
+        return True
+    if any(a.star for a in call.args):
+        return None
+    return position is not None and len([a for a in call.args if a.keyword is None]) > position
 
 
 def self_test_block(ctx: FileContext, node: cst.CSTNode) -> bool:

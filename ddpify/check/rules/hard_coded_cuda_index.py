@@ -5,7 +5,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import dotted_name, int_value, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import library_code, single_process_branch
+from ddpify.check.rules._common import argument_position, library_code, passes, single_process_branch
 
 _CUDA_N = re.compile(r"^cuda:\d+$")
 
@@ -115,12 +115,10 @@ def _default_always_passed(ctx, node: cst.CSTNode) -> bool:
     func = ctx.parent(ctx.parent(param)) if param is not None else None
     if not isinstance(func, cst.FunctionDef) or param.default is None:
         return False
-    params = [p.name.value for p in [*func.params.posonly_params, *func.params.params]]
-    name, position = param.name.value, params.index(param.name.value) if param in func.params.params else None
+    name, position = param.name.value, argument_position(func, param.name.value)
     owner = ctx.parent(ctx.parent(func))
     callee = func.name.value
     if isinstance(owner, cst.ClassDef):
-        position = position - 1 if position else None  # (`self` is not passed)
         if callee == "__init__":
             callee = owner.name.value
             if any(_inherits_init(c, owner.name.value) for c in ctx.module.body if isinstance(c, cst.ClassDef)):
@@ -128,7 +126,7 @@ def _default_always_passed(ctx, node: cst.CSTNode) -> bool:
     sites = [c for index in [ctx.index, *ctx.program_indexes] for c in index.calls if c.name == callee]
     if func.name.value == "__init__":  # `super().__init__(model, device)` in a subclass's constructor
         sites += [c for c in ctx.calls if c.name == "__init__" and isinstance(c.receiver, cst.Call) and _in_subclass(ctx, c.node, callee)]
-    return bool(sites) and all(_fills(c.node, name, position) for c in sites)
+    return bool(sites) and all(passes(c.node, name, position) for c in sites)
 
 
 def _in_subclass(ctx, node: cst.CSTNode, base: str) -> bool:
@@ -143,10 +141,3 @@ def _inherits_init(cls: cst.ClassDef, base: str) -> bool:
         return False
     return not any(isinstance(s, cst.FunctionDef) and s.name.value == "__init__" for s in cls.body.body)
 
-
-def _fills(call: cst.Call, name: str, position: int | None) -> bool:
-    if any(a.star for a in call.args):
-        return False  # `*args`, `**kwargs`: unknown
-    if any(a.keyword is not None and a.keyword.value == name for a in call.args):
-        return True
-    return position is not None and len([a for a in call.args if a.keyword is None]) > position
