@@ -409,3 +409,22 @@ def test_optimizer_built_by_name_from_config(runs):
     traces = _ran(runs["byname", "shuffled"], "byname")  # checks every rank's parameters agree
     passes = [[set(p["indices"]) for p in t["passes"] if p["loader"] == 0 and p["complete"]] for t in traces]
     assert passes[0] and all(not a & b for a, b in zip(passes[0], passes[1])), "ranks share training samples"
+
+
+def test_a_training_step_of_another_module_inside_a_print_runs_on_every_rank(tmp_path):
+    """`print(epoch, trainer.step(x, y))` where `Trainer` lives in another module: the print goes
+    to rank 0, the step stays on every rank (bound to a name first), or rank 1 never trains and
+    rank 0 waits in the first gradient all-reduce."""
+    (tmp_path / "steps.py").write_text(
+        "import torch.nn as nn\nimport torch\n\n\nclass Stepper:\n    def __init__(self, model):\n        self.model = model\n"
+        "        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n    def step(self, x, y):\n"
+        "        loss = nn.functional.mse_loss(self.model(x), y)\n        self.opt.zero_grad()\n        loss.backward()\n"
+        "        self.opt.step()\n        return loss.item()\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom steps import Stepper\n\nmodel = nn.Linear(4, 1)\nstepper = Stepper(model)\n"
+        "for epoch in range(3):\n    x, y = torch.randn(8, 4), torch.randn(8, 1)\n    print(epoch, stepper.step(x, y))\n"
+    )
+    result = convert_project(tmp_path / "main.py")
+    code = next(outcome.code for path, (outcome, _, _) in result.changed.items() if path.name == "main.py")
+    assert "    step_result = stepper.step(x, y)\n    if dist.get_rank() == 0:\n        print(epoch, step_result)" in code, code

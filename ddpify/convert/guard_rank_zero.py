@@ -296,8 +296,10 @@ def _hoist_model_calls(ctx: Context, line: cst.CSTNode, node: cst.CSTNode, moved
     hoisted = False
     for inner in script.calls_in(node):
         fn = script.local_function(inner)
-        if fn is None or inner is node or inner in moved or not _runs_any_model(ctx, fn):
+        elsewhere = _trains_elsewhere(ctx, inner) if fn is None and inner is not node else None
+        if inner is node or inner in moved or not (elsewhere or fn is not None and _runs_any_model(ctx, fn)):
             continue
+        fn = fn or elsewhere
         outer = [a for a in script.ancestors(inner) if isinstance(a, cst.Call) and script.inside(a, node)]
         if any(script.local_function(a) for a in outer if a is not node):
             continue  # inside another helper call: that one is hoisted whole
@@ -349,6 +351,20 @@ def _switches_mode(stmt: cst.CSTNode, mode: str, models: set[str]) -> bool:
         and N.is_method_call(small.value, mode)
         and ref_of(small.value.func.value) in models
     )
+
+
+def _trains_elsewhere(ctx: Context, call: cst.Call) -> cst.FunctionDef | None:
+    """The function of another module of the project a call reaches, when it trains
+    (`trainer.step(x, y)` inside a print): every rank must run it."""
+    script = ctx.script
+    target = script.summaries.callee(call)
+    if target is not None:
+        return target[1] if target[0].trains(target[1]) else None
+    receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+    made = script.value_before(receiver) if isinstance(receiver, cst.Name) else None  # `trainer = Trainer(model)`
+    cls = script.class_called(made) if isinstance(made, cst.Call) else None
+    method = script.methods(cls).get(call.func.attr.value) if cls is not None else None
+    return method if method in script.training_functions else None
 
 
 def _gets_plain_model(ctx: Context, call: cst.Call, fn: cst.FunctionDef) -> bool:
