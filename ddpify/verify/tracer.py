@@ -852,17 +852,7 @@ def _replicate(original):
         name = type(module).__name__  # (replicate changes the class to DDP<name>)
         result = original(module, *args, **kwargs)
         _state.setdefault("replicated_params", set()).update(id(p) for p in module.parameters())
-        _trace["ddp_wrapped"] += 1
-        module._ddpify_trace_index = len(_ddp_models)
-        _ddp_models.append(module)
-        _state["ddp_params"].update(id(p) for p in module.parameters())
-        _trace["ddp_models"].append(
-            dict(module=name, kind="replicate", params=sum(1 for _ in module.parameters()),
-                 where=_user_frame(), event=_event())
-        )  # fmt: skip
-        _trace["ddp_forwards"].append([])
-        module.register_forward_pre_hook(_record_tokens)
-        module.register_forward_pre_hook(_record_forward_params)
+        _trace_in_place(module, name, "replicate")
         return result
 
     return replicate
@@ -879,20 +869,25 @@ def _fully_shard(original):
             _trace["ddp_wrapped"] -= 1
         for i, model in enumerate(_ddp_models):
             model._ddpify_trace_index = i
-        _trace["ddp_wrapped"] += 1
-        module._ddpify_trace_index = len(_ddp_models)
-        _ddp_models.append(module)
-        _state["ddp_params"].update(id(p) for p in module.parameters())
-        _trace["ddp_models"].append(
-            dict(module=name, kind="fsdp2", params=sum(1 for _ in module.parameters()),
-                 where=_user_frame(), event=_event())
-        )  # fmt: skip
-        _trace["ddp_forwards"].append([])
-        module.register_forward_pre_hook(_record_tokens)
-        module.register_forward_pre_hook(_record_forward_params)
+        _trace_in_place(module, name, "fsdp2")
         return result
 
     return fully_shard
+
+
+def _trace_in_place(module, name: str, kind: str) -> None:
+    """Trace a module made distributed in place (no wrapper: `fully_shard`, `replicate`) as one
+    more model of the run, with its forwards."""
+    _trace["ddp_wrapped"] += 1
+    module._ddpify_trace_index = len(_ddp_models)
+    _ddp_models.append(module)
+    _state["ddp_params"].update(id(p) for p in module.parameters())
+    _trace["ddp_models"].append(
+        dict(module=name, kind=kind, params=sum(1 for _ in module.parameters()), where=_user_frame(), event=_event())
+    )
+    _trace["ddp_forwards"].append([])
+    module.register_forward_pre_hook(_record_tokens)
+    module.register_forward_pre_hook(_record_forward_params)
 
 
 def _set_requires_gradient_sync(original):
