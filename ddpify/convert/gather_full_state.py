@@ -108,6 +108,7 @@ def _save_whole(ctx: Context, save: cst.Call, model: str, taken: set[str]) -> No
     edits.replace(N.positional(save)[0].value, cst.Name(var))
     ctx.collective_lines.add(anchor)
     edits.change(save, f"the file holds `{model}`'s whole state dict, gathered on every rank (a pickled sharded model loads only under FSDP2)")
+    edits.note(save, "the checkpoint is a state dict now, not a model object: another script that loads it as a model builds the model and calls `model.load_state_dict(torch.load(f))`")
 
 
 def _reload_whole(ctx: Context, models: set[str], saved_whole: bool) -> None:
