@@ -47,7 +47,7 @@ class Context:
     every_rank: set[cst.Call] = field(default_factory=set)  # saves every rank makes (sharded checkpoints): never guarded
     forward_methods: set[tuple[str, str]] = field(default_factory=set)  # (model, method) registered with FSDP2
     shard_units: dict[str, list[str]] = field(default_factory=dict)  # model -> attribute paths sharded as units of their own
-    replicated: set[str] = field(default_factory=set)  # models FSDP2 cannot shard, replicated instead (`replicate`)
+    replicated: dict[str, str] = field(default_factory=dict)  # model FSDP2 cannot shard -> why (it is replicated)
 
     def ran(self, what: str, node: cst.CSTNode) -> bool:
         """Did the brief run of `convert --run` see `what` (RunFacts.lines) at `node`'s line?"""

@@ -26,7 +26,7 @@ TRACING_METHODS = frozenset({"add_graph"})  # SummaryWriter.add_graph(model, inp
 
 def run(ctx: Context) -> None:
     script, edits = ctx.script, ctx.edits
-    sharded = set(script.models) - set(script.run_with_weights) - ctx.replicated
+    sharded = set(script.models) - set(script.run_with_weights) - ctx.replicated.keys()
     for call in script.calls:
         traced = _traced_model(ctx, call, sharded)
         if traced is None:

@@ -53,7 +53,7 @@ def _sharded_root(ctx: Context, node: cst.CSTNode) -> str | None:
     local = script.bound.get(scope, set())  # (`model = parser.add_argument_group(...)` in another function is not it)
     models = {m for m, where in script.models.items() if where is scope or m not in local}
     here = (models - set(script.run_with_weights)) | set(script.ddp_names.get(scope, ()))
-    here -= ctx.replicated  # (whole on every rank)
+    here -= ctx.replicated.keys()  # (whole on every rank)
     while isinstance(node, (cst.Attribute, cst.Subscript)):  # `model.body[2].bias`
         ref = ref_of(node)
         if ref in here:

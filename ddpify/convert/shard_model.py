@@ -28,15 +28,20 @@ from ddpify.convert.wrap_point import wrap_point
 
 BACKEND_DEVICE = '"cuda" if "nccl" in dist.get_backend() else "cpu"'  # where the setup's device is not in sight
 CONTAINERS = frozenset({"ModuleList", "Sequential"})
+DOUBLE_BACKWARD = "takes a gradient of a gradient (create_graph=True), which FSDP2 does not support"
 POLICY = "mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
 
 
 def run(ctx: Context) -> None:
     mixed = _bf16_autocasts(ctx)
-    ctx.replicated |= _differentiated_twice(ctx)
     scalar = _zero_dim_parameter(ctx)
     if scalar is not None:  # (where the models' classes come from is not followed: all of them)
-        ctx.replicated |= set(ctx.script.models) - set(ctx.script.run_with_weights)
+        root = ctx.script.root_of(scalar)
+        where = f"`{_short(root.code_for_node(scalar))}` in {ctx.script.index.roots.get(root) or 'this script'}"
+        for model in set(ctx.script.models) - set(ctx.script.run_with_weights):
+            ctx.replicated[model] = f"may hold a 0-dimensional parameter ({where}), which fully_shard refuses"
+    for model in _differentiated_twice(ctx):
+        ctx.replicated[model] = DOUBLE_BACKWARD
     for model, scope in ctx.script.models.items():
         if model in ctx.script.run_with_weights:
             send_unwrapped(ctx, model, scope)  # run with weights passed in: replicated, averaged by hand
@@ -57,7 +62,7 @@ def _flag_unsupported(ctx: Context) -> None:
         create_graph = N.keyword(call, "create_graph")
         if script.is_call_to(call, N.AUTOGRAD_GRAD) and _of_unsharded(script, call):
             continue  # the parameters of a model run with weights passed in: it is not sharded
-        if script.is_call_to(call, N.AUTOGRAD_GRAD) and _models_differentiated(ctx, call) & ctx.replicated:
+        if script.is_call_to(call, N.AUTOGRAD_GRAD) and _models_differentiated(ctx, call) & ctx.replicated.keys():
             continue  # that model is replicated, not sharded
         if script.is_call_to(call, N.AUTOGRAD_GRAD) and create_graph is not None and script.module.code_for_node(create_graph.value) != "False":
             why = "a gradient of a gradient (create_graph=True, e.g. a gradient penalty) through a model FSDP2 shards is not supported: convert with --to ddp"
@@ -65,7 +70,7 @@ def _flag_unsupported(ctx: Context) -> None:
             why = "FSDP2 cannot deepcopy a sharded model: copy it before fully_shard (and shard the copy the same way)"
         elif N.call_name(call) == "to" and _channels_last(script, call) and any(mentions(call.func, m) for m in sharded):
             why = "FSDP2 shards contiguous parameters only: keep the model in the default memory format (channels_last inputs are fine)"
-        elif script.is_call_to(call, N.GRAD_SCALER) and sharded - ctx.replicated:
+        elif script.is_call_to(call, N.GRAD_SCALER) and sharded - ctx.replicated.keys():
             why = "fp16 with a GradScaler under FSDP2: train in bf16 (a MixedPrecisionPolicy) or check that this scaler unscales DTensor gradients"
         else:
             continue
@@ -122,14 +127,11 @@ def _models_differentiated(ctx: Context, grad: cst.Call) -> set[str]:
     callers = {ref_of(c.func) for v in values for c in [*([v] if isinstance(v, cst.Call) else []), *script.calls_in(v)]}
     found = {c for c in callers if c in script.models}
     fn = scope if isinstance(scope, cst.FunctionDef) else None
-    for param in callers - found if fn is not None else ():
-        position = _position(fn, param)
-        for call in script.calls:
-            if script.local_function(call) is not fn:
-                continue
-            arg = N.keyword(call, param) or (N.positional(call)[position] if position is not None and position < len(N.positional(call)) else None)
-            if arg is not None and ref_of(arg.value) in script.models:
-                found.add(ref_of(arg.value))
+    for param in callers - found if fn is not None else ():  # `penalty(critic, ...)` fills `def penalty(D, ...)`
+        for site in script.index.call_sites(fn):
+            given = script.index.argument_for(fn, site, param)
+            if given is not None and ref_of(given[0]) in script.models:
+                found.add(ref_of(given[0]))
     return found
 
 
@@ -139,11 +141,6 @@ def _targets(target: cst.BaseExpression) -> set[str]:
         return set().union(*(_targets(e.value) for e in target.elements))
     ref = ref_of(target)
     return {ref} if ref else set()
-
-
-def _position(fn: cst.FunctionDef, name: str | None) -> int | None:
-    params = [p.name.value for p in [*fn.params.posonly_params, *fn.params.params]]
-    return params.index(name) if name in params else None
 
 
 def _of_unsharded(script, grad: cst.Call) -> bool:
@@ -213,17 +210,11 @@ def _replicate(ctx: Context, model: str, scope, last: cst.CSTNode) -> None:
     """`replicate(model)`: DDP's gradient all-reduce in place (no wrapper, `model` keeps its own
     attributes, as a sharded one does), for a model FSDP2 cannot shard."""
     ctx.wrap_after[model] = last
-    reason = "cannot take a gradient of a gradient" if model in _differentiated_twice(ctx) else "cannot shard 0-dim parameters"
+    reason = "cannot take a gradient of a gradient" if ctx.replicated[model] == DOUBLE_BACKWARD else "cannot shard 0-dim parameters"
     ctx.edits.insert_after(last, f"replicate({model})  # FSDP2 {reason}: DDP's all-reduce, in place\n")
     ctx.edits.need_import(N.REPLICATE_MODULE, "replicate")
     ctx.edits.need_import(N.DIST_MODULE, asname="dist")
-    why = "takes a gradient of a gradient (create_graph=True), which FSDP2 does not support"
-    scalar = _zero_dim_parameter(ctx)
-    if scalar is not None and model not in _differentiated_twice(ctx):
-        root = ctx.script.root_of(scalar)
-        where = ctx.script.index.roots.get(root) or "this script"
-        why = f"may hold a 0-dimensional parameter (`{_short(root.code_for_node(scalar))}` in {where}), which fully_shard refuses"
-    ctx.edits.change(last, f"`{model}` {why}: it is replicated (DDP's gradient averaging, in place), not sharded")
+    ctx.edits.change(last, f"`{model}` {ctx.replicated[model]}: it is replicated (DDP's gradient averaging, in place), not sharded")
 
 
 def _imports(ctx: Context) -> None:
