@@ -801,3 +801,71 @@ def test_a_load_the_constructor_reaches_through_methods_before_it_wraps_goes_int
     """`__init__` calls `resume()`, which calls `restore()`, before it wraps `self.net`: the load
     goes into the plain model (DDP121 silent); a call after the wrap loads into the wrapper."""
     assert _codes(LOAD_IN_CONSTRUCTOR.format(later=later), "DDP121") == flagged
+
+
+THROUGH_LIBRARY = {
+    "pyproject.toml": "[project]\nname = \"demo\"\n",
+    "pretrain/train.py": """\
+        import lib.launch as launch
+        from lib.trainer import Trainer
+
+
+        def main(gpus):
+            launch.run_workers(gpus, Trainer().train)
+
+
+        if __name__ == "__main__":
+            main(2)
+        """,
+    "pretrain/lib/__init__.py": "",
+    "pretrain/lib/launch.py": """\
+        import multiprocessing as mp
+
+        import lib.dist as du
+
+
+        def _worker(rank, world_size, fn):
+            du.start(rank, world_size)
+            fn()
+
+
+        def run_workers(n, fn):
+            procs = [mp.Process(target=_worker, args=(i, n, fn)) for i in range(n)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+        """,
+    "pretrain/lib/dist.py": """\
+        import torch
+        import torch.distributed as dist
+
+
+        def start(rank, world_size):
+            {set_device}
+            dist.init_process_group("nccl", rank=rank, world_size=world_size)
+        """,
+    "pretrain/lib/trainer.py": """\
+        import torch
+        import torch.distributed as dist
+
+        import lib.dist as du
+
+
+        class Trainer:
+            def train(self):
+                labels = torch.arange(4).cuda()
+                dist.all_reduce(labels)
+        """,
+}
+
+
+@pytest.mark.parametrize("set_device, flagged", [("torch.cuda.set_device(rank)", False), ("pass", True)])
+def test_a_module_the_script_reaches_through_a_library_module_is_imported_from_the_scripts_folder(
+    tmp_path, set_device, flagged
+):
+    """`lib/trainer.py` is imported by `pretrain/train.py`, whose `lib.launch` imports `lib.dist`:
+    Python finds `lib.dist` on the script's folder (sys.path[0]), not beside `lib/launch.py`, so
+    the program includes the `set_device` the launcher's workers run (DDP108 silent)."""
+    write_files(tmp_path, {**THROUGH_LIBRARY, "pretrain/lib/dist.py": THROUGH_LIBRARY["pretrain/lib/dist.py"].format(set_device=set_device)})
+    assert codes(tmp_path / "pretrain/lib/trainer.py", "DDP108") == (["9 DDP108"] if flagged else [])

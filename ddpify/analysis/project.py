@@ -197,7 +197,8 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
                     found[other] = parse(texts[other], str(other))
                 except Exception:  # noqa: BLE001 - unreadable: left out
                     continue
-                search[other] = [other.parent, *search.get(path, [path.parent, root])[1:]]  # sys.path is the process's
+                outer = search.get(path, [path.parent, root])  # sys.path is the process's: the script's folder stays on it
+                search[other] = list(dict.fromkeys([other.parent, *outer]))
                 todo.append(other)
     return found
 
