@@ -869,3 +869,70 @@ def test_a_module_the_script_reaches_through_a_library_module_is_imported_from_t
     the program includes the `set_device` the launcher's workers run (DDP108 silent)."""
     write_files(tmp_path, {**THROUGH_LIBRARY, "pretrain/lib/dist.py": THROUGH_LIBRARY["pretrain/lib/dist.py"].format(set_device=set_device)})
     assert codes(tmp_path / "pretrain/lib/trainer.py", "DDP108") == (["9 DDP108"] if flagged else [])
+
+
+
+
+TRAINER_LAUNCHES = """\
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from helpers import load_best
+
+
+class Trainer:
+    def __init__(self, world_size):
+        self.world_size = world_size
+
+    def run(self, model):
+        self.start_workers(model)
+        return load_best(model, "best.pt")
+
+    def start_workers(self, model):
+        procs = [mp.Process(target=self.train, args=(rank, model)) for rank in range(self.world_size)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+
+    def train(self, rank, model):
+        dist.init_process_group("nccl", rank=rank, world_size=self.world_size)
+        {in_worker}
+        dist.destroy_process_group()
+"""
+HELPERS = """\
+import torch
+import torch.distributed as dist
+
+
+def is_main():
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def load_best(model, path):
+    model.load_state_dict(torch.load(path))
+    return model
+"""
+EXPERIMENT = """\
+from trainer import Trainer
+
+
+def experiment(model, world_size):
+    return Trainer(world_size).run(model)
+
+
+if __name__ == "__main__":
+    experiment(None, 2)
+"""
+
+
+@pytest.mark.parametrize("in_worker, flagged", [("pass", False), ('load_best(model, "best.pt")', True)])
+def test_a_method_that_starts_the_workers_through_another_runs_in_the_launcher(tmp_path, in_worker, flagged):
+    """`run()` calls `self.start_workers()`, which starts `mp.Process(target=self.train)`, and
+    then loads the best model: `run` runs in the launcher's one process, so the helper's load
+    (only `run` calls it) is one process's (DDP109 silent); called in `train` too, every rank
+    loads onto GPU 0."""
+    write_files(tmp_path, {
+        "trainer.py": TRAINER_LAUNCHES.format(in_worker=in_worker), "helpers.py": HELPERS, "experiment.py": EXPERIMENT,
+    })  # fmt: skip
+    assert codes(tmp_path / "helpers.py", "DDP109") == (["10 DDP109"] if flagged else [])

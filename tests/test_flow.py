@@ -12,6 +12,8 @@ from ddpify.analysis.index import index_of, iter_nodes
 PATHS = '''
 import sys
 def setup():
+    if early():
+        return n()
     if cuda():
         a()
         return 1
@@ -93,6 +95,8 @@ def _calls(src: str):
     "a, b, reaches",
     [
         ("a", "b", False),  # `return` ends the branch
+        ("n", "b", False),  # `return n()`: the call's own statement leaves
+        ("early", "b", True),
         ("b", "c", True),
         ("c", "d", True),  # `continue` only under an `if`
         ("d", "e", False),  # after `break`

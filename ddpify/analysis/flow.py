@@ -139,6 +139,8 @@ class Flow:
         if start[a] >= start[b] or index.exclusive(a, b):
             return False
         holders_of_b = set(index.ancestors(b))
+        if any(isinstance(p, (cst.Return, cst.Raise)) and p not in holders_of_b for p in index.ancestors(a)):
+            return False  # `return helper()`: the path leaves with `a`'s own statement
         leaving_loop: Optional[cst.CSTNode] = None  # a `break`/`continue` sent control past this loop
         in_try = self._in_try(a)
         child = a

@@ -1314,9 +1314,18 @@ def _holds_data_parallel(script: Script, bound: dict, expr: cst.CSTNode | None, 
         return False
     scope = script.scope_of(node)
     return any(
-        scope in script.scopes_for(ref, where) and (scope is not where or script.before(assign, node))
+        (scope in script.scopes_for(ref, where) or _closure_of(script, scope, where, ref))
+        and (scope is not where or script.before(assign, node))
         for assign, where in bound.get(ref, ())
     )
+
+
+def _closure_of(script: Script, scope: ScopeNode, where: ScopeNode, ref: str) -> bool:
+    """Is `scope` a function nested in `where` that reads `ref` from it (`def save_ckpt(path):`
+    inside `main`, called after `model = nn.DataParallel(model)`)?"""
+    if not isinstance(scope, cst.FunctionDef) or not isinstance(where, cst.FunctionDef) or ref in script.bound.get(scope, ()):
+        return False
+    return any(a is where for a in script.ancestors(scope))
 
 
 def _data_parallel_bindings(script: Script) -> dict[str, list[tuple[cst.Assign, ScopeNode]]]:

@@ -197,7 +197,8 @@ class FileContext:
         every call, here or in an importer, is in rank-0-only code (`if rank == 0:
         misc.print_module_summary(net)`), in a branch a one-process run takes (`if world_size <
         2: test(model)`), in a function of this file that is itself rank 0's, idle or the
-        launcher's alone (`single_gpu_example()` beside `mp.spawn(worker)`), or in an importer
+        launcher's alone (`single_gpu_example()` beside `mp.spawn(worker)`, a trainer's `run()`
+        that starts the workers and loads the best model after they end), or in an importer
         that shows no sign of a distributed run (an inference script beside the training one)?
         Not a function whose name is also read as a value (`mp.spawn(main_worker)`): it runs
         wherever that value is called."""
@@ -225,9 +226,13 @@ class FileContext:
                 and all(
                     self.in_rank0(s.node) or flow(self.index).single_process(s.node)
                     or s.func is not None and (self.rank0_or_idle(s.node) or self.launcher_only(s.node))
+                    or _in_launching_function(self.index, s.node)
                     for s in local
                 )  # fmt: skip
-                and all(rank_analysis(index).in_rank0(ci.node) or one_process_program(index) for index, ci in remote)
+                and all(
+                    rank_analysis(index).in_rank0(ci.node) or one_process_program(index) or _in_launching_function(index, ci.node)
+                    for index, ci in remote
+                )
             )
         return found[func]
 
@@ -678,11 +683,41 @@ def _own_method(ctx: "FileContext", func: Func) -> bool:
 
 
 def _in_launching_function(index: FileIndex, node: cst.CSTNode) -> bool:
-    """Is `node` in a function that starts the worker processes itself (`mp.spawn(run, ...)` in
-    it): the launcher's one process, not a worker?"""
+    """Is `node` in a function that starts the worker processes (see `launching_functions`): the
+    launcher's one process, not a worker?"""
     func = index.enclosing_func(node)
-    starts = SPAWN | START_PROCESSES | PROCESS_CLASSES
-    return func is not None and any(ci.func is func and ci.qnames & starts for ci in index.calls)
+    return func is not None and func in launching_functions(index)
+
+
+_MP_RECEIVER = re.compile(r"\b(mp|multiprocessing|ctx|context|get_context\(.*\))$")
+
+
+def launching_functions(index: FileIndex) -> set:
+    """The functions of this file that start the worker processes (`mp.spawn(run, ...)`,
+    `mp.Process(target=self.train, ...)`, `ctx.Process(...)`), and those that call one of them, a
+    few levels up (`Trainer.run()` -> `self.dist_train()` -> `mp.Process(...)`), other than the
+    functions handed to the workers: they run in the launcher's one process."""
+    found = index.__dict__.get("_launching_functions")
+    if found is None:
+        starts = SPAWN | START_PROCESSES | PROCESS_CLASSES
+        starters = [
+            ci for ci in index.calls
+            if ci.func is not None and (ci.qnames & starts or ci.name == "Process" and ci.receiver is not None
+                                        and _MP_RECEIVER.search(index.module.code_for_node(ci.receiver)))
+        ]  # fmt: skip
+        handed = {last_name(a.value) for ci in starters for a in ci.node.args} - {None}  # `target=self.train`
+        found = {ci.func for ci in starters}
+        for _ in range(3):  # callers of callers
+            more = {
+                c.func for c in index.calls
+                if c.func is not None and c.func not in found and c.func.name.value not in handed
+                and any(f in found for f in index.local_callees(c))
+            }  # fmt: skip
+            if not more:
+                break
+            found |= more
+        index.__dict__["_launching_functions"] = found
+    return found
 
 
 def _read_as_attribute(decorator: cst.BaseExpression) -> bool:

@@ -12,6 +12,9 @@ the critic's parameters (the last layer's bias) get no gradient from it, so DDP'
 for them forever: the next forward fails with "Expected to have finished reduction in the prior
 iteration", on one process as on many. The penalty's forward goes through the model itself, and
 the gradients are averaged right after the backward that follows.
+
+Under `--to fsdp2` such a model is replicated in place (`replicate(D)`: DDP's reducer in its
+forward hooks, no `.module`): the penalty's forward is `D.forward(interpolated)`, which skips them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ddpify.analysis.script import ref_of
 from ddpify.convert.context import Context
 from ddpify.convert.emit import AVERAGE_GRADIENTS, define_function
 
-CALL = "average_gradients({model})  # the penalty's forward ran outside DDP: its gradients are averaged here\n"
+CALL = "average_gradients({model})  # the penalty's forward ran outside {outside}: its gradients are averaged here\n"
 
 
 def run(ctx: Context) -> None:
@@ -41,16 +44,16 @@ def run(ctx: Context) -> None:
             if forward is None:
                 continue
             model = ref_of(forward.func)
-            if model in ctx.replicated:
-                continue  # `--to fsdp2` replicated it in place: every forward runs through DDP's hooks
+            replicated = model in ctx.replicated  # `--to fsdp2` replicated it in place: DDP's reducer in its hooks
             backward = _next_backward(ctx, grad, scope)
-            if backward is None or ctx.fsdp2:
+            if backward is None or (ctx.fsdp2 and not replicated):
                 stmt = script.statement_line(forward) or script.top_statement(forward, scope) or forward
                 edits.todo(stmt, forward, f"`{model}`'s output feeds a gradient penalty (autograd.grad with create_graph=True), which DDP's reducer cannot follow: run it as `{model}.module(...)` and average its gradients after the backward")
                 continue
-            edits.replace(forward.func, edits.expression(f"{model}.module"))
-            edits.insert_after(backward, CALL.format(model=model))
-            edits.change(forward, f"`{model}` runs outside DDP for the gradient penalty (DDP cannot follow autograd.grad with create_graph): its gradients are averaged by hand after the backward")
+            outside = "replicate's hooks" if replicated else "DDP"
+            edits.replace(forward.func, edits.expression(f"{model}.forward" if replicated else f"{model}.module"))
+            edits.insert_after(backward, CALL.format(model=model, outside=outside))
+            edits.change(forward, f"`{model}` runs outside {outside} for the gradient penalty (DDP's reducer cannot follow autograd.grad with create_graph): its gradients are averaged by hand after the backward")
             define_function(ctx, "average_gradients", AVERAGE_GRADIENTS, forward)
 
 

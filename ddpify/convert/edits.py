@@ -297,6 +297,7 @@ class _Applier(cst.CSTTransformer):
 
         pairs = list(zip(originals, updated))
         index = 0
+        spacing: list[cst.EmptyLine] = []  # the blank lines above a removed statement, for the next one
         while index < len(pairs):
             orig, upd = pairs[index]
             index += 1
@@ -313,10 +314,15 @@ class _Applier(cst.CSTTransformer):
                 flush()
             inserted = list(edits.before.get(orig, ()))
             if inserted:
+                spacing = []
                 upd, inserted[0] = _blank_lines_move_up(upd, inserted[0])
             out.extend(inserted)
-            if orig not in edits.removed:
+            if orig in edits.removed:
+                spacing = spacing or _leading_blank_lines(orig)  # the blank lines above it stay
+            else:
                 news = _dissolved(upd) if orig in edits.dissolved else [upd]
+                if spacing and not inserted:
+                    news[0], spacing = _with_blank_lines(news[0], spacing), []
                 if condition is None:
                     out.extend(news)
                 else:
@@ -577,3 +583,18 @@ _BINDS_TARGET = {
     cst.For: "target", cst.CompFor: "target", cst.AsName: "name",
 }  # fmt: skip
 _DEFINES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Param})
+
+
+def _leading_blank_lines(stmt: cst.CSTNode) -> list[cst.EmptyLine]:
+    """The blank lines (no comment) that open `stmt`'s leading lines."""
+    lines = list(getattr(stmt, "leading_lines", ()))
+    return lines[: next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))]
+
+
+def _with_blank_lines(stmt: cst.CSTNode, blank: list[cst.EmptyLine]) -> cst.CSTNode:
+    """`stmt` opened by `blank` unless it already opens with a blank line of its own."""
+    lines = list(getattr(stmt, "leading_lines", ()))
+    if not hasattr(stmt, "leading_lines") or (lines and lines[0].comment is None):
+        return stmt
+    return stmt.with_changes(leading_lines=[*blank, *lines])
+

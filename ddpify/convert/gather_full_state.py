@@ -22,7 +22,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.analysis.script import ref_of
+from ddpify.analysis.script import data_parallel_modules, ref_of
 from ddpify.convert.context import Context
 
 TO_FILE = "StateDictOptions(full_state_dict=True, cpu_offload=True)"  # rank 0's copy, on the CPU
@@ -34,8 +34,10 @@ def run(ctx: Context) -> None:
     models = set(script.models) - set(script.run_with_weights)  # (one run with weights passed in is not sharded)
     optimizers = _optimizers(script)
     taken = set().union(*script.bound.values()) if script.bound else set()
+    inner = {id(node): node.value for node in data_parallel_modules(script)}  # DataParallel's `model.module` is `model`
     for call in script.calls:
-        owner = ref_of(N.receiver(call)) if N.receiver(call) is not None else None
+        receiver = N.receiver(call)
+        owner = ref_of(inner.get(id(receiver), receiver)) if receiver is not None else None
         name = N.call_name(call)
         if owner is None or name not in ("state_dict", "load_state_dict"):
             continue
@@ -174,10 +176,12 @@ def _load(ctx: Context, call: cst.Call, owner: str, model: str) -> None:
 
 
 def _visible(script, model: str, node: cst.CSTNode) -> bool:
-    """Can code at `node` read the name `model`: the model is bound in `node`'s own function, or
-    at the top level of `node`'s module (not in another module or another function)?"""
+    """Can code at `node` read the name `model`: the model is bound in `node`'s own function, at
+    the top level of `node`'s module or in a function around it (not in another module or
+    another function)?"""
     where, scope = script.models.get(model), script.scope_of(node)
-    return where is scope or where is script.root_of(node) and model not in script.bound.get(scope, set())
+    outer = where is script.root_of(node) or any(a is where for a in script.ancestors(scope))  # (a closure reads it too)
+    return where is scope or outer and model not in script.bound.get(scope, set())
 
 
 def _kept(line: cst.SimpleStatementLine, call: cst.Call) -> bool:

@@ -124,7 +124,8 @@ def _models_differentiated(ctx: Context, grad: cst.Call) -> set[str]:
     values = [outputs.value] + [  # `grad(D(x).sum(), x, ...)`, or `d = D(x)` (`d, _ = D(x)`) before `grad(d, x, ...)`
         a.value for a in script.assigns.get(scope, []) if name is not None and name in _targets(a.targets[0].target)
     ]
-    callers = {ref_of(c.func) for v in values for c in [*([v] if isinstance(v, cst.Call) else []), *script.calls_in(v)]}
+    calls = [c for v in values for c in [*([v] if isinstance(v, cst.Call) else []), *script.calls_in(v)]]
+    callers = {ref_of(_forward_of(c.func)) for c in calls}
     found = {c for c in callers if c in script.models}
     fn = scope if isinstance(scope, cst.FunctionDef) else None
     for param in callers - found if fn is not None else ():  # `penalty(critic, ...)` fills `def penalty(D, ...)`
@@ -133,6 +134,13 @@ def _models_differentiated(ctx: Context, grad: cst.Call) -> set[str]:
             if given is not None and ref_of(given[0]) in script.models:
                 found.add(ref_of(given[0]))
     return found
+
+
+def _forward_of(func: cst.BaseExpression) -> cst.BaseExpression:
+    """`D` of `D.forward(x)` (a forward that skips the module's hooks, as a converted penalty runs it)."""
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        return func.value
+    return func
 
 
 def _targets(target: cst.BaseExpression) -> set[str]:

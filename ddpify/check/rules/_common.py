@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 
 import libcst as cst
 
@@ -10,7 +9,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis import rank
 from ddpify.analysis.flow import flow
 from ddpify.analysis.index import main_guard
-from ddpify.check.context import FileContext, dotted_name, int_value, is_false, last_name
+from ddpify.check.context import FileContext, dotted_name, int_value, is_false, last_name, launching_functions
 
 
 def mentions_rank(ctx: FileContext, call: cst.Call) -> bool:
@@ -88,7 +87,7 @@ def self_test_block(ctx: FileContext, node: cst.CSTNode) -> bool:
         return False
     inside = [ci for ci in ctx.calls if any(p is block for p in ctx.ancestors(ci.node))]
     return not any(
-        starts_group(ctx, ci) or ci.qnames & _PROCESS_STARTERS or any(_starts_workers(ctx, f) for f in ctx.local_callees(ci))
+        starts_group(ctx, ci) or ci.qnames & (N.SPAWN | N.START_PROCESSES) or any(_starts_workers(ctx, f) for f in ctx.local_callees(ci))
         for ci in inside
     )
 
@@ -153,23 +152,10 @@ def in_worker(ctx: FileContext, node: cst.CSTNode, _depth: int = 0) -> bool:
     return False
 
 
-_PROCESS_STARTERS = N.SPAWN | N.START_PROCESSES
-
-
 def _starts_workers(ctx: FileContext, func: cst.FunctionDef) -> bool:
-    """Does this function start the worker processes itself (`mp.spawn(...)`,
-    `mp.Process(target=run, ...).start()`, `ctx.Process(...)`)? It is the launcher, run once."""
-    return any(
-        ci.func is func and (
-            ci.qnames & _PROCESS_STARTERS
-            or ci.qnames & N.PROCESS_CLASSES
-            or ci.name == "Process" and ci.receiver is not None and _MP_RECEIVER.search(ctx.code(ci.receiver))
-        )
-        for ci in ctx.calls
-    )
-
-
-_MP_RECEIVER = re.compile(r"\b(mp|multiprocessing|ctx|context|get_context\(.*\))$")
+    """Does this function start the worker processes, itself or through the functions it calls
+    (`mp.spawn(...)`, `mp.Process(target=run, ...).start()`)? It is the launcher, run once."""
+    return func in launching_functions(ctx.index)
 
 
 def starts_group(ctx: FileContext, ci) -> bool:

@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.names import DDP_OWN_API, NN_MODULE_API
 from ddpify.check.fix import insert_module_attr
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
@@ -19,7 +20,7 @@ class AttributeOfDDPWrapper(Rule):
     `model.generate(...)`, `model.backbone`): the wrapper does not forward attribute reads to the
     network it holds. Private names (`_x`), attributes the script sets on the wrapper itself, and
     reads under a test of what the name holds (`isinstance(model, DDP)`, `hasattr(model,
-    "module")`) are left alone.
+    "module")`) or in the `except` of a `try` that read `model.module` first are left alone.
 
     ## Why is this bad?
     It raises `AttributeError: 'DistributedDataParallel' object has no attribute ...` at run
@@ -72,7 +73,7 @@ class AttributeOfDDPWrapper(Rule):
         ]  # fmt: skip
         own = {node.attr.value for node in reads if _assigned(ctx, node)}  # `model.tag = ...`: the wrapper's own
         for node in reads:
-            if node.attr.value not in own and not _type_tested(ctx, node) and not single_process_branch(ctx, node):
+            if node.attr.value not in own and not _type_tested(ctx, node) and not _fallback(ctx, node) and not single_process_branch(ctx, node):
                 held, name = ctx.code(node.value), node.attr.value
                 message = f"the DDP wrapper has no attribute `{name}` (AttributeError): read `{held}.module.{name}`"
                 yield Report(node, message, fixes=[(node, node.with_changes(value=insert_module_attr(node.value)))])
@@ -87,6 +88,20 @@ def _type_tested(ctx, node: cst.Attribute) -> bool:
         isinstance(p, (cst.If, cst.IfExp)) and any(f"{test}({held}," in ctx.code(p.test) for test in ("isinstance", "hasattr"))
         for p in ctx.ancestors(node)
     )
+
+
+def _fallback(ctx, node: cst.Attribute) -> bool:
+    """`try: m.module.x() / except ...: m.x()`: the wrapper's attribute is read only when
+    `m.module` failed, that is, when `m` holds no wrapper."""
+    held = ctx.code(node.value)
+    for handler in (a for a in ctx.ancestors(node) if isinstance(a, cst.ExceptHandler)):
+        attempt = ctx.parent(handler)
+        if isinstance(attempt, cst.Try) and any(
+            isinstance(n, cst.Attribute) and n.attr.value == "module" and ctx.code(n.value) == held
+            for n in iter_nodes(attempt.body)
+        ):
+            return True
+    return False
 
 
 def _assigned(ctx, node: cst.Attribute) -> bool:

@@ -44,6 +44,12 @@ def _bindings(ctx, name: str, call: cst.Call) -> list[cst.BaseExpression]:
         def visit_Assign(self, node):
             if any(dotted_name(t.target) == name for t in node.targets):
                 values.append(node.value)
+            for t in node.targets:  # `a, total = (x, torch.tensor(0))`: its item, else the whole value
+                if isinstance(t.target, (cst.Tuple, cst.List)):
+                    names = [dotted_name(e.value) for e in t.target.elements]
+                    if name in names:
+                        items = node.value.elements if isinstance(node.value, (cst.Tuple, cst.List)) else ()
+                        values.append(items[names.index(name)].value if len(items) == len(names) else node.value)
 
         def visit_AnnAssign(self, node):
             if node.value is not None and dotted_name(node.target) == name:

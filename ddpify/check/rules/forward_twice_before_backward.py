@@ -1,3 +1,5 @@
+import libcst as cst
+
 from ddpify.analysis.literals import is_false
 from ddpify.check.context import DDP_CLASSES, is_true, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
@@ -64,7 +66,7 @@ class ForwardTwiceBeforeBackward(Rule):
         ddps = ctx.calls_to(*DDP_CLASSES)
         if any((k := kwarg(c.node, "static_graph")) and is_true(k.value) for c in ddps):
             return
-        if not any((k := kwarg(c.node, "find_unused_parameters")) and not is_false(k.value) for c in ddps):
+        if not any(_searches_unused(ctx, c) for c in ddps):
             return  # without the unused-parameter search, two forwards and one backward reduce fine
         groups: dict = {}
         for ci in ctx.calls:
@@ -83,3 +85,16 @@ class ForwardTwiceBeforeBackward(Rule):
                 for i, c in enumerate(before):
                     if any(may_precede(ctx, p.node, c.node) for p in before[:i]):  # not the other branch of an `if`
                         yield Report(c.node)
+
+
+def _searches_unused(ctx, ddp) -> bool:
+    """Is `DDP(..., find_unused_parameters=x)` given a value that may be true: not `False`, nor a
+    name its function binds to `False` only (`find_unused = False` ... `find_unused_parameters=find_unused`)?"""
+    k = kwarg(ddp.node, "find_unused_parameters")
+    if k is None or is_false(k.value):
+        return False
+    if isinstance(k.value, cst.Name):
+        values = [b.value for b in ctx.assignments if b.dotted == k.value.value and b.func is ddp.func]
+        return not (values and all(is_false(v) for v in values))
+    return True
+

@@ -13,6 +13,9 @@ class NcclWithoutSetDevice(Rule):
     `torch.cuda.set_device(local_rank)` (nor passes `device_id=`): not in the file, the project
     modules it imports, nor elsewhere in the programs that import it.
 
+    A program that gives each process one GPU of its own before CUDA starts
+    (`os.environ["CUDA_VISIBLE_DEVICES"] = str(rank % 8)`) is left alone: `cuda:0` is that GPU.
+
     An `init_distributed()`-style helper in a module that never calls it is left alone: the
     training script that calls it may set the device first.
 
@@ -52,8 +55,8 @@ class NcclWithoutSetDevice(Rule):
     INVALID = [Invalid("import torch.distributed as dist\ndist.init_process_group(backend='nccl')\n")]
 
     def check(self, ctx):
-        if ctx.has_set_device:
-            return
+        if ctx.has_set_device or ctx.gpu_per_process_by_launcher:
+            return  # or each process sees one GPU of its own (`CUDA_VISIBLE_DEVICES = str(rank)`): `cuda:0` is it
         for ci in ctx.calls_to(*N.INIT_PROCESS_GROUP):
             arg = kwarg(ci.node, "backend")
             value = arg.value if arg else (positional(ci.node)[0].value if positional(ci.node) else None)

@@ -1,5 +1,7 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
+from ddpify.analysis.index import dotted_name
 from ddpify.check.context import last_name
 from ddpify.check.fix import insert_module_attr
 from ddpify.check.rule import FIX_UNSAFE, Invalid, Report, Rule
@@ -15,7 +17,9 @@ class SaveDDPStateDict(Rule):
     A program that loads the state back into the wrapper too (`module.` keys on both sides: a
     resume of its own checkpoints, a best-model copy) is consistent and is not flagged; nor are
     the wrapper's keys read to load into it (`model.state_dict().keys()`, `new =
-    match(model.state_dict(), ckpt)` whose result only `load_state_dict(...)` takes).
+    match(model.state_dict(), ckpt)` whose result only `load_state_dict(...)` takes), nor a name
+    the function also binds to an FSDP model (DDP for evaluation, FSDP for training): its keys
+    may have no prefix.
 
     ## Why is this bad?
     Every key gets a `module.` prefix: the checkpoint no longer loads into the plain model
@@ -78,10 +82,17 @@ class SaveDDPStateDict(Rule):
         if ctx.ddp_state_round_trip:
             return  # saved from the wrapper and loaded back into it: consistent
         for ci in ctx.method_calls("state_dict"):
-            if ctx.is_ddp(ci.receiver) and not _template_for_loading(ctx, ci.node) and not _walked(ctx, ci.node):
+            if ctx.is_ddp(ci.receiver) and not _template_for_loading(ctx, ci.node) and not _walked(ctx, ci.node) and not _may_be_fsdp(ctx, ci):
                 func = ci.node.func
                 new = func.with_changes(value=insert_module_attr(ci.receiver))
                 yield Report(ci.node, fixes=[(func, new)])
+
+
+def _may_be_fsdp(ctx, ci) -> bool:
+    """Does the function also bind the receiver to an FSDP model (`parallel_model = DDP(model)` for
+    evaluation, `FSDP(model)` for training): its state dict may be FSDP's, which has no `module.`."""
+    name = dotted_name(ci.receiver) if ci.receiver is not None else None
+    return name is not None and any(b.dotted == name and b.func is ci.func for b in ctx.index.bindings_of(N.FSDP1_CLASSES))
 
 
 def _walked(ctx, call: cst.Call) -> bool:

@@ -1,6 +1,9 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
+from ddpify.analysis.index import dotted_name, iter_nodes
 from ddpify.analysis.literals import int_value
+from ddpify.check.context import kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import trains
 
@@ -10,7 +13,9 @@ class SetEpochAfterIteration(Rule):
 
     ## What it does
     Flags `sampler.set_epoch(epoch)` when, in the same epoch-loop body, a training loop (or
-    a call to a training function) comes before it.
+    a call to a training function) comes before it. A sampler whose own loader is iterated after
+    the call, and not before it (`valid_loader.sampler.set_epoch(epoch)` right before the
+    validation loop), is set in time.
 
     ## Why is this bad?
     The loader's iterator draws its indices when the iteration starts; setting the epoch
@@ -69,8 +74,40 @@ class SetEpochAfterIteration(Rule):
             body = list(loop.body.body)
             if stmt not in body:
                 continue
+            loaders = _loaders_of(ctx, ci.receiver)
+            if loaders and _iterated_after_only(loop.body, ci.node, loaders):
+                continue  # its own loader (`valid_loader.sampler`) is iterated after it: set in time
             if any(self._statement_trains(ctx, s) for s in body[: body.index(stmt)]):
                 yield Report(ci.node)
+
+
+def _loaders_of(ctx, sampler) -> set[str]:
+    """The loaders that read this sampler: `valid_loader` of `valid_loader.sampler`, or each name
+    bound to a `DataLoader(..., sampler=s)` of the sampler `s`."""
+    if isinstance(sampler, cst.Attribute) and sampler.attr.value == "sampler" and dotted_name(sampler.value):
+        return {dotted_name(sampler.value)}
+    name = dotted_name(sampler) if sampler is not None else None
+    found = set()
+    for ci in ctx.calls_to(*N.DATALOADER):
+        given = kwarg(ci.node, "sampler")
+        parent = ctx.parent(ci.node)
+        if name and given is not None and dotted_name(given.value) == name and isinstance(parent, cst.Assign):
+            found |= {dotted_name(t.target) for t in parent.targets} - {None}
+    return found
+
+
+def _iterated_after_only(body, call, loaders: set[str]) -> bool:
+    """In the epoch loop's body, in the order the code reads, is a `for` over one of `loaders`
+    (`for x in tqdm(valid_loader):`) met after `call` and none before it?"""
+    seen_call, after = False, False
+    for node in iter_nodes(body):
+        if node is call:
+            seen_call = True
+        elif isinstance(node, cst.For) and any(dotted_name(n) in loaders for n in iter_nodes(node.iter)):
+            if not seen_call:
+                return False
+            after = True
+    return after
 
 
 def _next_epoch(call) -> bool:

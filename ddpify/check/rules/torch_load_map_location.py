@@ -125,6 +125,7 @@ _STATE_WORDS = re.compile(
 _DATA_WORDS = re.compile(
     r"data|args|config|cfg|manifest|alignment|vocab|meta|stats|split|feature|embed|index|label|annotation|cache", re.IGNORECASE
 )
+_NO_TENSORS = re.compile(r"sched|scaler|^amp$", re.IGNORECASE)  # their state dicts hold Python numbers only
 _STATE_KEYS = re.compile(r"model|state|optim|net|ema|weight|param|scaler|sched", re.IGNORECASE)
 
 
@@ -133,14 +134,18 @@ def _loads_model_state(ctx, ci) -> bool:
     It goes into `load_state_dict` (directly, or through the name it is bound to) or is read for a
     state key (`ckpt["model"]`); or, unless the file or the name it is bound to is named as data
     (`args.data_path`, `"training_args.bin"`, `manifest_pth`), the file, that name or the function
-    around it is named as a checkpoint (`args.resume`, `"best.pth"`, `def load_checkpoint`)."""
+    around it is named as a checkpoint (`args.resume`, `"best.pth"`, `def load_checkpoint`). Loaded
+    straight into a learning-rate scheduler, a GradScaler or apex's `amp`, whose state dicts hold
+    Python numbers only, it holds no GPU tensors."""
     call = ci.node
     bound = _bound_name(ctx, call)
     scope = ci.func if ci.func is not None else ctx.module
     for node in iter_nodes(scope):
         if isinstance(node, cst.Call) and last_name(node.func) == "load_state_dict":
             text = " ".join(ctx.code(a.value) for a in node.args)
-            if any(call is n for n in iter_nodes(node)) or bound and re.search(rf"\b{re.escape(bound)}\b", text):
+            if any(call is n for a in node.args for n in iter_nodes(a)):  # `x.load_state_dict(torch.load(f))`: what x holds
+                return not _NO_TENSORS.search(last_name(node.func.value) or "") if isinstance(node.func, cst.Attribute) else True
+            if bound and re.search(rf"\b{re.escape(bound)}\b", text):
                 return True
         if bound and isinstance(node, cst.Subscript) and dotted_name(node.value) == bound and len(node.slice) == 1:
             key = node.slice[0].slice

@@ -1,0 +1,191 @@
+"""What a value holds decides whether a rule's premise is true.
+
+Each case is a shape met in public DDP codebases (set fresh15), written in our own words: a file
+of Python numbers loaded without `map_location`, a sampler set right before its own loader's
+loop, a keyword given through a name bound to `False`, a counter bound by tuple unpacking, a
+model that is DDP on one path and FSDP on the other, a GPU pinned through `CUDA_VISIBLE_DEVICES`.
+Each is checked both ways: the shape that proves the premise wrong is silent, the nearest shape
+where it holds is flagged.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpify.check.rule import select_rules
+from ddpify.check.runner import check_source
+
+
+def _lines(source: str, code: str) -> list[int]:
+    result = check_source(source, "train.py", select_rules(code))
+    return [f.line for f in result.findings if f.code == code]
+
+
+RESUME = """\
+import torch
+import torch.distributed as dist
+
+
+def resume(path):
+    dist.init_process_group("nccl")
+    {target}.load_state_dict(torch.load(path))
+"""
+
+
+@pytest.mark.parametrize("target, flagged", [("lr_scheduler", False), ("self.grad_scaler", False), ("model", True)])
+def test_a_state_of_python_numbers_loads_without_map_location(target, flagged):
+    """A learning-rate scheduler's or a GradScaler's state dict holds Python numbers only:
+    loading it without `map_location` puts nothing on GPU 0 (DDP109 silent); a model's does."""
+    assert _lines(RESUME.format(target=target), "DDP109") == ([7] if flagged else [])
+
+
+VALIDATION = """\
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main(model, opt, train_set, valid_set):
+    dist.init_process_group("gloo")
+    train_sampler = DistributedSampler(train_set)
+    train_loader = DataLoader(train_set, sampler=train_sampler)
+    valid_loader = DataLoader(valid_set, sampler=DistributedSampler(valid_set))
+    for epoch in range(10):
+        train_sampler.set_epoch(epoch)
+        for x in train_loader:
+            model(x).sum().backward()
+            opt.step()
+        if epoch % 2 == 0:
+            {sampler}.set_epoch(epoch)
+            for x in valid_loader:
+                model(x)
+"""
+
+
+@pytest.mark.parametrize("sampler, flagged", [("valid_loader.sampler", False), ("train_sampler", True)])
+def test_a_sampler_set_right_before_its_own_loaders_loop_is_set_in_time(sampler, flagged):
+    """`valid_loader.sampler.set_epoch(epoch)` after the training loop comes before its own
+    loader's loop (DDP113 silent); the training sampler's, there, comes after its loader ran."""
+    assert _lines(VALIDATION.format(sampler=sampler), "DDP113") == ([17] if flagged else [])
+
+
+TWO_FORWARDS = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(net, opt, loader):
+    dist.init_process_group("gloo")
+    search = {value}
+    model = DDP(net, find_unused_parameters=search)
+    for a, b in loader:
+        loss = model(a).sum() + model(b).sum()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("value, flagged", [("False", False), ("True", True), ("args.search", True)])
+def test_a_keyword_given_through_a_name_bound_to_false_is_false(value, flagged):
+    """`find_unused_parameters=search` with `search = False` the only binding: DDP does not
+    search, so two forwards before one backward reduce fine (DDP119 silent)."""
+    assert _lines(TWO_FORWARDS.format(value=value), "DDP119") == ([10] if flagged else [])
+
+
+COUNTERS = """\
+import torch
+import torch.distributed as dist
+
+
+def evaluate(loader, model):
+    dist.init_process_group("gloo")
+    correct, total = {value}
+    for x, y in loader:
+        total += len(y)
+        correct += (model(x).argmax(1) == y).sum()
+    dist.all_reduce(total)
+"""
+
+
+@pytest.mark.parametrize("value, flagged", [("(torch.tensor(0), torch.tensor(0))", False), ("0, 0", True)])
+def test_a_counter_bound_by_tuple_unpacking_keeps_what_it_was_given(value, flagged):
+    """`correct, total = (torch.tensor(0), torch.tensor(0))`: `total` is a tensor at the
+    reduce (DDP137 silent); `correct, total = 0, 0` makes it a Python number."""
+    assert _lines(COUNTERS.format(value=value), "DDP137") == ([11] if flagged else [])
+
+
+EVAL_DDP_TRAIN_FSDP = """\
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(model, only_eval, rank):
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(rank)
+    if only_eval:
+        wrapped = DDP(model)
+    else:
+        wrapped = {other}(model)
+    state = wrapped.state_dict()
+    if rank == 0:
+        torch.save(state, "model.pt")
+"""
+
+
+@pytest.mark.parametrize("other, flagged", [("FSDP", False), ("DDP", True)])
+def test_a_model_wrapped_by_ddp_on_one_path_and_fsdp_on_the_other_may_save_fsdps_keys(other, flagged):
+    """A name that is DDP for evaluation and FSDP for training: the state dict saved may be
+    FSDP's, which has no `module.` prefix (DDP120 silent)."""
+    assert _lines(EVAL_DDP_TRAIN_FSDP.format(other=other), "DDP120") == ([14] if flagged else [])
+
+
+VISIBLE = """\
+import os
+import torch.distributed as dist
+
+
+def setup(rank, world_size):
+    {pin}
+    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+
+
+if __name__ == "__main__":
+    setup(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+"""
+
+
+@pytest.mark.parametrize(
+    "pin, flagged", [('os.environ["CUDA_VISIBLE_DEVICES"] = str(rank % 8)', False), ('os.environ["OMP_NUM_THREADS"] = "1"', True)]
+)
+def test_a_gpu_pinned_through_visible_devices_is_this_processs(pin, flagged):
+    """Each process that sees only its own GPU before CUDA starts has it as `cuda:0`: NCCL
+    without `set_device` is right there (DDP102 silent)."""
+    assert _lines(VISIBLE.format(pin=pin), "DDP102") == ([7] if flagged else [])
+
+
+FALLBACK = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(net, loader, opt):
+    dist.init_process_group("gloo")
+    model = DDP(net)
+    for x in loader:
+        {call}
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "call, flagged",
+    [("try:\n            model.module.freeze_head()\n        except AttributeError:\n            model.freeze_head()", False),
+     ("model.freeze_head()", True)],
+)
+def test_the_wrappers_attribute_read_only_when_module_failed_holds_no_wrapper(call, flagged):
+    """`try: model.module.x() / except: model.x()`: the second read runs only for a model with no
+    `.module`, which is not wrapped (DDP124 silent)."""
+    assert _lines(FALLBACK.format(call=call), "DDP124") == ([9] if flagged else [])
