@@ -936,3 +936,35 @@ def test_a_method_that_starts_the_workers_through_another_runs_in_the_launcher(t
         "trainer.py": TRAINER_LAUNCHES.format(in_worker=in_worker), "helpers.py": HELPERS, "experiment.py": EXPERIMENT,
     })  # fmt: skip
     assert codes(tmp_path / "helpers.py", "DDP109") == (["10 DDP109"] if flagged else [])
+
+
+SRC_LAYOUT = {
+    "pyproject.toml": "[project]\nname = \"demo\"\n",
+    "src/demo/__init__.py": "",
+    "src/demo/helpers.py": """\
+        import torch
+        import torch.distributed as dist
+
+
+        def load_best(path):
+            return torch.load(path)
+        """,
+    "scripts/train.py": """\
+        import torch.distributed as dist
+
+        from demo.helpers import load_best
+
+
+        if __name__ == "__main__":
+            dist.init_process_group("nccl")
+            {call}
+        """,
+}
+
+
+@pytest.mark.parametrize("call, flagged", [('if dist.get_rank() == 0:\n                print(load_best("best.pt"))', False), ('load_best("best.pt")', True)])
+def test_a_package_in_a_src_layout_is_imported_by_its_name(tmp_path, call, flagged):
+    """`src/demo/helpers.py` is `demo.helpers` (a src layout): the script that imports it is its
+    caller, and calls it on rank 0 only (DDP109 silent); called on every rank, it is flagged."""
+    write_files(tmp_path, {**SRC_LAYOUT, "scripts/train.py": SRC_LAYOUT["scripts/train.py"].format(call=call)})
+    assert codes(tmp_path / "src/demo/helpers.py", "DDP109") == (["6 DDP109"] if flagged else [])

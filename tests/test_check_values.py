@@ -189,3 +189,117 @@ def test_the_wrappers_attribute_read_only_when_module_failed_holds_no_wrapper(ca
     """`try: model.module.x() / except: model.x()`: the second read runs only for a model with no
     `.module`, which is not wrapped (DDP124 silent)."""
     assert _lines(FALLBACK.format(call=call), "DDP124") == ([9] if flagged else [])
+
+
+RESEEDED = """\
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+def train(model, opt, data, seed):
+    dist.init_process_group("gloo")
+    for epoch in range(10):
+        sampler = DistributedSampler(data, seed={seed})
+        for x in DataLoader(data, sampler=sampler):
+            model(x).sum().backward()
+            opt.step()
+"""
+
+
+@pytest.mark.parametrize("seed, flagged", [("seed + epoch", False), ("seed", True)])
+def test_a_sampler_built_each_epoch_with_a_seed_that_reads_the_epoch_shuffles_anew(seed, flagged):
+    """`DistributedSampler(data, seed=seed + epoch)` made in the epoch loop: a new order each
+    epoch without `set_epoch` (DDP112 silent); with the same seed each time, the same order."""
+    assert _lines(RESEEDED.format(seed=seed), "DDP112") == ([9] if flagged else [])
+
+
+OTHER_CLASS_LOGGER = """\
+import logging
+
+import torch.distributed as dist
+
+logging.basicConfig(level=logging.INFO)
+
+
+class RankLogger:
+    def __init__(self, rank):
+        self.rank = rank
+        self.logger = logging.getLogger("train")
+
+    def __getattr__(self, name):
+        if self.rank != 0:
+            return lambda *args, **kwargs: None
+        return getattr(self.logger, name)
+
+
+class Trainer:
+    def __init__(self, logger):
+        self.logger = {bound}
+
+    def train(self, loader):
+        for x in loader:
+            self.logger.info("step %s", x)
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    Trainer(RankLogger(dist.get_rank())).train([1, 2])
+"""
+
+
+@pytest.mark.parametrize("bound, flagged", [("logger", False), ('logging.getLogger("trainer")', True)])
+def test_self_logger_of_another_class_is_not_this_classs_logging_logger(bound, flagged):
+    """`RankLogger.self.logger` is a logging logger; `Trainer.self.logger` holds the project's
+    RankLogger, which drops messages off rank 0 (DDP303 silent). Bound to `logging.getLogger` in
+    Trainer itself, it is the logging one."""
+    assert _lines(OTHER_CLASS_LOGGER.format(bound=bound), "DDP303") == ([25] if flagged else [])
+
+
+MODULE_METHODS = """\
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+class Potential(nn.Module):
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+        self.net = nn.Linear(4, 1)
+
+    def fit(self, loader, opt, is_distributed=False):
+        for x in loader:
+            self.net(x).sum().backward()
+            opt.step()
+            if is_distributed:
+                if self.rank == 0:
+                    self.save()
+            else:
+                {single}
+
+    def best(self, path):
+        return torch.load(path)
+
+    def save(self):
+        torch.save(self.state_dict(), "last.pt")
+
+
+if __name__ == "__main__":
+    dist.init_process_group("nccl")
+    model = Potential(dist.get_rank())
+    model.fit([torch.ones(4)], torch.optim.SGD(model.parameters()), is_distributed=True)
+    {every_rank}
+"""
+
+
+@pytest.mark.parametrize("single, every_rank, flagged", [
+    ('self.save()\n                self.best("last.pt")', "", False),
+    ("pass", 'model.save()\n    model.best("last.pt")', True),
+])  # fmt: skip
+def test_a_models_own_method_runs_where_its_calls_run(single, every_rank, flagged):
+    """A method of an `nn.Module` subclass outside nn.Module's API (`best`) runs only where the
+    program calls it: here the one-process branch (DDP109 silent). Called by every rank, its
+    load lands on GPU 0 on each."""
+    source = MODULE_METHODS.format(single=single, every_rank=every_rank)
+    assert _lines(source, "DDP109") == ([23] if flagged else [])

@@ -72,7 +72,7 @@ def find_project(entry: Path, parse=None, root: Path | None = None, read=None, l
     entry = entry.resolve()
     root = (root or project_root(entry)).resolve()
     project = Project(root=root, entry=entry)
-    search = [entry.parent] + ([root] if root != entry.parent else [])
+    search = [entry.parent] + [folder for folder in _import_roots(root) if folder != entry.parent]
     todo = [(entry, "__main__")]
     while todo:
         path, name = todo.pop(0)
@@ -178,7 +178,7 @@ def find_importers(target: Path, parse, read=None, root: Path | None = None) -> 
             except Exception:  # noqa: BLE001 - a file that does not parse imports nothing we can see
                 continue
             name = _dotted_under(path, root)
-            search[path] = [path.parent, root, *path_folders(module, path, parse, read)]
+            search[path] = [path.parent, *_import_roots(root), *path_folders(module, path, parse, read)]
             if any(_resolve(d, search[path], root) == reached for d in _imported_names(module, name, path)):
                 found[path] = module
                 imported.add(path)
@@ -317,6 +317,12 @@ def _imports(module: cst.Module):
     for node in iter_nodes(module):
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             yield node
+
+
+def _import_roots(root: Path) -> list[Path]:
+    """Where the project's own packages are imported from: its root, and `src/` in a src layout
+    (`src/mattersim/...` installed as `mattersim`)."""
+    return [root, root / "src"] if (root / "src").is_dir() and not (root / "src" / "__init__.py").is_file() else [root]
 
 
 def _resolve(dotted: str, search: list[Path], root: Path) -> Path | None:

@@ -46,6 +46,7 @@ from ddpify.analysis.names import (  # re-exported for the rules
     FRAMEWORKS,
     FULLY_SHARD,
     INIT_PROCESS_GROUP,
+    NN_MODULE_API,
     PROCESS_CLASSES,
     SET_DEVICE_CALLS,
     SPAWN,
@@ -655,10 +656,14 @@ def _uses_of(ctx: "FileContext", func: Func) -> list[Optional[cst.Name]]:
     return [n for n in used.get(func.name.value, ()) if n is None or not (q := ctx.index.qnames(n)) or q & own]
 
 
+_TORCH_MODULE = ("nn.Module", "torch.nn.Module", "Module")
+
+
 def _own_method(ctx: "FileContext", func: Func) -> bool:
     """Is `func` a method (not a dunder, not a property) of a top-level class of this file whose
-    bases are none, `object`, or such classes of this file? Only the program's own code calls it
-    then: no framework hook (`training_step`, `__getitem__`, a `Module`'s `forward`)."""
+    bases are none, `object`, `nn.Module` (for a method outside nn.Module's API), or such classes
+    of this file? Only the program's own code calls it then: no framework hook (`training_step`,
+    `__getitem__`, a `Module`'s `forward`)."""
     body = ctx.parent(func)
     owner = ctx.parent(body) if isinstance(body, cst.IndentedBlock) else None
     if not isinstance(owner, cst.ClassDef) or not isinstance(ctx.parent(owner), cst.Module):
@@ -671,8 +676,8 @@ def _own_method(ctx: "FileContext", func: Func) -> bool:
     def plain(cls: cst.ClassDef, seen: frozenset = frozenset()) -> bool:
         for base in cls.bases:
             base_name = dotted_name(base.value) if not base.keyword else None
-            if base_name == "object":
-                continue
+            if base_name == "object" or base_name in _TORCH_MODULE and name not in NN_MODULE_API:
+                continue  # (nn.Module calls its own API by name, `forward` and `train` among it, nothing else)
             if base_name not in classes or base_name in seen:
                 return False
             if not plain(classes[base_name], seen | {base_name}):
@@ -736,6 +741,8 @@ def _method_sites(ctx: "FileContext", name: str) -> Optional[list[tuple[FileInde
             parent = index.parents.get(node)
             if isinstance(parent, cst.Attribute) and parent.attr is node:
                 continue  # (the attribute's own name, seen as the attribute)
+            if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and index.qnames(node.value) & set(index.imported_modules):
+                continue  # `torch.save(...)`: a module's function, not the method
             if isinstance(node, cst.Attribute) and isinstance(parent, cst.Call) and parent.func is node:
                 sites.append((index, parent))
             elif isinstance(node, cst.Attribute) or index is ctx.index and not _defines(index, node):

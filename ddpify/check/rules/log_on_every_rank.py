@@ -1,4 +1,7 @@
+import libcst as cst
+
 from ddpify.analysis.flow import flow
+from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.log_levels import LEVELS
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import every_rank, in_worker
@@ -76,17 +79,47 @@ class LogOnEveryRank(Rule):
             return  # the other ranks log warnings and errors only
         if ctx.output_split_by_launcher or ctx.stdout_silenced_off_rank0 and ctx.logs_to_stdout:
             return  # the other processes' output goes to their own file or nowhere (a launcher, `sys.stdout = devnull`)
-        loggers = {
-            b.dotted
-            for b in ctx.assignments
-            if b.value in ctx.call_info and ctx.info(b.value).is_("logging.getLogger")
-        }
+        loggers: dict[str, set] = {}  # the name bound to `logging.getLogger(...)` -> the classes of its `self.x` bindings
+        for b in ctx.assignments:
+            if b.value in ctx.call_info and ctx.info(b.value).is_("logging.getLogger"):
+                loggers.setdefault(b.dotted, set()).add(_class_of(ctx, b.func))
         for ci in ctx.calls:
             if ci.name not in _LEVELS or ci.receiver is None or _LEVELS[ci.name] < shown:
                 continue
-            if not (ci.is_("logging.info", "logging.debug") or ctx.code(ci.receiver) in loggers):
+            held = ctx.code(ci.receiver)
+            if not (ci.is_("logging.info", "logging.debug") or held in loggers and _same_attribute(ctx, ci, loggers[held])):
                 continue
             if flow(ctx.index).on_exit_path(ci.node) or flow(ctx.index).in_error_handler(ci.node):
                 continue  # a message on the way out (an error, nothing to do): each rank says why
             if every_rank(ctx, ci.node) and in_worker(ctx, ci.node):
                 yield Report(ci.node)
+
+
+def _class_of(ctx, func) -> str | None:
+    """The name of the class whose method `func` is (None: a function or the module)."""
+    body = ctx.parent(func) if func is not None else None
+    owner = ctx.parent(body) if isinstance(body, cst.IndentedBlock) else None
+    return owner.name.value if isinstance(owner, cst.ClassDef) else None
+
+
+def _same_attribute(ctx, ci, classes: set) -> bool:
+    """Is `self.logger` at this call the attribute the program bound to a logging logger: one of
+    this class's or of a class it derives from, not another class's `self.logger` (a project
+    logger object whose own `self.logger` is the logging one)?"""
+    if not ctx.code(ci.receiver).startswith("self.") or None in classes:
+        return True
+    bases = {
+        c.name.value: [ctx.code(b.value).rpartition(".")[2] for b in c.bases]
+        for root in ctx.index.roots for c in iter_nodes(root) if isinstance(c, cst.ClassDef)
+    }  # fmt: skip
+    todo, seen = [_class_of(ctx, ci.func)], set()
+    while todo:
+        name = todo.pop()
+        if name is None or name in seen:
+            continue
+        if name in classes:
+            return True
+        seen.add(name)
+        todo += bases.get(name, [])
+    return not seen - {None} or any(name not in bases for name in seen)  # (a base out of sight may bind it)
+

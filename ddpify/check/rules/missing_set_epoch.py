@@ -1,5 +1,6 @@
 import libcst as cst
 
+from ddpify.analysis.index import iter_nodes
 from ddpify.check.context import DISTRIBUTED_SAMPLER, is_false, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
@@ -13,7 +14,9 @@ class MissingSetEpoch(Rule):
     that import it (a `datasets.py` builds the sampler, the training script sets its epoch).
     When no file of the project imports it, a sampler made by a builder function that hands its
     result back and that nothing in the file calls (a `build_loader()` in a data module) is left
-    alone: its caller, out of sight, owns the epochs (`loader.sampler.set_epoch(epoch)`).
+    alone: its caller, out of sight, owns the epochs (`loader.sampler.set_epoch(epoch)`). A
+    sampler built anew in the epoch loop with a seed that reads the loop's counter
+    (`DistributedSampler(ds, seed=seed + epoch)`) shuffles anew each epoch and is left alone too.
 
     ## Why is this bad?
     The sampler seeds its shuffle with the epoch number; without `set_epoch(epoch)` every
@@ -58,10 +61,22 @@ class MissingSetEpoch(Rule):
             shuffle = kwarg(ci.node, "shuffle")
             if shuffle is not None and is_false(shuffle.value):
                 continue
+            if _seeded_by_loop(ctx, ci):
+                continue  # built anew in the epoch loop with a seed that reads its counter: a new order each epoch
             func = ctx.enclosing_func(ci.node)
             if func is not None and not ctx.has_importers and not ctx.call_sites(func) and _returns_value(func):
                 continue  # a builder for other modules: the caller sets the epoch
             yield Report(ci.node)
+
+
+def _seeded_by_loop(ctx, ci) -> bool:
+    """`DistributedSampler(ds, seed=base + epoch)` inside `for epoch in ...:`."""
+    seed = kwarg(ci.node, "seed")
+    if seed is None:
+        return False
+    read = {n.value for n in iter_nodes(seed.value) if isinstance(n, cst.Name)}
+    counters = {n.value for loop in ci.loops if isinstance(loop, cst.For) for n in iter_nodes(loop.target) if isinstance(n, cst.Name)}
+    return bool(read & counters)
 
 
 def _returns_value(func: cst.FunctionDef) -> bool:
