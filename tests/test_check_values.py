@@ -303,3 +303,64 @@ def test_a_models_own_method_runs_where_its_calls_run(single, every_rank, flagge
     load lands on GPU 0 on each."""
     source = MODULE_METHODS.format(single=single, every_rank=every_rank)
     assert _lines(source, "DDP109") == ([23] if flagged else [])
+
+
+EMA_SOURCE = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(net):
+    dist.init_process_group("gloo")
+    model = DDP(net)
+    ema = {{k: v.detach().clone() for k, v in model.state_dict().items()}}
+    source = model.state_dict()
+    {use}
+"""
+
+
+@pytest.mark.parametrize("use, flagged", [
+    ("for k in ema:\n        ema[k].mul_(0.99).add_(source[k], alpha=0.01)", False),
+    ('torch.save(source, "model.pt")', True),
+])  # fmt: skip
+def test_a_wrapper_state_read_item_by_item_is_not_saved(use, flagged):
+    """`source = model.state_dict()` read only as `source[k]` (an EMA update keyed like the EMA
+    state taken from the same wrapper) reaches no file (DDP120 silent); saved whole, its keys
+    carry `module.`."""
+    assert _lines(EMA_SOURCE.format(use=use), "DDP120") == ([10] if flagged else [])
+
+
+MICRO_BATCHES = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, net, loader, opt):
+        dist.init_process_group("gloo")
+        self.model = DDP(net)
+        self.loader, self.opt = loader, opt
+
+    def fit(self, steps):
+        data = iter(self.loader)
+        for step in range(steps):
+            self.step(self.prepare(next(data)))
+
+    def prepare(self, batch):
+        return {{"x": batch[0], "y": batch[1]}}
+
+    def step(self, batch):
+        size = {size}
+        for i in range(0, size, 4):
+            part = {{k: v[i:i + 4] for k, v in batch.items()}}
+            self.model(part["x"]).sum().backward()
+        self.opt.step()
+"""
+
+
+@pytest.mark.parametrize("size, flagged", [('batch["x"].shape[0]', False), ("10_000", True)])
+def test_micro_batches_of_a_batch_counted_through_a_name_are_this_ranks(size, flagged):
+    """`size = batch["x"].shape[0]`, then `range(0, size, 4)`: micro-batches of the batch the
+    loader gave this rank (DDP155 silent)."""
+    assert _lines(MICRO_BATCHES.format(size=size), "DDP155") == ([21] if flagged else [])

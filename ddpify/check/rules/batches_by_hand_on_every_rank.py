@@ -83,8 +83,10 @@ def _strided_slices(ctx, loop: cst.For) -> str | None:
     if any(ctx.reads_rank(a.value) for a in it.args):
         return None
     func = ctx.enclosing_func(loop)
-    if any(_a_batch(ctx, name, func, own=loop) for a in it.args for name in _names(a.value)):
-        return None  # `range(0, batch.shape[0], micro)`: micro-batches of this rank's batch
+    names = [name for a in it.args for name in _names(a.value)]
+    names += [n for name in names for b in ctx.assignments if b.dotted == name.value and b.func is func for n in _names(b.value)]
+    if any(_a_batch(ctx, name, func, own=loop) for name in names):
+        return None  # `range(0, batch.shape[0], micro)` (also through `size = batch["x"].shape[0]`): micro-batches of this rank's batch
     for sliced in _slices(loop.body, target):
         if not _sharded(ctx, sliced, loop) and not _a_batch(ctx, sliced, ctx.enclosing_func(loop), own=loop):
             return f"`{ctx.code(sliced)}[...{target}...]` cuts batches from the whole data by `{ctx.code(it)}`"
@@ -172,6 +174,8 @@ def _sharded(ctx, value: cst.BaseExpression, site: cst.CSTNode) -> bool:
 def _a_batch(ctx, value, func, depth: int = 0, own: cst.For | None = None) -> bool:
     """Is the value a batch already drawn (`batch = next(loader)`, `for batch in loader`), here
     or in what the callers of its function hand it: cutting it is micro-batching, not a split."""
+    if isinstance(value, cst.Call) and _reads(value, "next"):
+        return True  # `self.step(self.prepare(next(data)))`: what the call makes of a drawn batch
     name = dotted_name(value)
     if name is None or func is None or depth > 3:
         return False

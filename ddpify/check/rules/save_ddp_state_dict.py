@@ -17,9 +17,10 @@ class SaveDDPStateDict(Rule):
     A program that loads the state back into the wrapper too (`module.` keys on both sides: a
     resume of its own checkpoints, a best-model copy) is consistent and is not flagged; nor are
     the wrapper's keys read to load into it (`model.state_dict().keys()`, `new =
-    match(model.state_dict(), ckpt)` whose result only `load_state_dict(...)` takes), nor a name
-    the function also binds to an FSDP model (DDP for evaluation, FSDP for training): its keys
-    may have no prefix.
+    match(model.state_dict(), ckpt)` whose result only `load_state_dict(...)` takes), nor a state
+    read only item by item (`source = model.state_dict()`, then `source[key]` in an EMA update),
+    nor a name the function also binds to an FSDP model (DDP for evaluation, FSDP for training):
+    its keys may have no prefix.
 
     ## Why is this bad?
     Every key gets a `module.` prefix: the checkpoint no longer loads into the plain model
@@ -82,7 +83,7 @@ class SaveDDPStateDict(Rule):
         if ctx.ddp_state_round_trip:
             return  # saved from the wrapper and loaded back into it: consistent
         for ci in ctx.method_calls("state_dict"):
-            if ctx.is_ddp(ci.receiver) and not _template_for_loading(ctx, ci.node) and not _walked(ctx, ci.node) and not _may_be_fsdp(ctx, ci):
+            if ctx.is_ddp(ci.receiver) and not _template_for_loading(ctx, ci.node) and not _walked(ctx, ci.node) and not _read_by_key(ctx, ci.node) and not _may_be_fsdp(ctx, ci):
                 func = ci.node.func
                 new = func.with_changes(value=insert_module_attr(ci.receiver))
                 yield Report(ci.node, fixes=[(func, new)])
@@ -102,6 +103,24 @@ def _walked(ctx, call: cst.Call) -> bool:
     method = ctx.parent(attr) if isinstance(attr, cst.Attribute) and attr.attr.value in ("items", "values", "keys") else None
     loop = ctx.parent(method) if isinstance(method, cst.Call) else None
     return isinstance(loop, (cst.For, cst.CompFor)) and loop.iter is method
+
+
+def _read_by_key(ctx, call: cst.Call) -> bool:
+    """`source = model.state_dict()` read only item by item (`source[key]`, `source.items()`): an
+    in-memory source whose keys match another state taken from the same wrapper (an EMA update),
+    never written whole to a file."""
+    assign = ctx.parent(call)
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)):
+        return False
+    reads = name_reads(ctx.enclosing_func(call) or ctx.module, assign.targets[0].target.value)
+    return bool(reads) and all(_by_key(ctx, n) for n in reads)
+
+
+def _by_key(ctx, name: cst.Name) -> bool:
+    parent = ctx.parent(name)
+    if isinstance(parent, cst.Subscript) and parent.value is name:
+        return True
+    return isinstance(parent, cst.Attribute) and parent.value is name and parent.attr.value in ("items", "keys", "values")
 
 
 def _template_for_loading(ctx, call: cst.Call) -> bool:
