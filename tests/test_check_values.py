@@ -364,3 +364,157 @@ def test_micro_batches_of_a_batch_counted_through_a_name_are_this_ranks(size, fl
     """`size = batch["x"].shape[0]`, then `range(0, size, 4)`: micro-batches of the batch the
     loader gave this rank (DDP155 silent)."""
     assert _lines(MICRO_BATCHES.format(size=size), "DDP155") == ([21] if flagged else [])
+
+
+FIRST_WORKER = """\
+import torch.distributed as dist
+
+
+def is_first_worker():
+    return not dist.is_available() or not dist.is_initialized() or {test}
+
+
+def train(model, loader, opt):
+    dist.init_process_group("gloo")
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+        if is_first_worker():
+            print("step done")
+
+
+if __name__ == "__main__":
+    train(None, [], None)
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("dist.get_rank() == 0", False), ("dist.get_rank() >= 0", True)])
+def test_a_predicate_that_returns_a_rank0_test_guards_what_it_decides(test, flagged):
+    """`def is_first_worker(): return not dist.is_initialized() or dist.get_rank() == 0`: true on
+    rank 0 alone (or without a group), so `if is_first_worker(): print(...)` is one voice."""
+    assert _lines(FIRST_WORKER.format(test=test), "DDP302") == ([14] if flagged else [])
+
+
+DEFAULT_GPU = """\
+import torch.distributed as dist
+
+
+def main(args, model, loader, opt):
+    default_gpu = False
+    if args.local_rank != -1:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        if {test}:
+            default_gpu = True
+    else:
+        default_gpu = True
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+        if default_gpu:
+            print("step done")
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("rank == 0", False), ("args.verbose", True)])
+def test_a_flag_set_true_only_on_rank0_or_without_a_group_is_a_rank0_test(test, flagged):
+    """`default_gpu = False`, set True under `if rank == 0:` or in the one-process `else:`: the
+    prints it guards are rank 0's (DDP302 silent)."""
+    assert _lines(DEFAULT_GPU.format(test=test), "DDP302") == ([17] if flagged else [])
+
+
+STREAM = """\
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+
+
+class Stream(IterableDataset):
+    def __init__(self, lines):
+        self.lines = lines
+
+    def __iter__(self):
+        for i, line in enumerate(self.lines):
+            if {keep}:
+                yield line
+
+
+def train(model, lines, opt):
+    dist.init_process_group("gloo")
+    train_loader = DataLoader(Stream(lines), batch_size=8)
+    for x in train_loader:
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("keep, flagged", [("i % dist.get_world_size() == dist.get_rank()", False), ("line", True)])
+def test_an_iterable_dataset_that_keeps_this_ranks_items_is_split(keep, flagged):
+    """An IterableDataset whose `__iter__` keeps every world-size-th item from this rank's: each
+    rank reads its own part without a sampler (DDP110 silent)."""
+    assert _lines(STREAM.format(keep=keep), "DDP110") == ([17] if flagged else [])
+
+
+TAGGED_LOGS = """\
+import logging
+
+import torch.distributed as dist
+
+logger = logging.getLogger("train")
+logging.basicConfig(level=logging.INFO)
+
+
+def tag_logs(name):
+    def stamp(record):
+        record.processName = name
+        return True
+
+    logger.addFilter(stamp)
+
+
+def train(rank, model, loader, opt):
+    dist.init_process_group("gloo")
+    tag_logs({name})
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+        logger.info("step done")
+
+
+if __name__ == "__main__":
+    train(0, None, [], None)
+"""
+
+
+@pytest.mark.parametrize("name, flagged", [('f"trainer-{rank}"', False), ('"trainer"', True)])
+def test_logs_stamped_with_the_rank_by_a_filter_are_per_rank_on_purpose(name, flagged):
+    """A filter made from the rank stamps every record with it (`tag_logs(f"trainer-{rank}")`):
+    each rank's lines say which rank wrote them (DDP303 silent)."""
+    assert _lines(TAGGED_LOGS.format(name=name), "DDP303") == ([23] if flagged else [])
+
+
+SERIALIZED = """\
+import io
+
+import torch
+import torch.distributed as dist
+
+
+def checkpoint_roundtrip(state):
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(0)
+    with {target} as buffer:
+        torch.save(state, buffer)
+    with {source} as buffer:
+        return torch.load(buffer)
+"""
+
+
+@pytest.mark.parametrize("target, source, flagged", [
+    ("io.BytesIO()", "io.BytesIO(data)", False),
+    ('open("state.pt", "wb")', 'open("state.pt", "rb")', True),
+])  # fmt: skip
+def test_a_state_serialized_into_memory_writes_and_reads_no_file(target, source, flagged):
+    """`with io.BytesIO() as buffer: torch.save(state, buffer)`: bytes in memory, not a file every
+    rank writes (DDP301 silent), nor a checkpoint loaded onto GPU 0 (DDP109 silent)."""
+    source_code = SERIALIZED.format(target=target, source=source)
+    assert _lines(source_code, "DDP301") + _lines(source_code, "DDP109") == ([11, 13] if flagged else [])

@@ -140,7 +140,10 @@ class RankAnalysis:
         return self.index.local_callees(info) if info is not None else []
 
     def _is_single_process(self, e: cst.BaseExpression) -> bool:
-        """Operands of ``or`` that are false whenever several processes run."""
+        """Operands of ``or`` that are false whenever several processes run (also such operands
+        joined by ``or``: `not dist.is_available() or not dist.is_initialized()`)."""
+        if isinstance(e, cst.BooleanOperation) and isinstance(e.operator, cst.Or):
+            return self._is_single_process(e.left) and self._is_single_process(e.right)
         if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
             inner = e.expression
             target = inner.func if isinstance(inner, cst.Call) else inner
@@ -204,7 +207,7 @@ class RankAnalysis:
             return 0
         if isinstance(e, cst.Call):
             n = last_name(e.func) or ""
-            return 1 if MAIN_PROCESS_RE.match(n) or self._false_off_rank0(e) else 0
+            return 1 if MAIN_PROCESS_RE.match(n) or self._false_off_rank0(e) or self._returns_rank0_test(e) else 0
         if isinstance(e, cst.Subscript) and len(e.slice) == 1 and isinstance(e.slice[0].slice, cst.Index):
             key = string_value(e.slice[0].slice.value)
             return 1 if key is not None and key in self.rank0_fields else 0
@@ -226,7 +229,7 @@ class RankAnalysis:
                     if b.dotted == name:
                         return self.rank_test(b.value)
                 if isinstance(e, cst.Name):
-                    return self._passed_test(e) or self._returned_test(e)
+                    return self._passed_test(e) or self._returned_test(e) or self._set_true_on_rank0(e)
             finally:
                 self._resolving.discard(key)
         return 0
@@ -248,6 +251,31 @@ class RankAnalysis:
         finally:
             self._resolving.discard(callees[0])
         return False
+
+    def _returns_rank0_test(self, call: cst.Call) -> bool:
+        """A call of the project's predicate whose every `return` gives a rank-0 test (`def
+        is_first_worker(): return not dist.is_initialized() or dist.get_rank() == 0`)."""
+        info = self.index.call_info.get(call)
+        callees = self.index.local_callees(info) if info is not None else []
+        if len(callees) != 1 or callees[0] in self._resolving:
+            return False
+        self._resolving.add(callees[0])
+        try:
+            returns = [r for r in iter_nodes(callees[0].body, prune=lambda n: isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef))) if isinstance(r, cst.Return)]
+            return bool(returns) and all(r.value is not None and self.rank_test(r.value) == 1 for r in returns)
+        finally:
+            self._resolving.discard(callees[0])
+
+    def _set_true_on_rank0(self, e: cst.Name) -> int:
+        """`flag = False`, then `flag = True` only under a rank-0 test or where no group runs (the
+        `else:` of `if args.local_rank != -1:`): true on rank 0 alone (`default_gpu`)."""
+        func = self.index.enclosing_func(e)
+        bindings = [b for b in self.index.assignments if b.dotted == e.value and b.func is func]
+        truthy = [b for b in bindings if not is_false(b.value)]
+        if not truthy or not all(isinstance(b.value, cst.Name) and b.value.value == "True" for b in truthy):
+            return 0
+        paths = flow(self.index)
+        return 1 if all(b._node is not None and (self.in_rank0(b._node) or paths.single_process(b._node)) for b in truthy) else 0
 
     def _passed_test(self, e: cst.Name) -> int:
         """A parameter every caller fills with the same kind of rank test (`print_variables(model,

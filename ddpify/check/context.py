@@ -447,6 +447,18 @@ class FileContext:
         )
 
     @cached_property
+    def logs_tagged_with_rank(self) -> bool:
+        """The program installs a log filter made from the rank (`tag_logs_with_process_name(
+        f"Trainer-{rank}")`, whose filter stamps each record with it): every rank's records say
+        which rank wrote them, on purpose."""
+        indexes = (self.index, *self._importers)
+        adders = {c.func.name.value for index in indexes for c in index.calls if c.name == "addFilter" and c.func is not None}
+        return any(
+            ci.name in adders and any(RANK_TEXT.search(index.code(a.value)) for a in ci.node.args)
+            for index in indexes for ci in index.calls
+        )  # fmt: skip
+
+    @cached_property
     def log_level_on_every_rank(self) -> Optional[int]:
         """The lowest logging level every rank surely shows, or None when that is not proven.
 

@@ -268,3 +268,20 @@ def name_reads(scope: cst.CSTNode, name: str) -> list[cst.Name]:
 
     scope.visit(_Reads())
     return found
+
+
+def in_memory(ctx: FileContext, expr: cst.BaseExpression) -> bool:
+    """`io.BytesIO(...)`, or a name bound to one (`buf = io.BytesIO()`, `with io.BytesIO(data) as
+    buf:`): a buffer in memory, not a file."""
+    if isinstance(expr, cst.Call):
+        return expr in ctx.call_info and ctx.info(expr).is_("io.BytesIO")
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    if any(b.dotted == name and in_memory(ctx, b.value) for b in ctx.assignments):
+        return True
+    return any(
+        isinstance(item, cst.WithItem) and item.asname is not None and dotted_name(item.asname.name) == name and in_memory(ctx, item.item)
+        for item in ctx.index.parents
+    )  # fmt: skip
+

@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, iter_nodes, kwarg
+from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, iter_nodes, kwarg, last_name
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import assigned_name, iterated_name, name_reads, single_process_branch
 
@@ -118,7 +118,8 @@ def _assumed(name: str) -> str:
 def _sharded_by_hand(ctx, call: cst.Call) -> bool:
     """`DataLoader(Subset(data, range(rank, n, world)))`, or a dataset built from such a value a
     few assignments back (`split_dataset_by_node(data, rank=rank, world_size=ws)`, then
-    `Stream(data)`): each rank reads its own part already (DDP111 says whether the parts are even)."""
+    `Stream(data)`), or an iterable dataset of the program whose `__iter__` keeps this rank's
+    items: each rank reads its own part already (DDP111 says whether the parts are even)."""
     args = [a for a in call.args if a.keyword is None]
     dataset = args[0].value if args else getattr(kwarg(call, "dataset"), "value", None)
     if dataset is None:
@@ -131,7 +132,22 @@ def _sharded_by_hand(ctx, call: cst.Call) -> bool:
             break
         values += found
         names = {n.value for v in found for n in iter_nodes(v) if isinstance(n, cst.Name)}
-    return any(ctx.reads_rank(value) for value in values)
+    return any(ctx.reads_rank(value) or _splits_itself(ctx, value) for value in values)
+
+
+def _splits_itself(ctx, value: cst.BaseExpression) -> bool:
+    """`StreamingDataset(lines, fn)`: an iterable dataset of the program whose `__iter__` keeps
+    this rank's items itself (`if i % dist.get_world_size() != dist.get_rank(): continue`)."""
+    if not isinstance(value, cst.Call) or value not in ctx.call_info:
+        return False
+    definitions = ctx.index.definitions()
+    classes = [d for q in ctx.info(value).qnames if isinstance(d := definitions.get(q), cst.ClassDef)]
+    classes += [c for c in ctx.module.body if isinstance(c, cst.ClassDef) and c.name.value == last_name(value.func)]
+    return any(
+        isinstance(method, cst.FunctionDef) and method.name.value == "__iter__"
+        and any(isinstance(n, cst.BaseExpression) and ctx.reads_rank(n) for n in iter_nodes(method.body))
+        for cls in classes for method in cls.body.body
+    )  # fmt: skip
 
 
 EVAL_WORDS = ("val", "test", "eval", "sample", "valid")

@@ -77,6 +77,8 @@ class LogOnEveryRank(Rule):
             return  # handlers attached on rank 0 only (or to each rank's own file): other ranks' info reaches no console
         if ctx.logging_quiet_off_rank0:
             return  # the other ranks log warnings and errors only
+        if ctx.logs_tagged_with_rank:
+            return  # a filter made from the rank stamps every record with it: per-rank lines on purpose
         if ctx.output_split_by_launcher or ctx.stdout_silenced_off_rank0 and ctx.logs_to_stdout:
             return  # the other processes' output goes to their own file or nowhere (a launcher, `sys.stdout = devnull`)
         loggers: dict[str, set] = {}  # the name bound to `logging.getLogger(...)` -> the classes of its `self.x` bindings

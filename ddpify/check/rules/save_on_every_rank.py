@@ -5,7 +5,7 @@ from ddpify.analysis.flow import flow
 from ddpify.analysis.rank import rank_analysis
 from ddpify.check.context import iter_nodes, kwarg, positional
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import every_rank, library_code
+from ddpify.check.rules._common import every_rank, in_memory, library_code
 
 
 class SaveOnEveryRank(Rule):
@@ -56,12 +56,11 @@ class SaveOnEveryRank(Rule):
     INVALID = [Invalid("import torch, torch.distributed as dist\ntorch.save(sd, 'm.pt')\n")]
 
     def check(self, ctx):
-        buffers = {b.dotted for b in ctx.assignments if _is_buffer(ctx, b.value)}
         for ci in ctx.calls_to(*N.TORCH_SAVE):
             args = positional(ci.node)
             target = kwarg(ci.node, "f") or (args[1] if len(args) > 1 else None)
             target = target.value if target is not None else None
-            if target is not None and (_is_buffer(ctx, target) or ctx.code(target) in buffers):
+            if target is not None and in_memory(ctx, target):
                 continue  # serialised into memory (a copy, a broadcast): no file is written
             if flow(ctx.index).in_error_handler(ci.node):
                 continue  # a failing process dumps what it had (`except: save_batch(batch); raise`)
@@ -114,7 +113,3 @@ def _decided(ctx, func, used: set[str], seen: set) -> bool:
         if caller is None or not _decided(ctx, caller, passed, seen):
             return False
     return all(rank_analysis(index).under_rank_test(site.node) for index, site in remote)
-
-
-def _is_buffer(ctx, expr) -> bool:
-    return isinstance(expr, cst.Call) and expr in ctx.call_info and ctx.info(expr).is_("io.BytesIO")

@@ -7,7 +7,7 @@ from ddpify.analysis.index import iter_nodes, last_name
 from ddpify.check.context import dotted_name, has_star_kwargs, kwarg, positional, string_value
 from ddpify.check.fix import add_kwarg
 from ddpify.check.rule import FIX_SAFE, Invalid, Report, Rule
-from ddpify.check.rules._common import every_rank
+from ddpify.check.rules._common import every_rank, in_memory
 
 
 class TorchLoadWithoutMapLocation(Rule):
@@ -77,6 +77,8 @@ class TorchLoadWithoutMapLocation(Rule):
             call = ci.node
             if kwarg(call, "map_location") or has_star_kwargs(call) or len(positional(call)) >= 2:
                 continue
+            if positional(call) and in_memory(ctx, positional(call)[0].value):
+                continue  # bytes in memory (serialized on this process), not a checkpoint file
             if not every_rank(ctx, call):
                 continue  # rank 0 alone loads it (GPU 0 is its own), this rank's own file (`f"queue{rank}.pth"`:
                 # saved from its GPU, it comes back there), a one-process run's, or a helper nothing calls
