@@ -294,6 +294,42 @@ def test_verify_fails_an_optimizer_built_before_fully_shard(tmp_path, monkeypatc
     assert result.exit_code == 1
 
 
+HAND_UPDATES = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(128, 4), torch.randn(128, 1))
+loader = DataLoader(data, batch_size=16, shuffle=True)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+for epoch in range(2):
+    for x, y in loader:
+        loss = F.mse_loss(model(x), y)
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+    print(f"epoch {epoch}: loss {loss.item():.4f}")
+"""
+
+
+@pytest.mark.torchrun
+def test_verify_reads_a_sharded_model_updated_by_hand_whole(tmp_path, monkeypatch):
+    """No optimizer: the parameters updated by hand are each rank's shard; verify gathers them
+    whole before it compares the ranks (they agree), as it does for an optimizer's."""
+    from ddpify.verify.session import VerifyOptions, verify
+
+    monkeypatch.chdir(tmp_path)
+    original = tmp_path / "hand.py"
+    original.write_text(HAND_UPDATES)
+    result = verify(original, None, VerifyOptions(timeout=90, convert_options=FSDP2))
+    four = result.results[3]
+    assert four.status == "PASS", (four.summary, [(r.number, r.status, r.summary) for r in result.results])
+
+
 def test_sharded_checkpoint_folder_holds_every_rank_and_converts_to_the_original_model(runs, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 

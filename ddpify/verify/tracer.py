@@ -901,11 +901,12 @@ def _set_requires_gradient_sync(original):
 
 def _gather_final() -> None:
     """The whole parameters of sharded models, while the process group is still up."""
-    if "final_params" in _state or not dist.is_initialized():
+    if "final_ddp" in _state or not dist.is_initialized():
         return
-    if not any(_sharded(_optimizer_params(opt)) for opt in _optimizers):
-        return
-    _state["final_params"] = [[_whole(p).detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers]
+    if any(_sharded(_optimizer_params(opt)) for opt in _optimizers):
+        _state["final_params"] = [[_whole(p).detach().cpu().clone() for p in _optimizer_params(opt)] for opt in _optimizers]
+    elif not any(_sharded(model.parameters()) for model in _ddp_models):
+        return  # (a sharded model updated by hand, with no optimizer, is gathered too)
     _state["final_ddp"] = [params_checksum(model.parameters()) for model in _ddp_models]
 
 
