@@ -518,3 +518,116 @@ def test_a_state_serialized_into_memory_writes_and_reads_no_file(target, source,
     rank writes (DDP301 silent), nor a checkpoint loaded onto GPU 0 (DDP109 silent)."""
     source_code = SERIALIZED.format(target=target, source=source)
     assert _lines(source_code, "DDP301") + _lines(source_code, "DDP109") == ([11, 13] if flagged else [])
+
+
+UNWRAPPED_COPY = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, net, rank):
+        dist.init_process_group("gloo")
+        self.net = DDP(net)
+        self.rank = rank
+
+    def save(self):
+        {choose}
+        if self.rank == 0:
+            torch.save(net.state_dict(), "net.pt")
+"""
+
+
+@pytest.mark.parametrize("choose, flagged", [
+    ("if isinstance(self.net, torch.nn.DataParallel) or isinstance(self.net, DDP):\n"
+     "            net = self.net.module\n        else:\n            net = self.net", False),
+    ("net = self.net", True),
+])  # fmt: skip
+def test_a_copy_made_where_the_code_found_the_model_unwrapped_holds_no_wrapper(choose, flagged):
+    """`else: net = self.net` of `if isinstance(self.net, DDP): net = self.net.module`: `net` is
+    never the wrapper, so its state dict has no `module.` keys (DDP120 silent)."""
+    assert _lines(UNWRAPPED_COPY.format(choose=choose), "DDP120") == ([15] if flagged else [])
+
+
+LEAVES_UNDER_DDP = """\
+import torch.distributed as dist
+from tqdm import tqdm
+
+
+class Trainer:
+    def __init__(self, env):
+        self.ddp = env == "DDP"
+        self.verbose = False
+        if self.ddp:
+            dist.init_process_group("gloo")
+
+    def validate_one_process(self, loader, model):
+        if self.{flag}:
+            print("validation runs on one process only")
+            exit(0)
+        for batch in tqdm(loader):
+            model(batch)
+
+    def fit(self, loader, model, opt):
+        for batch in loader:
+            model(batch).sum().backward()
+            opt.step()
+        self.validate_one_process(loader, model)
+"""
+
+
+@pytest.mark.parametrize("flag, flagged", [("ddp", False), ("verbose", True)])
+def test_code_after_leaving_when_distributed_runs_in_one_process(flag, flagged):
+    """`if self.ddp: ...; exit(0)` first: what follows runs only without a group (DDP304 silent)."""
+    assert _lines(LEAVES_UNDER_DDP.format(flag=flag), "DDP304") == ([16] if flagged else [])
+
+
+UNWRAP_BY_TEST = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def evaluate(model, batch):
+    {unwrap}
+    return model.generate(batch)
+
+
+def main(net, loader, opt):
+    dist.init_process_group("gloo")
+    model = DDP(net)
+    for batch in loader:
+        model(batch).sum().backward()
+        opt.step()
+    evaluate(model, batch)
+"""
+
+
+@pytest.mark.parametrize("unwrap, flagged", [('model = model.module if hasattr(model, "module") else model', False), ("pass", True)])
+def test_a_model_unwrapped_by_a_conditional_expression_is_the_network(unwrap, flagged):
+    """`model = model.module if hasattr(model, "module") else model`: from there `model.generate`
+    is the network's own method (DDP124 silent)."""
+    assert _lines(UNWRAP_BY_TEST.format(unwrap=unwrap), "DDP124") == ([7] if flagged else [])
+
+
+EARLY_STOP = """\
+import torch.distributed as dist
+
+
+def train(args, model, loader, opt):
+    if args.local_rank != -1:
+        dist.init_process_group("gloo")
+    for step, batch in enumerate(loader):
+        model(batch).sum().backward()
+        opt.step()
+        if args.local_rank in [-1, 0]:
+            if {test}:
+                return step
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("args.local_rank == -1 and args.stop_early", False), ("args.stop_early", True)])
+def test_an_exit_that_only_a_run_without_a_group_takes_leaves_no_rank_behind(test, flagged):
+    """A return under `if local_rank in [-1, 0]:` and then `if local_rank == -1 and ...:`: only a
+    run without a group takes it, so no rank is left waiting (DDP118 silent)."""
+    assert _lines(EARLY_STOP.format(test=test), "DDP118") == ([12] if flagged else [])

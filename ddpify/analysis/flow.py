@@ -356,6 +356,10 @@ class Flow:
         return bool(_MODE_COMPARISON.search(self.index.code(test)))
 
     def _asserts_single(self, stmt: cst.CSTNode) -> bool:
+        """`assert not args.distributed`, or `if self.ddp: print(...); exit(0)` (leaving under a group):
+        the code after it runs without one."""
+        if isinstance(stmt, cst.If) and stmt.orelse is None:
+            return self._test_side(stmt.test) < 0 and self.block_ends(stmt.body) == FUNCTION
         if not isinstance(stmt, cst.SimpleStatementLine):
             return False
         return any(isinstance(s, cst.Assert) and self._test_side(s.test) > 0 for s in stmt.body)

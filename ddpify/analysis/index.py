@@ -910,10 +910,10 @@ class FileIndex:
 
     def _unwrapped_between(self, name: str, func: Optional[Func], after: int, before: int) -> bool:
         """Is `name` bound to its own wrapped module (`model = model.module`, often under `if
-        args.distributed:`) between two lines of its function: from there it holds the plain model."""
+        args.distributed:`, or `model = model.module if hasattr(model, "module") else model`)
+        between two lines of its function: from there it holds the plain model."""
         return any(
-            a.dotted == name and a.func is func and after < a.line < before
-            and isinstance(a.value, cst.Attribute) and a.value.attr.value == "module"
+            a.dotted == name and a.func is func and after < a.line < before and _module_of(a.value)
             for a in self.assignments
         )
 
@@ -1062,3 +1062,11 @@ def remember(module: cst.Module, index: FileIndex) -> FileIndex:
     while len(_RECENT) > 4:
         _RECENT.popitem(last=False)
     return index
+
+
+def _module_of(value: cst.BaseExpression) -> bool:
+    """`m.module`, or `m.module if ... else m`: the network inside a wrapper."""
+    if isinstance(value, cst.IfExp):
+        return _module_of(value.body) and not _module_of(value.orelse)
+    return isinstance(value, cst.Attribute) and value.attr.value == "module"
+

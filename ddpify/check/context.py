@@ -535,8 +535,10 @@ class FileContext:
     # bindings ----------------------------------------------------------------------
     @cached_property
     def ddp_bindings(self) -> list[Binding]:
-        """Names bound to a DDP-wrapped model, including parameters that receive one."""
-        return self.index.propagate(self.index.bindings_of(DDP_CLASSES))
+        """Names bound to a DDP-wrapped model, including parameters that receive one; not a copy of
+        a name made where the code found it unwrapped (`else: netG = self.netG` of `if
+        isinstance(self.netG, DDP): netG = self.netG.module`)."""
+        return [b for b in self.index.propagate(self.index.bindings_of(DDP_CLASSES)) if not _found_unwrapped(self.index, b)]
 
     def _is_bound(self, expr: cst.CSTNode, bindings: list[Binding]) -> bool:
         return self.index.is_bound(expr, bindings)
@@ -622,6 +624,27 @@ class FileContext:
             or any(kwarg(c.node, "device_id") for c in self.calls_to(INIT_PROCESS_GROUP))
             or (self.project is not None and self.project.truncated)
         )  # fmt: skip
+
+
+_WRAPPED_TEST = re.compile(r"isinstance\([^,]+,\s*[\w.]*(DDP|DistributedDataParallel|DataParallel)\b|hasattr\([^,]+,\s*[\"']module[\"']\)")
+
+
+def _found_unwrapped(index: FileIndex, b: Binding) -> bool:
+    """Is the binding `x = y` in the `else:` of `if isinstance(y, ...)`, or of a test whether the
+    program's models are wrapped (`isinstance(m, DDP)`, `hasattr(m, "module")`): there `y` holds
+    no wrapper?"""
+    if b._node is None or not isinstance(b.value, (cst.Name, cst.Attribute)):
+        return False
+    held, child = index.code(b.value), b._node
+    for p in index.ancestors(b._node):
+        if isinstance(p, cst.If) and child is p.orelse:
+            test = index.code(p.test)
+            if f"isinstance({held}," in test or _WRAPPED_TEST.search(test):
+                return True  # (`isinstance(self.netG, DDP)` decides for `self.netD` too: both are wrapped together)
+        if isinstance(p, (cst.FunctionDef, cst.Module)):
+            return False
+        child = p
+    return False
 
 
 def _module_function(ctx: "FileContext", func: Optional[Func]) -> bool:

@@ -2,7 +2,7 @@ import libcst as cst
 
 from ddpify.check.context import COLLECTIVES
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import trains
+from ddpify.check.rules._common import single_process_branch, trains
 
 
 class EarlyExitOnOneRank(Rule):
@@ -64,8 +64,8 @@ class EarlyExitOnOneRank(Rule):
             if ctx.in_rank0(loop) or not self._loop_syncs(ctx, loop):
                 continue
             for node in _exits(loop):
-                if ctx.in_rank0(node):
-                    yield Report(node)
+                if ctx.in_rank0(node) and not single_process_branch(ctx, node):
+                    yield Report(node)  # (`if local_rank == -1 and ...: return` has no other rank to leave behind)
 
 
 def _exits(loop):
