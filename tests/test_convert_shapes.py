@@ -2068,3 +2068,26 @@ def test_a_model_run_with_weights_passed_in_is_not_wrapped_and_averages_by_hand(
     assert any("`model` is run with weights passed in" in line and "not wrapped in DDP" in line for line in summary), summary
     summary = [c.message for c in penalty.changes]
     assert any("`model`'s parameters are differentiated with autograd.grad: not wrapped in DDP; gradients averaged by hand after backward" in line for line in summary), summary
+
+
+def test_an_epoch_loop_over_enumerate_sets_the_epoch_from_its_counter():
+    """`for i, epoch in enumerate(range(1, n + 1)):`: the sampler's epoch is `i`, the pass number
+    (no TODO); the loop's own names stay as they are."""
+    result = convert(
+        """
+        import torch
+        from torch.utils.data import DataLoader
+
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(dataset, batch_size=8, shuffle=True)
+        for i, epoch in enumerate(range(1, 3)):
+            for x, y in loader:
+                loss = model(x).sub(y).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        """
+    )
+    assert not result.todos, [t.message for t in result.todos]
+    assert "for i, epoch in enumerate(range(1, 3)):\n    sampler.set_epoch(i)" in result.code

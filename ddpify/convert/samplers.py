@@ -91,6 +91,8 @@ def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
         epoch = "epoch"
     elif isinstance(target, cst.Name):
         epoch = target.value
+    elif _enumerated(loop) is not None:
+        epoch = _enumerated(loop)  # `for i, epoch in enumerate(range(1, n + 1)):`: `i` counts the passes
     else:
         edits.todo(loop, loop, f"call `{sampler}.set_epoch(epoch)` at the top of this loop")
         return
@@ -101,6 +103,15 @@ def set_epoch(ctx: Context, loop: cst.For, sampler: str) -> None:
     edits.insert_before(body[0], SET_EPOCH.format(sampler=sampler, epoch=epoch))
     edits.change(loop, f"`{sampler}.set_epoch({epoch})` reshuffles the shards every epoch")
 
+
+
+def _enumerated(loop: cst.For) -> str | None:
+    """`i` of `for i, x in enumerate(...):`: the pass number, from 0."""
+    target, it = loop.target, loop.iter
+    if isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2 and isinstance(target.elements[0].value, cst.Name):
+        if isinstance(it, cst.Call) and N.call_name(it) == "enumerate" and isinstance(it.func, cst.Name):
+            return target.elements[0].value.value
+    return None
 
 
 def next_epoch(ctx: Context, stmt: cst.CSTNode, sampler: str, shared: bool = False) -> None:
