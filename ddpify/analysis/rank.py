@@ -237,32 +237,38 @@ class RankAnalysis:
     def _false_off_rank0(self, call: cst.Call) -> bool:
         """A call of the project's predicate that first returns False off rank 0 (`def
         do_save(epoch): if not is_master: return False; ...`, then `if do_save(epoch):`)."""
-        info = self.index.call_info.get(call)
-        callees = self.index.local_callees(info) if info is not None else []
-        if len(callees) != 1 or callees[0] in self._resolving:
-            return False
-        self._resolving.add(callees[0])
-        try:
-            for stmt in callees[0].body.body:
+
+        def decide(fn: cst.FunctionDef) -> bool:
+            for stmt in fn.body.body:
                 if isinstance(stmt, cst.If) and stmt.orelse is None and _returns_false(stmt.body) and self.rank_test(stmt.test) == -1:
                     return True
                 if any(isinstance(n, cst.Return) for n in iter_nodes(stmt)):
                     return False  # a return before the guard
-        finally:
-            self._resolving.discard(callees[0])
-        return False
+            return False
+
+        return self._sole_callee(call, decide)
 
     def _returns_rank0_test(self, call: cst.Call) -> bool:
         """A call of the project's predicate whose every `return` gives a rank-0 test (`def
         is_first_worker(): return not dist.is_initialized() or dist.get_rank() == 0`)."""
+
+        def decide(fn: cst.FunctionDef) -> bool:
+            own = lambda n: isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef))  # noqa: E731 - (nested code's returns are not its)
+            returns = [r for r in iter_nodes(fn.body, prune=own) if isinstance(r, cst.Return)]
+            return bool(returns) and all(r.value is not None and self.rank_test(r.value) == 1 for r in returns)
+
+        return self._sole_callee(call, decide)
+
+    def _sole_callee(self, call: cst.Call, decide) -> bool:
+        """`decide(fn)` for the one function of the project the call reaches (False when it reaches
+        none, several, or one being decided already)."""
         info = self.index.call_info.get(call)
         callees = self.index.local_callees(info) if info is not None else []
         if len(callees) != 1 or callees[0] in self._resolving:
             return False
         self._resolving.add(callees[0])
         try:
-            returns = [r for r in iter_nodes(callees[0].body, prune=lambda n: isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef))) if isinstance(r, cst.Return)]
-            return bool(returns) and all(r.value is not None and self.rank_test(r.value) == 1 for r in returns)
+            return decide(callees[0])
         finally:
             self._resolving.discard(callees[0])
 
