@@ -1069,4 +1069,3 @@ def _module_of(value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.IfExp):
         return _module_of(value.body) and not _module_of(value.orelse)
     return isinstance(value, cst.Attribute) and value.attr.value == "module"
-

@@ -597,4 +597,3 @@ def _with_blank_lines(stmt: cst.CSTNode, blank: list[cst.EmptyLine]) -> cst.CSTN
     if not hasattr(stmt, "leading_lines") or (lines and lines[0].comment is None):
         return stmt
     return stmt.with_changes(leading_lines=[*blank, *lines])
-

@@ -160,4 +160,3 @@ def _between(script, node: cst.CSTNode, outer: cst.CSTNode) -> list[cst.CSTNode]
             break
         found.append(anc)
     return found
-

@@ -284,4 +284,3 @@ def in_memory(ctx: FileContext, expr: cst.BaseExpression) -> bool:
         isinstance(item, cst.WithItem) and item.asname is not None and dotted_name(item.asname.name) == name and in_memory(ctx, item.item)
         for item in ctx.index.parents
     )  # fmt: skip
-

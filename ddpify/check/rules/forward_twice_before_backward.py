@@ -97,4 +97,3 @@ def _searches_unused(ctx, ddp) -> bool:
         values = [b.value for b in ctx.assignments if b.dotted == k.value.value and b.func is ddp.func]
         return not (values and all(is_false(v) for v in values))
     return True
-

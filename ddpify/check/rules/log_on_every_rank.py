@@ -124,4 +124,3 @@ def _same_attribute(ctx, ci, classes: set) -> bool:
         seen.add(name)
         todo += bases.get(name, [])
     return not seen - {None} or any(name not in bases for name in seen)  # (a base out of sight may bind it)
-
