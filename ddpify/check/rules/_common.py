@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import libcst as cst
 
 from ddpify.analysis import names as N
@@ -270,15 +269,15 @@ def name_reads(scope: cst.CSTNode, name: str) -> list[cst.Name]:
     return found
 
 
-def in_memory(ctx: FileContext, expr: cst.BaseExpression) -> bool:
+def in_memory(ctx: FileContext, expr: cst.BaseExpression, depth: int = 0) -> bool:
     """`io.BytesIO(...)`, or a name bound to one (`buf = io.BytesIO()`, `with io.BytesIO(data) as
     buf:`): a buffer in memory, not a file."""
     if isinstance(expr, cst.Call):
         return expr in ctx.call_info and ctx.info(expr).is_("io.BytesIO")
     name = dotted_name(expr)
-    if name is None:
+    if name is None or depth > 3:
         return False
-    if any(b.dotted == name and in_memory(ctx, b.value) for b in ctx.assignments):
+    if any(b.dotted == name and in_memory(ctx, b.value, depth + 1) for b in ctx.assignments):
         return True
     return any(
         isinstance(item, cst.WithItem) and item.asname is not None and dotted_name(item.asname.name) == name and in_memory(ctx, item.item)
