@@ -631,3 +631,39 @@ def test_an_exit_that_only_a_run_without_a_group_takes_leaves_no_rank_behind(tes
     """A return under `if local_rank in [-1, 0]:` and then `if local_rank == -1 and ...:`: only a
     run without a group takes it, so no rank is left waiting (DDP118 silent)."""
     assert _lines(EARLY_STOP.format(test=test), "DDP118") == ([12] if flagged else [])
+
+
+FIRST_BUILDS_CACHE = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def load_features(args, build):
+    if args.local_rank not in [-1, 0]:
+        dist.barrier()  # the others wait while the first process builds the cache
+    if os.path.exists(args.cache) and not args.overwrite_cache:
+        features = torch.load(args.cache)
+    else:
+        print("building features")
+        features = build()
+        if args.local_rank in [-1, 0]:
+            torch.save(features, args.cache)
+    {release}
+    return features
+
+
+def main(args, build, model, opt):
+    dist.init_process_group("gloo")
+    for x in load_features(args, build):
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("release, flagged", [("if args.local_rank == 0:\n        dist.barrier()", False), ("pass", True)])
+def test_the_branch_that_builds_a_cache_between_the_first_processs_barriers_is_its(release, flagged):
+    """HuggingFace's idiom: the other ranks wait, rank 0 builds the missing cache and releases
+    them, and they find it: the print in the building branch is rank 0's (DDP302 silent)."""
+    assert _lines(FIRST_BUILDS_CACHE.format(release=release), "DDP302") == ([13] if flagged else [])

@@ -7,7 +7,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis import rank
 from ddpify.analysis.flow import flow
-from ddpify.analysis.index import main_guard
+from ddpify.analysis.index import iter_nodes, main_guard
 from ddpify.check.context import FileContext, dotted_name, int_value, is_false, last_name, launching_functions
 
 
@@ -28,8 +28,34 @@ def every_rank(ctx: FileContext, call: cst.Call) -> bool:
         not ctx.under_rank_test(call) and not mentions_rank(ctx, call) and not single_process_branch(ctx, call)
         and not ctx.rank0_or_idle(call) and not ctx.launcher_only(call) and not ctx.group_never_started
         and not self_test_block(ctx, call) and not (func is not None and _starts_workers(ctx, func))
-        and not never_taken(ctx, call)
+        and not never_taken(ctx, call) and not built_by_first_process(ctx, call)
     )  # fmt: skip
+
+
+def built_by_first_process(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """Is `node` in the branch that builds a cache missing on disk (`else:` of `if
+    os.path.exists(cached_file) ...:`) between the other ranks' wait (`if local_rank not in [-1,
+    0]: dist.barrier()`) and rank 0's release (`if local_rank == 0: dist.barrier()`)? The first
+    process builds it; the others find it when they pass the barrier (HuggingFace's idiom)."""
+    child = node
+    for p in ctx.ancestors(node):
+        if isinstance(p, cst.If) and child is p.orelse and "exists(" in ctx.code(p.test):
+            block = ctx.parent(p)
+            body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+            if p in body:
+                at = body.index(p)
+                return any(_barrier_under(ctx, s, -1) for s in body[:at]) and any(_barrier_under(ctx, s, 1) for s in body[at + 1 :])
+        if isinstance(p, cst.FunctionDef):
+            return False
+        child = p
+    return False
+
+
+def _barrier_under(ctx: FileContext, stmt: cst.CSTNode, side: int) -> bool:
+    """`if <test>: dist.barrier()` where the test is true only on rank 0 (side 1) or only off it (-1)."""
+    return isinstance(stmt, cst.If) and ctx.rank_test(stmt.test) == side and any(
+        isinstance(n, cst.Call) and last_name(n.func) == "barrier" for n in iter_nodes(stmt.body)
+    )
 
 
 def never_taken(ctx: FileContext, node: cst.CSTNode) -> bool:
