@@ -252,10 +252,18 @@ class RankAnalysis:
         """A call of the project's predicate whose every `return` gives a rank-0 test (`def
         is_first_worker(): return not dist.is_initialized() or dist.get_rank() == 0`)."""
 
+        if call.args:
+            return False  # (a predicate of nothing but the process: its answer does not depend on a caller's values)
+        known = self.__dict__.setdefault("_rank0_predicates", {})
+
         def decide(fn: cst.FunctionDef) -> bool:
-            own = lambda n: isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef))  # noqa: E731 - (nested code's returns are not its)
-            returns = [r for r in iter_nodes(fn.body, prune=own) if isinstance(r, cst.Return)]
-            return bool(returns) and all(r.value is not None and self.rank_test(r.value) == 1 for r in returns)
+            if [p for p in fn.params.params if p.name.value not in ("self", "cls")] or fn.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT):
+                return False
+            if fn not in known:  # (once per function: rank tests are asked of the same calls again and again)
+                own = lambda n: isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef))  # noqa: E731 - (nested code's returns are not its)
+                returns = [r for r in iter_nodes(fn.body, prune=own) if isinstance(r, cst.Return)]
+                known[fn] = bool(returns) and all(r.value is not None and self.rank_test(r.value) == 1 for r in returns)
+            return known[fn]
 
         return self._sole_callee(call, decide)
 
