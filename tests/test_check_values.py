@@ -667,3 +667,51 @@ def test_the_branch_that_builds_a_cache_between_the_first_processs_barriers_is_i
     """HuggingFace's idiom: the other ranks wait, rank 0 builds the missing cache and releases
     them, and they find it: the print in the building branch is rank 0's (DDP302 silent)."""
     assert _lines(FIRST_BUILDS_CACHE.format(release=release), "DDP302") == ([13] if flagged else [])
+
+
+VERSION_FALLBACK = """\
+import torch.distributed as dist
+
+
+def setup(backend, device, report):
+    try:
+        dist.init_process_group(backend, device_id=device){after}
+    except TypeError:  # an older torch without device_id
+        dist.init_process_group(backend)
+
+
+if __name__ == "__main__":
+    setup("nccl", None, print)
+"""
+
+
+@pytest.mark.parametrize("after, flagged", [("", False), ('\n        report("group up")', True)])
+def test_an_init_retried_in_the_handler_of_its_own_failure_runs_once(after, flagged):
+    """`try: init(..., device_id=d) / except TypeError: init(...)`: the handler runs only when the
+    first call failed, so the group is started once (DDP126 silent); with a statement after it in
+    the `try`, a failure there would start it again."""
+    assert _lines(VERSION_FALLBACK.format(after=after), "DDP126") == ([9] if flagged else [])
+
+
+EVERY_STEP = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def train(net, loader, opt):
+    dist.init_process_group("gloo")
+    model = DDP(net)
+    interval = {interval}
+    for i, x in enumerate(loader):
+        model(x).sum().backward()
+        if (i + 1) % interval == 0:
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("interval, flagged", [("1", False), ("4", True)])
+def test_a_step_every_1_batches_accumulates_nothing(interval, flagged):
+    """`(i + 1) % interval == 0` with `interval = 1`: the optimizer steps after every backward,
+    so there is no micro-batch whose all-reduce `no_sync` could skip (DDP204 silent)."""
+    assert _lines(EVERY_STEP.format(interval=interval), "DDP204") == ([10] if flagged else [])

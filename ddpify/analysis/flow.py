@@ -149,7 +149,7 @@ class Flow:
                 if leaving_loop is not None:
                     return False
                 if isinstance(p, cst.Try) and child is p.body:  # an exception on the way reaches its handler
-                    return not self._lookups_done(p, a, holders_of_b)
+                    return not (self._lookups_done(p, a, holders_of_b) or self._last_in_try(p, a, holders_of_b))
                 if isinstance(p, _SEQUENCES):
                     return self._path_down(p, child, b, in_try)
                 return self._enters(p, b, in_try)
@@ -184,6 +184,17 @@ class Flow:
         top = next((s for s in body if a is s or s in above), None)
         rest = [a] + body[body.index(top) + 1 :] if top is not None else body
         return not any(isinstance(n, cst.Subscript) for stmt in rest for n in iter_nodes(stmt))
+
+    def _last_in_try(self, try_: cst.Try, a: cst.CSTNode, holders_of_b: set) -> bool:
+        """`try: init_process_group(..., device_id=d) / except TypeError: init_process_group(...)`:
+        `a` is the whole last statement of the `try`, so its handler (holding `b`) runs only when
+        `a` itself failed: `b` never follows a completed `a`."""
+        if not any(h in holders_of_b for h in try_.handlers) or try_.finalbody in holders_of_b:
+            return False
+        last = try_.body.body[-1] if try_.body.body else None
+        small = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        return value is a
 
     def _in_try(self, node: cst.CSTNode) -> bool:
         """Is `node` in the body of a `try` of its function (a `raise` there may be caught)?"""

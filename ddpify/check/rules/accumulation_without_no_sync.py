@@ -1,6 +1,7 @@
 import libcst as cst
 
 from ddpify.analysis.index import iter_nodes
+from ddpify.analysis.literals import int_value
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -61,7 +62,7 @@ class AccumulationWithoutNoSync(Rule):
         for p in ctx.ancestors(node):
             if p is loop:
                 return False
-            if isinstance(p, cst.If) and "%" in ctx.code(p.test):
+            if isinstance(p, cst.If) and "%" in ctx.code(p.test) and not _every_step(ctx, p.test, loop):
                 return True
         return False
 
@@ -81,6 +82,21 @@ class AccumulationWithoutNoSync(Rule):
             for b in calls:
                 if ctx.is_backward(b) and not self._under_modulo_if(ctx, b.node, loop):
                     yield Report(b.node)
+
+
+def _every_step(ctx, test: cst.BaseExpression, loop) -> bool:
+    """`(i + 1) % interval == 0` where each modulus is 1 or a name its function binds to 1 only
+    (`loss_interval = 1`): true at every step, so nothing accumulates."""
+    func = ctx.enclosing_func(loop)
+    moduli = [n.right for n in iter_nodes(test) if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)]
+
+    def one(value) -> bool:
+        if int_value(value) == 1:
+            return True
+        values = [b.value for b in ctx.assignments if isinstance(value, cst.Name) and b.dotted == value.value and b.func is func]
+        return bool(values) and all(int_value(v) == 1 for v in values)
+
+    return bool(moduli) and all(one(m) for m in moduli)
 
 
 def _no_sync_referenced(ctx) -> bool:
