@@ -171,8 +171,13 @@ def setup():
         fallback()
     try:
         begin()
+        after()
     except Exception as e:
         report(e)
+    try:
+        last()
+    except TypeError:
+        retry()
 '''
 
 
@@ -181,7 +186,8 @@ def setup():
     [
         ("start", "alone", False),  # no lookup left after `start()`: a KeyError came before it
         ("launch", "fallback", True),  # a lookup after `launch()` may still fail
-        ("begin", "report", True),  # any exception
+        ("begin", "report", True),  # any exception (`after()` may raise once `begin()` is done)
+        ("last", "retry", False),  # the handler runs only when `last()` itself failed
     ],
 )
 def test_a_lookup_handler_follows_only_the_lookups(a, b, reaches):
