@@ -251,7 +251,6 @@ class RankAnalysis:
     def _returns_rank0_test(self, call: cst.Call) -> bool:
         """A call of the project's predicate whose every `return` gives a rank-0 test (`def
         is_first_worker(): return not dist.is_initialized() or dist.get_rank() == 0`)."""
-
         if call.args:
             return False  # (a predicate of nothing but the process: its answer does not depend on a caller's values)
         known = self.__dict__.setdefault("_rank0_predicates", {})

@@ -309,3 +309,19 @@ def in_memory(ctx: FileContext, expr: cst.BaseExpression, depth: int = 0) -> boo
         isinstance(item, cst.WithItem) and item.asname is not None and dotted_name(item.asname.name) == name and in_memory(ctx, item.item)
         for item in ctx.index.parents
     )  # fmt: skip
+
+
+def class_of_call(ctx: FileContext, call: cst.Call) -> cst.ClassDef | None:
+    """The program's class a call makes: a project module's (by qualified name), or this file's."""
+    if call not in ctx.call_info:
+        return None
+    definitions = ctx.index.definitions() if len(ctx.index.roots) > 1 else {}
+    for q in ctx.info(call).qnames:
+        found = definitions.get(q)
+        if isinstance(found, cst.ClassDef):
+            return found
+    name = dotted_name(call.func)
+    if name is None or "." in name:
+        return None
+    local = [c for c in ctx.index.classes if c.name.value == name and ctx.index.root_of(c) is ctx.module]
+    return local[0] if len(local) == 1 else None

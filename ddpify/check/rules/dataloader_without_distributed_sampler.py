@@ -3,9 +3,9 @@ import re
 import libcst as cst
 
 from ddpify.analysis import names as N
-from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, iter_nodes, kwarg, last_name
+from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, iter_nodes, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import assigned_name, iterated_name, name_reads, single_process_branch
+from ddpify.check.rules._common import assigned_name, class_of_call, iterated_name, name_reads, single_process_branch
 
 _LOCAL_SAMPLERS = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER
 _TRAINING_NAME = re.compile(r"train|(^|[._])tr_")  # `train_loader`, `tr_loader`, `self.tr_dl`
@@ -138,15 +138,11 @@ def _sharded_by_hand(ctx, call: cst.Call) -> bool:
 def _splits_itself(ctx, value: cst.BaseExpression) -> bool:
     """`StreamingDataset(lines, fn)`: an iterable dataset of the program whose `__iter__` keeps
     this rank's items itself (`if i % dist.get_world_size() != dist.get_rank(): continue`)."""
-    if not isinstance(value, cst.Call) or value not in ctx.call_info:
-        return False
-    definitions = ctx.index.definitions()
-    classes = [d for q in ctx.info(value).qnames if isinstance(d := definitions.get(q), cst.ClassDef)]
-    classes += [c for c in ctx.module.body if isinstance(c, cst.ClassDef) and c.name.value == last_name(value.func)]
-    return any(
+    cls = class_of_call(ctx, value) if isinstance(value, cst.Call) else None
+    return cls is not None and any(
         isinstance(method, cst.FunctionDef) and method.name.value == "__iter__"
         and any(isinstance(n, cst.BaseExpression) and ctx.reads_rank(n) for n in iter_nodes(method.body))
-        for cls in classes for method in cls.body.body
+        for method in cls.body.body
     )  # fmt: skip
 
 

@@ -2,7 +2,7 @@ import libcst as cst
 
 from ddpify.check.context import DDP_CLASSES, dotted_name, positional
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import assigned_name, before
+from ddpify.check.rules._common import assigned_name, before, class_of_call
 
 MOVES = {"to", "cuda", "cpu", "float", "double", "half", "train"}
 
@@ -84,7 +84,7 @@ def _overriding_class(ctx, ddp_call) -> str | None:
     made = _made_by(ctx, _unmoved(args[0].value), ddp_call.node)
     if made is None:
         return None
-    cls = _class_def(ctx, made)
+    cls = class_of_call(ctx, made)
     if cls is None:
         return None
     defines = any(isinstance(s, cst.FunctionDef) and s.name.value == "parameters" for s in cls.body.body)
@@ -106,15 +106,3 @@ def _made_by(ctx, expr, site):
     bound = [b for b in ctx.assignments if b.dotted == name and b.func is ctx.enclosing_func(site) and before(ctx, b.value, site)]
     calls = [v for v in map(_unmoved, (b.value for b in bound)) if isinstance(v, cst.Call) and not ctx.info(v).qnames & DDP_CLASSES]
     return calls[-1] if calls else None
-
-
-def _class_def(ctx, call: cst.Call):
-    """The project's class a call makes: in this file, or in a project module it imports."""
-    name = dotted_name(call.func)
-    if name is None:
-        return None
-    for node in ctx.module.body:
-        if isinstance(node, cst.ClassDef) and node.name.value == name:
-            return node
-    definitions = ctx.index.definitions()
-    return next((d for q in ctx.info(call).qnames if isinstance(d := definitions.get(q), cst.ClassDef)), None)

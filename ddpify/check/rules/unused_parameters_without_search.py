@@ -8,7 +8,7 @@ from ddpify.analysis import names as N
 from ddpify.analysis.index import iter_nodes
 from ddpify.check.context import DDP_CLASSES, dotted_name, has_star_kwargs, is_false, is_true, kwarg, last_name
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import may_precede
+from ddpify.check.rules._common import class_of_call, may_precede
 
 # torch.nn modules without parameters: skipping them leaves no gradient missing.
 PARAMETER_FREE = frozenset(
@@ -144,27 +144,12 @@ def _strip(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr
 
 
-def _class_of_call(ctx, call: cst.Call) -> Optional[cst.ClassDef]:
-    if call not in ctx.call_info:
-        return None
-    definitions = ctx.index.definitions() if len(ctx.index.roots) > 1 else {}
-    for q in ctx.info(call).qnames:
-        found = definitions.get(q)
-        if isinstance(found, cst.ClassDef):
-            return found
-    name = dotted_name(call.func)
-    if name is None or "." in name:
-        return None
-    local = [c for c in ctx.index.classes if c.name.value == name and ctx.index.root_of(c) is ctx.module]
-    return local[0] if len(local) == 1 else None
-
-
 def _wrapped_class(ctx, wrap) -> Optional[cst.ClassDef]:
     """The class of the model DDP wraps: `DDP(Net(...))`, or `model = Net(...)` (moves chained
     or not) before `DDP(model)` in the same function."""
     expr = _strip(wrap.node.args[0].value)
     if isinstance(expr, cst.Call):
-        return _class_of_call(ctx, expr)
+        return class_of_call(ctx, expr)
     name = dotted_name(expr)
     if name is None:
         return None
@@ -173,7 +158,7 @@ def _wrapped_class(ctx, wrap) -> Optional[cst.ClassDef]:
         if b.dotted == name and b.func is wrap.func and b._node is not None and may_precede(ctx, b._node, wrap.node):
             value = _strip(b.value)
             if isinstance(value, cst.Call) and value.func is not None:
-                cls = _class_of_call(ctx, value)
+                cls = class_of_call(ctx, value)
                 if cls is not None:
                     found = cls
                 elif b.value is not wrap.node:
@@ -203,7 +188,7 @@ def _submodules(ctx, init: cst.FunctionDef) -> set[str]:
             if any(q.startswith(N.NN_PREFIX) for q in qnames):
                 if short not in PARAMETER_FREE and not short.endswith("Loss") and short not in ("ModuleList", "ModuleDict", "ParameterList"):
                     found.add(name[5:])
-            elif any(q.startswith(("torchvision.models.", "timm.")) for q in qnames) or _class_of_call(ctx, call) is not None:
+            elif any(q.startswith(("torchvision.models.", "timm.")) for q in qnames) or class_of_call(ctx, call) is not None:
                 found.add(name[5:])
     return found
 
