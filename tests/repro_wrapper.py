@@ -5,10 +5,10 @@ Usage: torchrun ... tests/repro_wrapper.py SCRIPT [ARGS...]
 
 Every stdout/stderr line the script writes is prefixed with ``[R<rank>] `` so the harness can
 tell which rank said what, and every file the script opens for writing is announced as
-``WRITE <rank> <absolute path>`` (an audit hook on ``open``): a checkpoint saved by every rank
-shows up as the same path written by two ranks. The script runs as ``__main__``; when it
-returns, the process leaves at once (``os._exit(0)``), skipping an interpreter teardown that
-gloo can abort.
+``WRITE <rank> <absolute path>`` (an audit hook on ``open``, ``os.remove``, ``os.rename`` and
+``shutil.rmtree``): a checkpoint saved, or a folder removed, by every rank shows up as the same
+path written by two ranks. The script runs as ``__main__``; when it returns, the process leaves
+at once (``os._exit(0)``), skipping an interpreter teardown that gloo can abort.
 
 With ``--plan`` (a JSON list of ``{"name", "script", "cwd", "timeout"}``), the scripts run one
 after the other in the same processes, to pay for torchrun's start-up once; each between the
@@ -60,8 +60,14 @@ class Prefixed(io.TextIOBase):
         return self.inner.fileno()
 
 
+_REMOVALS = ("os.remove", "os.rename", "shutil.rmtree")  # a file or folder changed as a whole (`shutil.move` renames)
+
+
 def _audit(event, args):
-    if event == "open" and len(args) >= 2:
+    if event in _REMOVALS and isinstance(args[0], (str, bytes, os.PathLike)) and args[-1] is None:  # not an entry of a dir_fd
+        sys.__stderr__.write(f"WRITE {RANK} {os.path.abspath(os.fsdecode(args[0]))}\n")
+        sys.__stderr__.flush()
+    elif event == "open" and len(args) >= 2:
         path, mode = args[0], args[1]
         if isinstance(path, (str, bytes, os.PathLike)) and isinstance(mode, str) and any(c in mode for c in "wax+"):
             sys.__stderr__.write(f"WRITE {RANK} {os.path.abspath(os.fsdecode(path))}\n")

@@ -1,6 +1,6 @@
 """What a value holds decides whether a rule's premise is true.
 
-Each case is a shape met in public DDP codebases (set fresh15), written in our own words: a file
+Each case is a shape met in public DDP codebases (sets fresh15 and fresh19), written in our own words: a file
 of Python numbers loaded without `map_location`, a sampler set right before its own loader's
 loop, a keyword given through a name bound to `False`, a counter bound by tuple unpacking, a
 model that is DDP on one path and FSDP on the other, a GPU pinned through `CUDA_VISIBLE_DEVICES`.
@@ -715,3 +715,166 @@ def test_a_step_every_1_batches_accumulates_nothing(interval, flagged):
     """`(i + 1) % interval == 0` with `interval = 1`: the optimizer steps after every backward,
     so there is no micro-batch whose all-reduce `no_sync` could skip (DDP204 silent)."""
     assert _lines(EVERY_STEP.format(interval=interval), "DDP204") == ([10] if flagged else [])
+
+
+DEVICE_OPTION = """\
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--device", default="cuda:0")
+args = parser.parse_args()
+if args.distributed:
+    dist.init_process_group("nccl")
+    args.device = {rebound}
+model = torch.nn.Linear(2, 2).to(args.device)
+"""
+
+
+@pytest.mark.parametrize("rebound, flagged", [('f"cuda:{os.environ[\'LOCAL_RANK\']}"', False), ('"cuda:0"', True)])
+def test_an_options_default_set_to_this_processs_gpu_is_not_every_ranks(rebound, flagged):
+    """`--device` defaults to `cuda:0`, and the distributed branch sets it to this process's GPU
+    (DDP106 silent); set to another constant, every rank still shares GPU 0."""
+    assert _lines(DEVICE_OPTION.format(rebound=rebound), "DDP106") == ([8] if flagged else [])
+
+
+GROUP_RANK = """\
+import os
+
+import torch.distributed as dist
+
+local_rank = int(os.environ["LOCAL_RANK"])
+rank = {rank}
+dist.init_process_group("nccl", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+"""
+
+
+@pytest.mark.parametrize(
+    "rank, flagged",
+    [("int(os.environ['RANK'])", False), ("dist.get_node_local_rank()", True), ("local_rank", True)],
+)
+def test_the_groups_rank_given_as_the_local_rank(rank, flagged):
+    """`init_process_group(rank=...)` with this process's index on its node claims the same
+    ranks on every node (DDP157); the global rank does not."""
+    assert _lines(GROUP_RANK.format(rank=rank), "DDP157") == ([7] if flagged else [])
+
+
+DUMP = """\
+import json
+import os
+import tempfile
+
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+path = {path}
+with open(path, "w") as f:
+    json.dump({{"lr": 0.1}}, f)
+"""
+
+
+@pytest.mark.parametrize(
+    "path, flagged",
+    [('"run/config.json"', True), ('f"run/config_{rank}.json"', False), ("tempfile.mktemp()", False)],
+)
+def test_a_file_dumped_by_every_rank(path, flagged):
+    """Every rank dumps into one file (DDP308); a per-rank or per-process file is on purpose."""
+    assert _lines(DUMP.format(path=path), "DDP308") == ([11] if flagged else [])
+
+
+BOOL_FLAG = """\
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+is_main_process = rank == 0
+show = bool({flag} and log_every > 0)
+if show:
+    print("loss", loss)
+"""
+
+
+@pytest.mark.parametrize("flag, flagged", [("is_main_process", False), ("verbose", True)])
+def test_a_flag_bound_to_bool_of_a_rank0_test_guards_its_branch(flag, flagged):
+    """`bool(is_main_process and logging_enabled)` is true on rank 0 alone (DDP302 silent); the
+    same flag of a setting that is true on every rank is not."""
+    assert _lines(BOOL_FLAG.format(flag=flag), "DDP302") == ([8] if flagged else [])
+
+
+NODE_OFFSET = """\
+import argparse
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=-1)
+args = parser.parse_args()
+torch.cuda.set_device(args.local_rank)
+dist.init_process_group("nccl")
+{offset}
+if args.local_rank in [-1, 0]:
+    torch.save(model.state_dict(), "model.pt")
+"""
+
+
+@pytest.mark.parametrize("offset, flagged", [("args.local_rank += args.node_index * args.gpu_per_node", False), ("", True)])
+def test_a_local_rank_offset_by_its_node_is_the_global_rank(offset, flagged):
+    """`args.local_rank += node_index * gpus_per_node` turns the local rank into the global one:
+    a test of it after that is job-wide, not once per node (DDP307 silent)."""
+    assert bool(_lines(NODE_OFFSET.format(offset=offset), "DDP307")) is flagged
+
+
+EVALUATE_UNWRAPPED = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def evaluate(args, model):
+    return model(batch)
+
+
+def train(args, model):
+    if args.local_rank != -1:
+        model = DDP(model, device_ids=[args.local_rank])
+    for step in range(10):
+        model(batch).backward()
+        if {test}:
+            evaluate(args, model)
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("args.local_rank == -1", False), ("args.local_rank in [-1, 0]", True)])
+def test_a_model_passed_only_where_no_group_runs_is_not_the_wrapper(test, flagged):
+    """`evaluate(args, model)` called only under `args.local_rank == -1` (one process, nothing
+    wrapped) does not run the DDP forward on rank 0 alone (DDP117 silent); under a rank-0 test it does."""
+    assert _lines(EVALUATE_UNWRAPPED.format(test=test), "DDP117") == ([7] if flagged else [])
+
+
+TWO_CLASSES = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class BaseTrainer:
+    def setup(self):
+        dist.init_process_group("nccl")
+        self.model = DDP(self.model)
+
+
+class {other}:
+    def describe(self):
+        return self.model.yaml
+"""
+
+
+@pytest.mark.parametrize("other, flagged", [("Tuner", False), ("DetectionTrainer(BaseTrainer)", True)])
+def test_self_model_of_another_class_is_not_the_wrapped_one(other, flagged):
+    """`self.model` in a class of the same file that does not derive from the one that wraps it is
+    another object (DDP124 silent); in a subclass it is the wrapper."""
+    assert _lines(TWO_CLASSES.format(other=other), "DDP124") == ([13] if flagged else [])

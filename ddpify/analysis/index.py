@@ -110,6 +110,9 @@ def dotted_name(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
+_LIBRARY_BASES = ("torch.", "builtins.", "abc.", "typing.", "collections.")  # bases no class of the project derives through
+
+
 def last_name(node: cst.CSTNode) -> Optional[str]:
     if isinstance(node, cst.Name):
         return node.value
@@ -886,6 +889,8 @@ class FileIndex:
                 if name not in self.param_names(func) and name not in self._assigned_in(func):
                     return True  # a closure reads the enclosing function's binding
             elif name.startswith("self."):
+                if func is not None and b.func is not None and not self._same_object(func, b.func):
+                    continue  # `self.model` of another class in the file (`MultiTrainer` beside `BaseTrainer`)
                 if func is not None and func.name.value == "__init__" and not any(
                     s.func is func and self.line(s.node) < line for s in self.call_sites(b.func)
                 ):
@@ -894,6 +899,27 @@ class FileIndex:
                 sites = self.call_sites(func) if func is not None else []
                 if not (sites and all(self._before_wrap(s, b) for s in sites)):
                     return True
+        return False
+
+    def _same_object(self, a: Func, b: Func) -> bool:
+        """May methods `a` and `b` see the same `self`: methods of one class, of a class and its
+        base or subclass here, or not both methods of classes of this file?"""
+        ca, cb = (p if isinstance(p := self.parent(self.parent(f)), cst.ClassDef) else None for f in (a, b))
+        if ca is None or cb is None or ca is cb:
+            return True
+        return self._inherits(ca, cb) or self._inherits(cb, ca)
+
+    def _inherits(self, cls: cst.ClassDef, base: cst.ClassDef, depth: int = 0) -> bool:
+        """Does `cls` derive from `base` through bases named in this file (or from one it cannot see)?"""
+        for arg in cls.bases:
+            name = last_name(arg.value)
+            if name == base.name.value:
+                return True
+            known = [c for c in self.classes if c.name.value == name]
+            if not known and not (name == "object" or any(q.startswith(_LIBRARY_BASES) for q in self.qnames(arg.value))):
+                return True  # a project base from elsewhere may be the other's subclass: assume related
+            if depth < 5 and any(self._inherits(c, base, depth + 1) for c in known):
+                return True
         return False
 
     def _before_wrap(self, site: "CallInfo", wrap: Binding, depth: int = 0) -> bool:
@@ -948,8 +974,8 @@ class FileIndex:
                             added = True
             for ci in self.calls:
                 callees = self.local_callees(ci)
-                if not callees:
-                    continue
+                if not callees or self._one_process_branch(ci.node):
+                    continue  # `if args.local_rank == -1: evaluate(args, model)`: nothing wrapped it there
                 for i, arg in enumerate(ci.node.args):
                     if arg.star or not self.is_bound(arg.value, bindings):
                         continue

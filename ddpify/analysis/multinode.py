@@ -14,7 +14,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.analysis import side_effects
 from ddpify.analysis.index import CallInfo, FileIndex, dotted_name, iter_nodes, last_name
-from ddpify.analysis.literals import is_false, kwarg, positional, string_value
+from ddpify.analysis.literals import int_value, is_false, kwarg, positional, string_value
 from ddpify.analysis.rank import MAIN_PROCESS_RE, RANK_NAMES, RANK_WORD, RankAnalysis, mentions_rank, rank_analysis
 
 # Calls that download or unpack files (with `download=True` datasets and `.extractall()`).
@@ -254,7 +254,7 @@ def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
     not a name the program passes as `init_process_group(rank=...)` (the group's rank: global
     for this program), nor a helper of the project named so that may return the global rank."""
     if isinstance(e, cst.Call):
-        if index.qnames(e.func) & N.spelled({"torch.distributed.get_node_local_rank"}):
+        if index.qnames(e.func) & N.NODE_LOCAL_RANK_CALLS:
             return True
         if last_name(e.func) == "int" and e.args:
             return is_local_rank(index, e.args[0].value)
@@ -270,8 +270,8 @@ def is_local_rank(index: FileIndex, e: cst.CSTNode) -> bool:
 
 
 def _helper_ranks(index: FileIndex) -> set[str]:
-    """The code of names bound to the global rank (`local_rank = dist.get_rank()`) or from a
-    project helper that may return it (`total_gpus, cfg.LOCAL_RANK = getattr(common_utils,
+    """The code of names bound to the global rank (`local_rank = dist.get_rank()`, `args.local_rank
+    += args.node_index * args.gpu_per_node`) or from a project helper that may return it (`total_gpus, cfg.LOCAL_RANK = getattr(common_utils,
     "init_dist_%s" % launcher)(...)`, whose every `init_dist_*` returns `dist.get_rank()`):
     whatever they are called, they hold it."""
     found = index.__dict__.get("_helper_ranks")
@@ -279,6 +279,10 @@ def _helper_ranks(index: FileIndex) -> set[str]:
         found = index.__dict__["_helper_ranks"] = set()
         for root in index.roots:
             for node in iter_nodes(root):
+                if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign) and int_value(node.value) is None:
+                    if "local_rank" in (last_name(node.target) or "").lower():  # `args.local_rank += node_index * gpus`
+                        found.add(index.code(node.target))
+                    continue
                 if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)):
                     continue
                 targets = [

@@ -56,6 +56,11 @@ def option_defaults(calls: Iterable[cst.Call]) -> dict[str, cst.BaseExpression]:
     return out
 
 
+def option_dests(calls: Iterable[cst.Call]) -> set[str]:
+    """The dest of each `parser.add_argument("--flag", ...)` among `calls`."""
+    return {found[0] for found in map(_option, calls) if found is not None}
+
+
 def _option(call: cst.Call) -> tuple[str, str] | None:
     """(dest, long flag) of a `parser.add_argument("--flag", ...)` call, else None."""
     if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):

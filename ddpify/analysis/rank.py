@@ -205,6 +205,8 @@ class RankAnalysis:
             if isinstance(op, cst.GreaterThanEqual) and v == 1:
                 return -1
             return 0
+        if isinstance(e, cst.Call) and _is_bool_of_one(e):
+            return self.rank_test(e.args[0].value)  # `bool(is_main_process and is_logging_enabled)`
         if isinstance(e, cst.Call):
             n = last_name(e.func) or ""
             return 1 if MAIN_PROCESS_RE.match(n) or self._false_off_rank0(e) or self._returns_rank0_test(e) else 0
@@ -493,7 +495,7 @@ class RankAnalysis:
             self._flags = [
                 b
                 for b in self.index.assignments
-                if isinstance(b.value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation))
+                if isinstance(b.value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)) or _is_bool_of_one(b.value)
             ]
         return self._flags
 
@@ -648,6 +650,11 @@ def mentions_rank(index: FileIndex, call: cst.Call) -> bool:
         b.dotted in names and b.func is func and (RANK_TEXT.search(index.code(b.value)) or ranks.per_rank(b.value, func))
         for b in index.assignments
     )  # `handler = StreamHandler(open(log_path))` with a per-rank `log_path`
+
+
+def _is_bool_of_one(e: cst.BaseExpression) -> bool:
+    """`bool(x)`: the truth of `x`."""
+    return isinstance(e, cst.Call) and isinstance(e.func, cst.Name) and e.func.value == "bool" and len(e.args) == 1 and not e.args[0].star
 
 
 def _builds(site, class_name: str) -> bool:

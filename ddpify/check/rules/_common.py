@@ -325,3 +325,50 @@ def class_of_call(ctx: FileContext, call: cst.Call) -> cst.ClassDef | None:
         return None
     local = [c for c in ctx.index.classes if c.name.value == name and ctx.index.root_of(c) is ctx.module]
     return local[0] if len(local) == 1 else None
+
+
+def callers_decide(ctx, ci, target) -> bool:
+    """A save helper whose file comes from its parameters (`def save_state_dict(dir, fname, sd):
+    torch.save(sd, Path(dir) / fname)`), every call of which is rank 0's (or under another test
+    of the rank), names a per-rank file (`fname=f"rank{rank}.pt"`), or is in a helper whose own
+    callers decide so (`torch_persistent_save(obj, path)` -> `_save(obj, f)`, a recursive retry
+    adding no caller), here or in the programs that import this file: the callers decide."""
+    func = ci.func
+    if func is None or target is None:
+        return False
+    return _decided(ctx, func, _file_params(ctx, func, target), set())
+
+
+def _file_params(ctx, func, target) -> set[str]:
+    """The parameters of `func` the file name (or handle) `target` is made from: through names
+    bound in `func` (`target_path = checkpoint_dir / fname`, `with open(path, "wb") as f:`)."""
+    names = {n.value for n in iter_nodes(target) if isinstance(n, cst.Name)}
+    made = [(b.dotted, b.value) for b in ctx.assignments if b.func is func]
+    made += [
+        (item.asname.name.value, item.item) for item in iter_nodes(func.body)
+        if isinstance(item, cst.WithItem) and item.asname is not None and isinstance(item.asname.name, cst.Name)
+    ]  # fmt: skip
+    for _ in range(2):
+        names |= {n.value for name, value in made if name in names for n in iter_nodes(value) if isinstance(n, cst.Name)}
+    return names & ctx.index.param_names(func)
+
+
+def _decided(ctx, func, used: set[str], seen: set) -> bool:
+    if func in seen:
+        return True  # a recursive call: no caller that is not already asked
+    seen.add(func)
+    sites, remote = ctx.call_sites(func), ctx.remote_call_sites(func) if isinstance(ctx.parent(func), cst.Module) else []
+    if not used:
+        return False
+    if not (sites or remote):
+        return ctx.rank0_or_idle(func.body)  # nothing in the program calls it
+    ranks = rank.rank_analysis(ctx.index)
+    for site in sites:
+        args = [a for i, a in enumerate(site.node.args) if ctx.index.param_for(func, i, a) in used]
+        if ctx.under_rank_test(site.node) or any(ranks.per_rank(a.value, site.func) for a in args):
+            continue
+        caller = site.func
+        passed = set().union(*(_file_params(ctx, caller, a.value) for a in args)) if caller is not None else set()
+        if caller is None or not _decided(ctx, caller, passed, seen):
+            return False
+    return all(rank.rank_analysis(index).under_rank_test(site.node) for index, site in remote)

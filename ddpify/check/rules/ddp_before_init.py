@@ -1,3 +1,5 @@
+import re
+
 import libcst as cst
 
 from ddpify.analysis import names as N
@@ -15,7 +17,9 @@ class DDPBeforeInitProcessGroup(Rule):
     library module (functions and classes, no `if __name__ == "__main__":`) that wraps a model in
     a function leaves the process group to its caller, and is not flagged; so is a wrap under a
     test that the group is up (`if dist.is_initialized():`, a project's `is_enabled()` helper)
-    in a file that never starts it.
+    in a file that never starts it. A call of a helper the analysis cannot see into whose name
+    says it starts the group (`setup_dist(rank, world_size)` from another package,
+    `init_distributed_mode(args)`, `ddp_setup()`) counts as the start.
 
     ## Why is this bad?
     DDP broadcasts the parameters of rank 0 when it is constructed; without a default
@@ -46,6 +50,8 @@ class DDPBeforeInitProcessGroup(Rule):
     DDP_ONLY = True
     MESSAGE = "DDP model created before `init_process_group`; initialise the process group first"
     VALID = [
+        "from icefall.dist import setup_dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "def run(rank, world_size):\n    setup_dist(rank, world_size)\n    model = DDP(net)\n\nif __name__ == '__main__':\n    run(0, 1)\n",
         "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
         "dist.init_process_group('gloo')\nmodel = DDP(model)\n",
         "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
@@ -72,11 +78,7 @@ class DDPBeforeInitProcessGroup(Rule):
     def check(self, ctx):
         inits = ctx.calls_to(*N.INIT_PROCESS_GROUP)
         # helpers named like setup functions that we cannot see into (imported) count as init
-        helper = any(
-            c.name in ("init_distributed_mode", "init_distributed", "setup_distributed", "ddp_setup", "setup")
-            and not ctx.local_callees(c)
-            for c in ctx.calls
-        )
+        helper = any((c.name == "setup" or _STARTS_GROUP.match(c.name or "")) and not ctx.local_callees(c) for c in ctx.calls)
         library = main_guard(ctx.module) is None  # a module of functions other programs call
         for ci in ctx.calls_to(*DDP_CLASSES):
             if not inits:
@@ -88,6 +90,11 @@ class DDPBeforeInitProcessGroup(Rule):
                 yield Report(ci.node)
 
 
+# `init_distributed_mode`, `setup_dist` (icefall), `ddp_setup`, `dist_init`, `init_process_group` of a project
+_STARTS_GROUP = re.compile(
+    r"^_?((setup|init|initialize|start)_?(dist|distributed|ddp|process_group|torch_distributed)(_mode|_env)?"
+    r"|(dist|ddp|distributed)_?(setup|init|initialize))$"
+)
 GROUP_IS_UP = ("is_initialized", "is_enabled", "is_dist_avail_and_initialized")
 
 

@@ -15,8 +15,9 @@ class DeviceFromGlobalRank(Rule):
 
     ## What it does
     Flags `torch.cuda.set_device(...)` and DDP's `device_ids=[...]` given the global rank:
-    `dist.get_rank()`, `int(os.environ["RANK"])`, a name `global_rank`/`world_rank`. (A plain
-    `rank` is left alone: in a one-node `mp.spawn` script it is the local rank.)
+    `dist.get_rank()`, `int(os.environ["RANK"])`, a name `global_rank`/`world_rank`, or a name
+    every binding of which is one of these (`local_rank = int(os.environ["RANK"])`). (A plain
+    `rank` parameter is left alone: in a one-node `mp.spawn` script it is the local rank.)
 
     ## Why is this bad?
     The global rank counts the processes of every node: on the second node of two with 8 GPUs
@@ -53,6 +54,7 @@ class DeviceFromGlobalRank(Rule):
         Invalid("import torch, torch.distributed as dist\ntorch.cuda.set_device(dist.get_rank())\n"),
         Invalid("import os, torch\ntorch.cuda.set_device(int(os.environ['RANK']))\n"),
         Invalid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net, device_ids=[global_rank])\n"),
+        Invalid("import os, torch\nlocal_rank = int(os.environ['RANK'])\ntorch.cuda.set_device(local_rank)\n"),
     ]
 
     def check(self, ctx):
@@ -67,7 +69,7 @@ class DeviceFromGlobalRank(Rule):
                         yield Report(element.value)
 
 
-def _global_rank(ctx, value: cst.BaseExpression) -> bool:
+def _global_rank(ctx, value: cst.BaseExpression, seen: frozenset[str] = frozenset()) -> bool:
     if isinstance(value, cst.Call) and value.args and (ctx.code(value.func) == "int"):
         value = value.args[0].value
     if isinstance(value, cst.Call) and ctx.qnames(value.func) & N.GLOBAL_RANK_CALLS:
@@ -77,4 +79,16 @@ def _global_rank(ctx, value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.Call) and ctx.code(value.func).endswith(("environ.get", "getenv")) and value.args:
         return string_value(value.args[0].value) == "RANK"
     name = value.attr.value if isinstance(value, cst.Attribute) else value.value if isinstance(value, cst.Name) else ""
-    return bool(GLOBAL_NAMES.match(name))
+    return bool(GLOBAL_NAMES.match(name)) or _bound_to_global_rank(ctx, value, seen)
+
+
+def _bound_to_global_rank(ctx, value: cst.BaseExpression, seen: frozenset[str]) -> bool:
+    """A name every binding of which in its function is the global rank (`local_rank =
+    int(os.environ["RANK"])`); not a parameter, whose value the caller decides."""
+    if not isinstance(value, cst.Name) or value.value in seen:
+        return False
+    func = ctx.enclosing_func(value)
+    if func is not None and value.value in ctx.index.param_names(func):
+        return False
+    bindings = [b for b in ctx.assignments if b.dotted == value.value and b.func is func]
+    return bool(bindings) and all(_global_rank(ctx, b.value, seen | {value.value}) for b in bindings)

@@ -3,6 +3,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.analysis.options import option_dests
 from ddpify.check.context import dotted_name, int_value, positional, string_value
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._common import argument_position, library_code, passes, single_process_branch
@@ -98,7 +99,11 @@ def _choices(expr):
 
 def _rebound_per_process(ctx, call: cst.Call) -> bool:
     """`DEVICE = torch.device("cuda:0" ...)` at the top, bound again to this process's GPU once
-    the rank is known (`DEVICE = torch.device(f"cuda:{local_rank}")` in the main block)."""
+    the rank is known (`DEVICE = torch.device(f"cuda:{local_rank}")` in the main block); an
+    option's default the program sets to this process's GPU (`args.device = f"cuda:{rank}"`)."""
+    dest = option_dests([call])
+    if dest:  # `add_argument("--device", default="cuda:0")`, then `args.device = f"cuda:{local_rank}"`
+        return any(b.dotted.rpartition(".")[2] in dest and "." in b.dotted and ctx.reads_rank(b.value) for b in ctx.assignments)
     parent = ctx.parent(call)
     if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
         return False
