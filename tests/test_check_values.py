@@ -878,3 +878,43 @@ def test_self_model_of_another_class_is_not_the_wrapped_one(other, flagged):
     """`self.model` in a class of the same file that does not derive from the one that wraps it is
     another object (DDP124 silent); in a subclass it is the wrapper."""
     assert _lines(TWO_CLASSES.format(other=other), "DDP124") == ([13] if flagged else [])
+
+
+LOOP_VARIABLE = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("nccl")
+for name, v in model.named_parameters():
+    print(name)
+model = DDP(model)
+for name, v in {loop}:
+    if "head" in name:
+        v.requires_grad = False
+for step in range(10):
+    model(batch).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("loop, flagged", [("teacher.state_dict().items()", False), ("model.named_parameters()", True)])
+def test_a_loop_variable_is_the_parameter_of_its_own_loop(loop, flagged):
+    """`v` of a loop over another model's state after the wrap is not the wrapped model's
+    parameter, though an earlier loop over it used the same name (DDP141 silent)."""
+    assert _lines(LOOP_VARIABLE.format(loop=loop), "DDP141") == ([10] if flagged else [])
+
+
+SENDER = """\
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+if {test}:
+    dist.broadcast(buffer.to(device), src=0)
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("rank == 0", False), ("rank != 0", True)])
+def test_a_broadcast_from_its_own_source_keeps_nothing(test, flagged):
+    """Rank 0 broadcasting a copy from src=0 sends it: nothing comes back to keep (DDP139
+    silent); a receiving rank loses what it receives into the copy."""
+    assert _lines(SENDER.format(test=test), "DDP139") == ([6] if flagged else [])

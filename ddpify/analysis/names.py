@@ -200,6 +200,19 @@ GET_RANK = spelled({"torch.distributed.get_rank"})
 GET_WORLD_SIZE = spelled({"torch.distributed.get_world_size"})
 # calls that make a new tensor from their arguments (a copy: reducing it leaves the originals as they were)
 TENSOR_FACTORIES = spelled({"torch.tensor", "torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.stack", "torch.cat"})
+# calls that make a tensor on the default device (the CPU) unless given `device=`
+NEW_TENSORS = spelled(
+    "torch." + n for n in ("zeros", "ones", "empty", "full", "tensor", "Tensor", "FloatTensor", "LongTensor", "arange", "randn", "rand")
+)
+# collectives whose list only the destination (source) rank may pass: (qualified names, keyword, position)
+DESTINATION_LISTS = (
+    (spelled({"torch.distributed.gather"}), "gather_list", 1),
+    (spelled({"torch.distributed.gather_object"}), "object_gather_list", 1),
+    (spelled({"torch.distributed.scatter"}), "scatter_list", 1),
+    (spelled({"torch.distributed.scatter_object_list"}), "scatter_object_input_list", 1),
+)
+PLATEAU_SCHEDULERS = spelled({"torch.optim.lr_scheduler.ReduceLROnPlateau"})
+DEFAULT_DEVICE_SETTERS = spelled({"torch.set_default_device", "torch.set_default_tensor_type"})
 ACTIVATION_CHECKPOINTS = spelled({"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"})
 TORCH_NN = "torch.nn."  # the prefix of torch.nn's layers and Parameter
 # Collectives: every rank must call them, in the same order.

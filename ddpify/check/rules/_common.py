@@ -204,12 +204,28 @@ def group_starters(ctx: FileContext) -> set:
 
 
 def in_conditional_inside_loop(ctx: FileContext, node: cst.CSTNode) -> bool:
-    """Under an ``if`` (e.g. ``if step % log_every == 0``) before reaching the loop or function."""
+    """Under an ``if`` (e.g. ``if step % log_every == 0``) before reaching the loop or function,
+    or after one that skips the rest of the step (``if step % 2 == 0: continue``)."""
+    child = node
     for p in ctx.ancestors(node):
         if isinstance(p, (cst.If, cst.IfExp)):
             return True
+        if isinstance(p, cst.IndentedBlock) and child in p.body:
+            earlier = p.body[: p.body.index(child)]
+            if any(isinstance(s, cst.If) and _skips_step(s.body) for s in earlier):
+                return True
         if isinstance(p, (cst.For, cst.While, cst.FunctionDef)):
             return False
+        child = p
+    return False
+
+
+def _skips_step(block: cst.BaseSuite) -> bool:
+    """Does the block end with `continue`?"""
+    body = getattr(block, "body", ())
+    last = body[-1] if body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        return isinstance(last.body[-1], cst.Continue)
     return False
 
 

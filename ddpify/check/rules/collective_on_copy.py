@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import names as N
+from ddpify.check.context import int_value, kwarg, positional
 from ddpify.check.rule import Invalid, Report, Rule
 from ddpify.check.rules._inplace import asynchronous, in_place_collectives, tensor_arg
 
@@ -31,7 +32,7 @@ class CollectiveOnCopy(Rule):
     (`all_reduce`, `reduce`, `broadcast`) is made by the call itself (`.clone()`, a dtype
     conversion, `.to(...)`, `.cuda()`, `.cpu()`, `torch.tensor(...)`), so no name holds it
     afterwards. `.to(...)`, `.cuda()` and `.cpu()` copy only when they move or convert; the
-    message says so.
+    message says so. A broadcast from rank 0 in rank 0's own branch sends, and keeps nothing.
 
     ## Why is this bad?
     The collective writes the reduced values into the tensor it is given. A temporary copy
@@ -75,9 +76,18 @@ class CollectiveOnCopy(Rule):
                 continue
             arg = tensor_arg(ci)
             made_by = _copy(ctx, arg) if arg is not None else None
-            if made_by is None:
+            if made_by is None or _sends(ctx, ci):
                 continue
             maybe = " (when it moves or converts the tensor)" if made_by in ("to", "cuda", "cpu") else ""
             yield Report(ci.node, f"`{ctx.code(ci.node.func)}` reduces `{ctx.code(arg)}`, a new tensor{maybe}, and "
                          "nothing keeps it: the reduced values are lost and the original keeps this rank's value; "
                          "bind the tensor to a name, reduce it, and read that name")
+
+
+def _sends(ctx, ci) -> bool:
+    """`dist.broadcast(t.to(device), src=0)` under a rank-0 test: this rank is the source, it
+    receives nothing to keep."""
+    if ci.name != "broadcast":
+        return False
+    src = kwarg(ci.node, "src") or next(iter(positional(ci.node)[1:2]), None)
+    return src is not None and int_value(src.value) == 0 and ctx.in_rank0(ci.node)

@@ -184,8 +184,8 @@ def _changes(ctx, wrap, names: set[str]) -> Iterator[tuple[cst.CSTNode, str]]:
     def _some(var: Optional[str], node: cst.CSTNode) -> bool:
         """A loop variable over some of the parameters: of a part, or picked by an `if` in a loop over all."""
         loop = loop_vars.get(var or "")
-        if loop is None:
-            return False
+        if loop is None or not any(p is loop for p in ctx.ancestors(node)):
+            return False  # (a later loop's own `v`: `for k, v in teacher.state_dict().items():`)
         if loop not in whole_loops:
             return True
         between = []

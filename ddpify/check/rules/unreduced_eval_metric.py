@@ -27,7 +27,9 @@ class UnreducedEvalMetric(Rule):
     `all_gather_object`, ...), no helper of the project that calls one, no `.compute()`. The
     metric is what the loop accumulates with `+=` (`correct += ...`, `total += ...`,
     `loss_sum += ...`) and what is computed from it after the loop (`acc = correct / total`); a
-    value the function returns counts where its caller prints it.
+    value the function returns counts where its caller prints it. A `ReduceLROnPlateau`'s
+    `step(metric)` counts as a report too, and a worse one: each rank cuts its learning rate at
+    its own epoch, and the replicas part ways.
 
     It is conservative: a metric passed to a function it cannot see (`reduce_tensor(acc)`),
     meters updated by method (`top1.update(...)`), and output that names the rank (`print(f"rank
@@ -106,7 +108,7 @@ class UnreducedEvalMetric(Rule):
             for out in _reported(ctx, loop, metrics, sites):
                 if out.node not in done and not mentions_rank(ctx, out.node):
                     done.add(out.node)
-                    yield Report(out.node)
+                    yield Report(out.node, _PLATEAU_MESSAGE if _plateau_step(ctx, out) else None)
 
 
 def _sharded_loaders(ctx):
@@ -155,8 +157,19 @@ def _hides(ctx, ci, metrics: set[str]) -> bool:
     return not (ci.name in _PLAIN or any(q.startswith(("builtins.", "math.", "numpy.")) for q in ci.qnames))
 
 
+_PLATEAU_MESSAGE = (
+    "each rank steps ReduceLROnPlateau with the metric of its own shard: the ranks cut their learning rates at"
+    " different epochs and their models part ways; all_reduce the sums first"
+)
+
+
+def _plateau_step(ctx, ci) -> bool:
+    """`scheduler.step(val_loss)` of a ReduceLROnPlateau: the metric decides this rank's learning rate."""
+    return ci.name == "step" and ci.receiver is not None and ctx.index.is_bound(ci.receiver, ctx.index.bindings_of(N.PLATEAU_SCHEDULERS))
+
+
 def _is_report(ctx, ci) -> bool:
-    if ci.qnames & (N.PRINT | N.LOGGING_CALLS) or ci.is_("wandb.log"):
+    if ci.qnames & (N.PRINT | N.LOGGING_CALLS) or ci.is_("wandb.log") or _plateau_step(ctx, ci):
         return True
     return ci.name in _REPORT_METHODS and ci.receiver is not None and any(
         w in ctx.code(ci.receiver).lower() for w in ("log", "writer", "tb", "board")
