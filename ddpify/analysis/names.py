@@ -164,6 +164,9 @@ RANDOM_DRAWS = frozenset(  # ways to pick batch indices (or make batches) at ran
      "numpy.random.rand", "numpy.random.normal", "numpy.random.uniform", "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
      "random.randint", "random.randrange", "random.sample", "random.choice", "random.shuffle"}
 )  # fmt: skip
+# Draws that pick samples (indices, a permutation), not values such as noise.
+RANDOM_INDEX_DRAWS = RANDOM_DRAWS - {"torch.randn", "torch.rand", "torch.normal", "numpy.random.randn", "numpy.random.rand",
+                                     "numpy.random.normal", "numpy.random.uniform"}  # fmt: skip
 # Draws a module's forward may branch on (`if torch.rand(1) < p:`): RANDOM_VALUES and these.
 RANDOM_TENSORS = frozenset({"torch.rand_like", "torch.bernoulli"})
 TORCH_PREFIX = "torch."  # anything of torch's
