@@ -918,3 +918,108 @@ def test_a_broadcast_from_its_own_source_keeps_nothing(test, flagged):
     """Rank 0 broadcasting a copy from src=0 sends it: nothing comes back to keep (DDP139
     silent); a receiving rank loses what it receives into the copy."""
     assert _lines(SENDER.format(test=test), "DDP139") == ([6] if flagged else [])
+
+
+PARALLEL_FLAG = """\
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+parallel = bool(args.parallel_training)
+if parallel == True:
+    dist.init_process_group("nccl")
+if {test}:
+    train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set), batch_size=8)
+else:
+    train_loader = DataLoader(train_set, shuffle=True, batch_size=8)
+for x in train_loader:
+    model(x).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [("(parallel == True)", False), ("args.fast", True)])
+def test_a_switch_compared_with_true_is_the_switch(test, flagged):
+    """`if (parallel == True):` is the group's switch: its `else:` is the one-process run, whose
+    loader needs no sampler (DDP110 silent); under another test the loader is every rank's."""
+    assert _lines(PARALLEL_FLAG.format(test=test), "DDP110") == ([10] if flagged else [])
+
+
+ENGINE = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("nccl")
+    model = DDP(net)
+    model.load_state_dict(torch.load(args.load_file))
+    trainer = Engine(model={given})
+    if dist.get_rank() == 0:
+        trainer.save()
+
+
+class Engine:
+    def __init__(self, model):
+        self.model = model
+
+    def save(self):
+        torch.save(self.model.state_dict(), "model.pth")
+"""
+
+
+@pytest.mark.parametrize("given, flagged", [("model", False), ("model.module", True)])
+def test_a_wrapper_handed_to_a_constructor_is_the_objects_model(given, flagged):
+    """`Engine(model=model)` keeps the wrapper as `self.model`: its save writes `module.` keys, so
+    loading them into the wrapper is a consistent round trip (DDP121 silent); an engine given
+    `model.module` saves plain keys, and the load into the wrapper breaks."""
+    assert _lines(ENGINE.format(given=given), "DDP121") == ([9] if flagged else [])
+
+
+SPAWN_MAIN = """\
+import os
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def main(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    train(rank)
+
+
+if __name__ == "__main__":
+    {start}
+    print("Done!")
+"""
+
+
+@pytest.mark.parametrize(
+    "start, flagged",
+    [("mp.spawn(main, nprocs=2, args=(2,), join=True)", False), ('main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))', True)],
+)
+def test_output_after_spawn_in_the_main_block_is_the_launchers(start, flagged):
+    """The `__main__` block that spawns the workers runs in the launcher alone (workers import
+    the script as `__mp_main__`): its print appears once (DDP302 silent). Under torchrun the
+    same block runs in every rank."""
+    assert _lines(SPAWN_MAIN.format(start=start), "DDP302") == ([14] if flagged else [])
+
+
+def test_the_forward_walker_walks_each_statement_sequence_once(monkeypatch):
+    """DDP130 walks every path through `forward`; an `if` walks the rest after each branch, so 20
+    `if`s in a row are 2**20 paths. Each remaining sequence is walked once: the work stays linear
+    (unimatch's forward, with dozens of `if`s, ran for over 15 minutes before)."""
+    from ddpify.check.rules import unused_parameters_without_search as rule
+
+    walked = []
+    original = rule._Walker._block
+    monkeypatch.setattr(rule._Walker, "_block", lambda self, stmts: walked.append(1) or original(self, stmts))
+    flags = "".join(f"        if self.flag{i}:\n            x = self.layer{i}(x)\n" for i in range(20))
+    layers = "".join(f"        self.layer{i} = nn.Linear(4, 4)\n" for i in range(20))
+    source = (
+        "import torch.nn as nn\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        f"class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n{layers}\n"
+        f"    def forward(self, x):\n{flags}        return x\n\n"
+        "dist.init_process_group('nccl')\nmodel = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\n"
+    )
+    check_source(source, "train.py", select_rules("DDP130"))
+    assert walked and len(walked) < 20 * 20

@@ -287,6 +287,12 @@ class Flow:
         without a group; 0: neither."""
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return -self._test_side(test.expression)
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            comp = test.comparisons[0]
+            truth = comp.comparator.value if isinstance(comp.comparator, cst.Name) else None
+            if truth in ("True", "False") and isinstance(comp.operator, (cst.Equal, cst.Is, cst.NotEqual, cst.IsNot)):
+                same = isinstance(comp.operator, (cst.Equal, cst.Is)) == (truth == "True")
+                return self._test_side(test.left) * (1 if same else -1)  # `if (parallel == True):`
         code = self.index.code(test)
         if _SINGLE_TEST.search(code):
             return 1
@@ -433,7 +439,7 @@ def group_switches(index: FileIndex) -> frozenset[str]:
             child = ci.node
             for p in i.ancestors(ci.node):
                 if isinstance(p, cst.If) and child is p.body:
-                    name = dotted_name(p.test)
+                    name = dotted_name(_truth_of(p.test))
                     if name is not None:
                         found.add(name)
                     break
@@ -443,6 +449,15 @@ def group_switches(index: FileIndex) -> frozenset[str]:
         return frozenset(found)
 
     return index.cached("group_switches", switches)
+
+
+def _truth_of(test: cst.BaseExpression) -> cst.BaseExpression:
+    """`flag` for `flag == True` and `flag is True`; the test itself otherwise."""
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        comp = test.comparisons[0]
+        if isinstance(comp.operator, (cst.Equal, cst.Is)) and isinstance(comp.comparator, cst.Name) and comp.comparator.value == "True":
+            return test.left
+    return test
 
 
 def _small_statements(block: cst.BaseSuite) -> list[cst.BaseSmallStatement]:

@@ -796,6 +796,8 @@ class FileIndex:
     def local_callees(self, ci: CallInfo) -> list[Func]:
         """The functions of this file a call may reach (``f(...)`` or ``self.f(...)``)."""
         f = ci.node.func
+        if isinstance(f, cst.Name) and ci.name not in self.functions and (inits := self._constructors(ci)):
+            return inits  # `Engine(model=model)`: its `__init__` receives the arguments
         if isinstance(f, cst.Name) and ci.qnames:  # not one the name is bound to something else at the call (`from thop import profile`)
             return [fn for fn in self.functions.get(ci.name, []) if not (q := self.qnames(fn.name)) or q & ci.qnames]
         if isinstance(f, cst.Name) or (
@@ -806,6 +808,14 @@ class FileIndex:
             definitions = self.definitions()
             return [d for q in ci.qnames if isinstance(d := definitions.get(q), cst.FunctionDef)]
         return []
+
+    def _constructors(self, ci: CallInfo) -> list[Func]:
+        """The `__init__` of a class of this file's top level that the call builds."""
+        return [
+            stmt for cls in self.classes if cls.name.value == ci.name and isinstance(self.parent(cls), cst.Module)
+            and (not (q := self.qnames(cls.name)) or not ci.qnames or q & ci.qnames)
+            for stmt in cls.body.body if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__"
+        ]  # fmt: skip
 
     def call_sites(self, func: Func) -> list[CallInfo]:
         sites = self._call_sites

@@ -28,6 +28,7 @@ from ddpify.analysis.index import (  # re-exported for the rules
     index_of,
     iter_nodes,
     last_name,
+    main_guard,
 )
 from ddpify.analysis.literals import (  # re-exported for the rules
     has_star_kwargs,
@@ -267,7 +268,9 @@ class FileContext:
         its top-level code or a function only that code calls (`download_data_if_possible(...)`
         while the configs are read, before `mp.spawn(worker, ...)`), never in a spawned worker?"""
         func = self.enclosing_func(node)
-        if func is None or not isinstance(self.parent(func), cst.Module):
+        if func is None:
+            return self._in_spawning_main_block(node)
+        if not isinstance(self.parent(func), cst.Module):
             return False
         found = self.__dict__.setdefault("_launcher_only", {})
         if func not in found:
@@ -275,6 +278,15 @@ class FileContext:
             handed_on = func.name.value in self._passed_functions  # `mp.spawn(main_worker, ...)`: the workers run it too
             found[func] = bool(sites) and not handed_on and all(_in_launcher(index, site) for index, site in sites)
         return found[func]
+
+    def _in_spawning_main_block(self, node: cst.CSTNode) -> bool:
+        """Is `node` in the `if __name__ == "__main__":` block of a script whose block starts the
+        workers with `mp.spawn` (`spawn(...).join(); print("Done!")`)? Spawned workers import the
+        script as `__mp_main__` and skip that block: it runs in the launcher alone."""
+        guard = main_guard(self.module)
+        return guard is not None and any(p is guard for p in self.ancestors(node)) and any(
+            any(p is guard for p in self.ancestors(ci.node)) for ci in self.calls_to(*SPAWN)
+        )
 
     def _named_by_importers(self, func: Func) -> bool:
         """Does a file that imports this one name the function other than in its imports

@@ -10,7 +10,7 @@ class GatherListOnEveryRank(Rule):
     ## What it does
     Flags `dist.gather(t, gather_list, dst=0)` (also `gather_object`, `scatter`,
     `scatter_object_list`) whose list is passed by every rank: not under a test of the rank, and
-    not `None` or `lst if rank == dst else None`.
+    not `None` (or `[]`), nor `lst if rank == dst else None` (a test that reads the rank).
 
     ## Why is this bad?
     Only the destination (or source) rank may pass the list: every other rank raises
@@ -62,8 +62,10 @@ class GatherListOnEveryRank(Rule):
 def _per_rank_value(ctx, value: cst.BaseExpression, func) -> bool:
     """`None`, `lst if rank == 0 else None`, or a name every binding of which is one of them or
     is made under a test of the rank."""
-    if isinstance(value, cst.Name) and value.value == "None" or isinstance(value, cst.IfExp) and ctx.rank_test(value.test) != 0:
-        return True
+    if isinstance(value, cst.Name) and value.value == "None" or isinstance(value, cst.List) and not value.elements:
+        return True  # (an empty list is no list to torch)
+    if isinstance(value, cst.IfExp) and (ctx.rank_test(value.test) != 0 or ctx.reads_rank(value.test)):
+        return True  # `lst if rank == 0 else None`, `chunks if i == my_rank else []` with `src=i`
     if isinstance(value, cst.Name):
         bindings = [b for b in ctx.assignments if b.dotted == value.value and b.func is func]
         return any(

@@ -12,6 +12,8 @@ class ReduceResultReadOnEveryRank(Rule):
     ## What it does
     Flags `dist.reduce(t, dst=...)` when `t` is read afterwards in the same function by code
     that every rank runs (not under a test of the rank), before it is bound again or broadcast.
+    A function that also uses it under a rank-0 test after the reduce (`if rank == 0: losses /=
+    world_size`, the `reduce_dict` idiom) knows where the sum is, and is left alone.
 
     ## Why is this bad?
     `reduce` leaves the sum on the destination rank only; on the others `t` holds an
@@ -70,7 +72,7 @@ def _read_after(ctx, ci, name: str) -> bool:
         and n.args and isinstance(n.args[0].value, cst.Name) and n.args[0].value.value == name
     ]  # fmt: skip
     stop = min((x for x in later if x > line), default=1 << 30)
-    return any(
-        line < ctx.line(n) < stop and not ctx.under_rank_test(n)
-        for n in name_reads(ci.func.body, name)
-    )  # fmt: skip
+    reads = [n for n in name_reads(ci.func.body, name) if line < ctx.line(n) < stop]
+    if any(ctx.in_rank0(n) for n in reads):
+        return False  # `if rank == 0: losses /= world_size`: the author knows rank 0 alone holds the sum
+    return any(not ctx.under_rank_test(n) for n in reads)

@@ -238,11 +238,21 @@ class _Walker:
         self.tests: dict[str, str] = {}  # submodule -> the condition it is used under
         self.order: dict[str, int] = {}
         self.depth = 0
+        self.done: dict[tuple, Uses] = {}  # the uses of each statement sequence walked
 
     # statements ----------------------------------------------------------------------------------
     def block(self, stmts: list) -> Uses:
+        """The uses of a statement sequence. An `if` walks the rest after each branch, so the same
+        rest comes back once per path into it: each sequence is walked once (k `if`s in a row
+        would otherwise cost 2**k)."""
         if not stmts:
             return _NONE
+        key = tuple(map(id, stmts))
+        if key not in self.done:
+            self.done[key] = self._block(stmts)
+        return self.done[key]
+
+    def _block(self, stmts: list) -> Uses:
         s, rest = stmts[0], stmts[1:]
         if isinstance(s, cst.If):
             test = self.expr(s.test)
