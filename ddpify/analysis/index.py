@@ -796,8 +796,6 @@ class FileIndex:
     def local_callees(self, ci: CallInfo) -> list[Func]:
         """The functions of this file a call may reach (``f(...)`` or ``self.f(...)``)."""
         f = ci.node.func
-        if isinstance(f, cst.Name) and ci.name not in self.functions and (inits := self._constructors(ci)):
-            return inits  # `Engine(model=model)`: its `__init__` receives the arguments
         if isinstance(f, cst.Name) and ci.qnames:  # not one the name is bound to something else at the call (`from thop import profile`)
             return [fn for fn in self.functions.get(ci.name, []) if not (q := self.qnames(fn.name)) or q & ci.qnames]
         if isinstance(f, cst.Name) or (
@@ -810,7 +808,9 @@ class FileIndex:
         return []
 
     def _constructors(self, ci: CallInfo) -> list[Func]:
-        """The `__init__` of a class of this file's top level that the call builds."""
+        """The `__init__` of a class of this file's top level that the call builds (`Engine(...)`)."""
+        if not isinstance(ci.node.func, cst.Name) or ci.name in self.functions:
+            return []
         return [
             stmt for cls in self.classes if cls.name.value == ci.name and isinstance(self.parent(cls), cst.Module)
             and (not (q := self.qnames(cls.name)) or not ci.qnames or q & ci.qnames)
@@ -983,7 +983,7 @@ class FileIndex:
                             bindings.append(b)
                             added = True
             for ci in self.calls:
-                callees = self.local_callees(ci)
+                callees = self.local_callees(ci) or self._constructors(ci)  # `Engine(model=model)`: its `__init__` gets it
                 if not callees or self._one_process_branch(ci.node):
                     continue  # `if args.local_rank == -1: evaluate(args, model)`: nothing wrapped it there
                 for i, arg in enumerate(ci.node.args):
