@@ -287,12 +287,9 @@ class Flow:
         without a group; 0: neither."""
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return -self._test_side(test.expression)
-        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-            comp = test.comparisons[0]
-            truth = comp.comparator.value if isinstance(comp.comparator, cst.Name) else None
-            if truth in ("True", "False") and isinstance(comp.operator, (cst.Equal, cst.Is, cst.NotEqual, cst.IsNot)):
-                same = isinstance(comp.operator, (cst.Equal, cst.Is)) == (truth == "True")
-                return self._test_side(test.left) * (1 if same else -1)  # `if (parallel == True):`
+        flag, sign = _truth_of(test)
+        if flag is not test:
+            return self._test_side(flag) * sign  # `if (parallel == True):`
         code = self.index.code(test)
         if _SINGLE_TEST.search(code):
             return 1
@@ -439,7 +436,8 @@ def group_switches(index: FileIndex) -> frozenset[str]:
             child = ci.node
             for p in i.ancestors(ci.node):
                 if isinstance(p, cst.If) and child is p.body:
-                    name = dotted_name(_truth_of(p.test))
+                    flag, sign = _truth_of(p.test)
+                    name = dotted_name(flag) if sign > 0 else None
                     if name is not None:
                         found.add(name)
                     break
@@ -451,13 +449,16 @@ def group_switches(index: FileIndex) -> frozenset[str]:
     return index.cached("group_switches", switches)
 
 
-def _truth_of(test: cst.BaseExpression) -> cst.BaseExpression:
-    """`flag` for `flag == True` and `flag is True`; the test itself otherwise."""
+def _truth_of(test: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
+    """(flag, +1) for `flag == True` or `flag is True`, (flag, -1) for `flag == False` or `flag is
+    not True`; (the test itself, +1) otherwise."""
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         comp = test.comparisons[0]
-        if isinstance(comp.operator, (cst.Equal, cst.Is)) and isinstance(comp.comparator, cst.Name) and comp.comparator.value == "True":
-            return test.left
-    return test
+        truth = comp.comparator.value if isinstance(comp.comparator, cst.Name) else None
+        if truth in ("True", "False") and isinstance(comp.operator, (cst.Equal, cst.Is, cst.NotEqual, cst.IsNot)):
+            same = isinstance(comp.operator, (cst.Equal, cst.Is)) == (truth == "True")
+            return test.left, 1 if same else -1
+    return test, 1
 
 
 def _small_statements(block: cst.BaseSuite) -> list[cst.BaseSmallStatement]:
