@@ -152,3 +152,47 @@ def test_a_rank_kept_in_a_dict_item_guards_like_a_rank(tmp_path: Path) -> None:
              "            log.info('step')\n    if opt['dist']:\n        dist.destroy_process_group()\n"  # fmt: skip
     _write(tmp_path, {"train.py": script})
     assert _codes(tmp_path / "train.py") == []
+
+
+ENGINE = """\
+import torch
+
+
+def train_one_epoch(model, loader, optimizer, loss_scaler, accum_iter):
+    for step, x in enumerate(loader):
+        loss = model(x).sum() / accum_iter
+        loss_scaler(loss, optimizer, parameters=model.parameters(), update_grad=(step + 1) % accum_iter == 0)
+        if (step + 1) % accum_iter == 0:
+            optimizer.zero_grad()
+"""
+
+MAIN = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from engine import train_one_epoch
+
+
+def main(net, loader, loss_scaler, accum_iter):
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    model = {model}
+    optimizer = torch.optim.AdamW(model.parameters())
+    train_one_epoch(model, loader, optimizer, loss_scaler, accum_iter)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_wrapped_model_handed_to_an_imported_engine_is_ddp_there(tmp_path: Path) -> None:
+    """engine.py, checked on its own, receives the DDP model from main.py: it is part of the
+    distributed program, and its accumulation through a loss-scaler helper told when to step
+    (`update_grad=(step + 1) % accum_iter == 0`) all-reduces every micro-batch (DDP204). The
+    same engine given the unwrapped network is not DDP's."""
+    _write(tmp_path, {"pyproject.toml": "", "engine.py": ENGINE, "main.py": MAIN.format(model="DDP(net.cuda(), device_ids=[local_rank])")})
+    assert _codes(tmp_path / "engine.py") == ["7 DDP204"]
+    _write(tmp_path, {"main.py": MAIN.format(model="net.cuda()")})
+    assert _codes(tmp_path / "engine.py") == []

@@ -1023,3 +1023,30 @@ def test_the_forward_walker_walks_each_statement_sequence_once(monkeypatch):
     )
     check_source(source, "train.py", select_rules("DDP130"))
     assert walked and len(walked) < 20 * 20
+
+
+VALIDATE_AFTER_TRAIN = """\
+import torch.distributed as dist
+
+
+def main(train_loader, val_loader, model, epochs):
+    dist.init_process_group("nccl")
+    for epoch in range(epochs):
+        train_loader.sampler.set_epoch(epoch)
+        train(train_loader, model)
+        {loader}.sampler.set_epoch(epoch)
+        validate(val_loader, model)
+
+
+def train(loader, model):
+    for x in loader:
+        model(x).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("loader, flagged", [("val_loader", False), ("train_loader", True)])
+def test_a_sampler_set_before_its_loader_is_handed_on_is_in_time(loader, flagged):
+    """`val_loader.sampler.set_epoch(epoch)` after training, right before `validate(val_loader,
+    ...)` reads that loader: set in time (DDP113 silent). The training loader's sampler set
+    after `train(train_loader, ...)` read it is late."""
+    assert _lines(VALIDATE_AFTER_TRAIN.format(loader=loader), "DDP113") == ([9] if flagged else [])

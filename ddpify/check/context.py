@@ -346,9 +346,13 @@ class FileContext:
         """The file runs several processes: it imports or calls torch.distributed, DDP or
         torch.multiprocessing itself, or it calls a function of a project module that starts the
         group, wraps a model in DDP or spawns the processes. A script that only imports a module
-        that uses them (an evaluation script sharing the training's settings module) is not."""
+        that uses them (an evaluation script sharing the training's settings module) is not. A
+        module whose functions an importer hands its DDP-wrapped model (an `engine.py` with the
+        training loop) is part of that distributed program."""
         if self.uses_framework:
             return False
+        if self._ddp_params_from_importers:
+            return True
         imports = any(  # `import torch.nn.parallel` alone is DataParallel's as much as DDP's
             name.startswith("torch.distributed")
             or name == "torch.multiprocessing"
@@ -550,7 +554,31 @@ class FileContext:
         """Names bound to a DDP-wrapped model, including parameters that receive one; not a copy of
         a name made where the code found it unwrapped (`else: netG = self.netG` of `if
         isinstance(self.netG, DDP): netG = self.netG.module`)."""
-        return [b for b in self.index.propagate(self.index.bindings_of(DDP_CLASSES)) if not _found_unwrapped(self.index, b)]
+        seeds = self.index.bindings_of(DDP_CLASSES) + self._ddp_params_from_importers
+        return [b for b in self.index.propagate(seeds) if not _found_unwrapped(self.index, b)]
+
+    @cached_property
+    def _ddp_params_from_importers(self) -> list[Binding]:
+        """The parameters of this file's top-level functions (and its classes' `__init__`) to
+        which a program importing the file hands its DDP-wrapped model: `engine.py` checked on
+        its own, `train_one_epoch(model, ...)` called in main.py after `model = DDP(model)`. Not a
+        call in the importer's one-process branch (nothing wrapped the model there)."""
+        found: list[Binding] = []
+        for top in self.module.body:
+            target = _callee_of(top)
+            if target is None:
+                continue
+            for index, ci in self.remote_call_sites(top):
+                if flow(index).single_process(ci.node):
+                    continue
+                wrapped = index.cached("ddp_bindings", _wrapped_models)
+                for i, arg in enumerate(ci.node.args):
+                    if arg.star or not index.is_bound(arg.value, wrapped):
+                        continue
+                    param = self.index.param_for(target, i, arg)
+                    if param and not any(b.dotted == param and b.func is target for b in found):
+                        found.append(Binding(param, target, None, arg.value, target, self.index))
+        return found
 
     def _is_bound(self, expr: cst.CSTNode, bindings: list[Binding]) -> bool:
         return self.index.is_bound(expr, bindings)
@@ -639,6 +667,21 @@ class FileContext:
 
 
 _WRAPPED_TEST = re.compile(r"isinstance\([^,]+,\s*[\w.]*(DDP|DistributedDataParallel|DataParallel)\b|hasattr\([^,]+,\s*[\"']module[\"']\)")
+
+
+def _callee_of(top: cst.CSTNode) -> Optional[Func]:
+    """The function a call of this top-level statement's name runs: the function itself, or a
+    class's `__init__`."""
+    if isinstance(top, cst.FunctionDef):
+        return top
+    if isinstance(top, cst.ClassDef):
+        return next((s for s in top.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    return None
+
+
+def _wrapped_models(index: FileIndex) -> list[Binding]:
+    """An importer's names bound to its DDP-wrapped model (its own analysis, without importers)."""
+    return [b for b in index.propagate(index.bindings_of(DDP_CLASSES)) if not _found_unwrapped(index, b)]
 
 
 def _found_unwrapped(index: FileIndex, b: Binding) -> bool:

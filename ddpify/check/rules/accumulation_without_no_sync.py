@@ -11,7 +11,9 @@ class AccumulationWithoutNoSync(Rule):
     ## What it does
     Flags a step loop with a DDP model where `optimizer.step()` runs under an `if` that uses
     `%` (accumulate every k micro-batches) while `backward()` runs every iteration, and the
-    file never uses `no_sync()`.
+    file never uses `no_sync()`. Also a loss-scaler helper that runs the backward and is told
+    when to step (`loss_scaler(loss, optimizer, update_grad=(i + 1) % accum_iter == 0)`, timm's
+    `NativeScaler`).
 
     ## Why is this bad?
     DDP all-reduces gradients on every backward, also for micro-batches whose gradients are
@@ -69,6 +71,7 @@ class AccumulationWithoutNoSync(Rule):
     def check(self, ctx):
         if not ctx.ddp_bindings or ctx.method_calls("no_sync") or _no_sync_referenced(ctx):
             return
+        yield from (Report(c.node) for c in ctx.calls if _scaler_told_when_to_step(ctx, c))
         for loop in ctx.step_loops:
             calls = [c for c in ctx.calls if c.loops and c.loops[-1] is loop]
             steps = [
@@ -82,6 +85,16 @@ class AccumulationWithoutNoSync(Rule):
             for b in calls:
                 if ctx.is_backward(b) and not self._under_modulo_if(ctx, b.node, loop):
                     yield Report(b.node)
+
+
+def _scaler_told_when_to_step(ctx, ci) -> bool:
+    """`loss_scaler(loss, optimizer, update_grad=(i + 1) % accum_iter == 0)` in a loop (timm's
+    `NativeScaler` and the copies in MAE-style engines): one call runs the backward on every
+    micro-batch and steps only when the `%` test it is handed says so."""
+    if not ci.loops or ci.receiver is not None or "scaler" not in ctx.code(ci.node.func).lower():
+        return False
+    loop = ci.loops[-1]
+    return any("%" in ctx.code(a.value) and not _every_step(ctx, a.value, loop) for a in ci.node.args)
 
 
 def _every_step(ctx, test: cst.BaseExpression, loop) -> bool:

@@ -15,7 +15,7 @@ class SetEpochAfterIteration(Rule):
     Flags `sampler.set_epoch(epoch)` when, in the same epoch-loop body, a training loop (or
     a call to a training function) comes before it. A sampler whose own loader is iterated after
     the call, and not before it (`valid_loader.sampler.set_epoch(epoch)` right before the
-    validation loop), is set in time.
+    validation loop, or before `validate(valid_loader, model)`), is set in time.
 
     ## Why is this bad?
     The loader's iterator draws its indices when the iteration starts; setting the epoch
@@ -97,17 +97,24 @@ def _loaders_of(ctx, sampler) -> set[str]:
 
 
 def _iterated_after_only(body, call, loaders: set[str]) -> bool:
-    """In the epoch loop's body, in the order the code reads, is a `for` over one of `loaders`
-    (`for x in tqdm(valid_loader):`) met after `call` and none before it?"""
+    """In the epoch loop's body, in the order the code reads, is one of `loaders` read after
+    `call` and none before it: a `for` over it (`for x in tqdm(valid_loader):`) or a call it is
+    handed to (`validate(val_loader, model)`)?"""
     seen_call, after = False, False
     for node in iter_nodes(body):
         if node is call:
             seen_call = True
-        elif isinstance(node, cst.For) and any(dotted_name(n) in loaders for n in iter_nodes(node.iter)):
+        elif _reads_loader(node, loaders):
             if not seen_call:
                 return False
             after = True
     return after
+
+
+def _reads_loader(node, loaders: set[str]) -> bool:
+    if isinstance(node, cst.For):
+        return any(dotted_name(n) in loaders for n in iter_nodes(node.iter))
+    return isinstance(node, cst.Call) and any(dotted_name(a.value) in loaders for a in node.args)
 
 
 def _next_epoch(call) -> bool:
