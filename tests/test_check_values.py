@@ -1050,3 +1050,100 @@ def test_a_sampler_set_before_its_loader_is_handed_on_is_in_time(loader, flagged
     ...)` reads that loader: set in time (DDP113 silent). The training loader's sampler set
     after `train(train_loader, ...)` read it is late."""
     assert _lines(VALIDATE_AFTER_TRAIN.format(loader=loader), "DDP113") == ([9] if flagged else [])
+
+
+DEVICE_SWITCH = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def train(rank, device, net, batches):
+    if device == torch.device("cuda"):
+        dist.init_process_group("nccl", rank=rank, world_size=2)
+        torch.cuda.set_device(rank)
+        model = DDP(net.to(rank), device_ids=[rank])
+    else:
+        model = net
+    for x in batches:
+        model(x).sum().backward()
+    if {test}:
+        model.save("model.pt")
+"""
+
+
+@pytest.mark.parametrize("test, flagged", [('device == torch.device("cpu")', False), ("rank == 0", True)])
+def test_another_value_of_the_device_switch_holds_the_plain_model(test, flagged):
+    """The model is wrapped only under `device == torch.device("cuda")`: under `device ==
+    torch.device("cpu")` it is the plain network, and `model.save` is its own method (DDP124
+    silent); on rank 0 of the cuda run it is the wrapper. A comparison with
+    `torch.device("cuda")` places nothing on a GPU (DDP108 silent)."""
+    source = DEVICE_SWITCH.format(test=test)
+    assert _lines(source, "DDP124") == ([16] if flagged else [])
+    assert _lines(source, "DDP108") == []
+
+
+MODULE_METHOD = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def train(net, batches, path):
+    dist.init_process_group("nccl")
+    model = DDP(net)
+    for x in batches:
+        {line}
+        loss = out.sum()
+        loss.backward()
+"""
+
+
+@pytest.mark.parametrize("line, flagged", [("model.module.load(path); out = model(x)", False), ("out = model.module.encode(x)", True)])
+def test_a_module_method_whose_result_is_dropped_feeds_no_loss(line, flagged):
+    """`model.module.load(path)` before the forward: its result is dropped, so it is no forward
+    that bypasses the wrapper (DDP140 silent); `model.module.encode(x)` feeding the loss is."""
+    assert _lines(MODULE_METHOD.format(line=line), "DDP140") == ([9] if flagged else [])
+
+
+SUBGROUP_BROADCAST = """\
+import torch.distributed as dist
+
+
+def share(obj, tp_rank, dp_group):
+    dist.init_process_group("nccl")
+    if tp_rank == 0:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0{group})
+        return box[0]
+"""
+
+
+@pytest.mark.parametrize("group, flagged", [(", group=dp_group", False), ("", True)])
+def test_a_collective_over_a_subgroup_in_a_rank_branch_is_not_known_to_hang(group, flagged):
+    """A broadcast over `dp_group` in `if tp_rank == 0:`: the group's members may be exactly
+    the ranks that take the branch (DDP116 silent); over the whole world it leaves ranks behind."""
+    assert _lines(SUBGROUP_BROADCAST.format(group=group), "DDP116") == ([8] if flagged else [])
+
+
+NAMED_SAMPLER = """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+
+def loaders(train_data, kind):
+    dist.init_process_group("nccl")
+    if kind == "random":
+        train_sampler = {random}
+    else:
+        train_sampler = train_data.weighted_sampler()
+    train_loader = DataLoader(train_data, batch_size=8, sampler=train_sampler)
+    return train_loader
+"""
+
+
+@pytest.mark.parametrize("random, flagged", [("DistributedSampler(train_data)", False), ("RandomSampler(train_data)", True)])
+def test_a_random_sampler_bound_to_a_name_is_not_split(random, flagged):
+    """`train_sampler = RandomSampler(train_data)` in the branch a config picks, then
+    `DataLoader(..., sampler=train_sampler)`: every rank draws from the whole set (DDP110)."""
+    assert _lines(NAMED_SAMPLER.format(random=random), "DDP110") == ([12] if flagged else [])

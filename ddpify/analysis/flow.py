@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.index import FileIndex, dotted_name, iter_nodes
 from ddpify.analysis.literals import int_value, string_value
-from ddpify.analysis.names import INIT_PROCESS_GROUP, SPAWN
+from ddpify.analysis.names import DDP_CLASSES, INIT_PROCESS_GROUP, SPAWN
 
 FUNCTION, LOOP = "function", "loop"  # how far an ending statement sends control
 _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort", "builtins.exit", "builtins.quit"})
@@ -298,6 +298,8 @@ class Flow:
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
             parts = [p for p in (test.left, test.right) if not _AVAILABLE.search(self.index.code(p))]
             return self._test_side(parts[0]) if len(parts) == 1 else 0  # `dist.is_available() and dist.is_initialized()`
+        if isinstance(test, cst.Comparison):
+            return self._equality_side(test)
         name = dotted_name(test)
         if name in self.flags_off_under_ddp:
             return 1
@@ -305,18 +307,35 @@ class Flow:
             return -1  # (`self.args.multi_gpu` for the launcher's `args.multi_gpu`)
         return self._flag_side(name) if name is not None else 0
 
+    def _equality_side(self, test: cst.Comparison) -> int:
+        """`device == torch.device("cpu")` where the group starts (or the model is wrapped) under
+        `device == torch.device("cuda")`: another value of the switch, true only without the
+        group (+1); the switch's own value, true only with it (-1); `!=` the other way round."""
+        comp = test.comparisons[0] if len(test.comparisons) == 1 else None
+        name = dotted_name(test.left)
+        if comp is None or name is None or not isinstance(comp.operator, (cst.Equal, cst.NotEqual)):
+            return 0
+        values = {s.split(" == ", 1)[1] for s in self.group_switches if s.startswith(name + " == ")}
+        if not values:
+            return 0
+        same = self.index.code(comp.comparator) in values
+        if isinstance(comp.operator, cst.Equal):
+            return -1 if same else 1
+        return 1 if same else 0
+
     @property
     def _switch_fields(self) -> frozenset[str]:
         """The switches' attribute chains without their first name (`args.multi_gpu` -> `multi_gpu`)."""
         found = self.__dict__.get("_fields")
         if found is None:
-            found = self.__dict__["_fields"] = frozenset(s.split(".", 1)[1] for s in self.group_switches if "." in s)
+            found = self.__dict__["_fields"] = frozenset(s.split(".", 1)[1] for s in self.group_switches if "." in s and " == " not in s)
         return found
 
     @property
     def group_switches(self) -> frozenset[str]:
-        """The flags under which the program starts its process group (`if cfg.MODEL.DIST_TRAIN:
-        dist.init_process_group(...)`): here, in the modules this file imports, and in the
+        """The flags under which the program starts its process group or wraps its model (`if
+        cfg.MODEL.DIST_TRAIN: dist.init_process_group(...)`, `if device == torch.device("cuda"):
+        model = DDP(...)`): here, in the modules this file imports, and in the
         programs that import it (`index.importers`)."""
         found = self.__dict__.get("_switches")
         if found is None:
@@ -428,16 +447,17 @@ def _values_bound(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
 
 
 def group_switches(index: FileIndex) -> frozenset[str]:
-    """The flags (a name or attribute chain) whose `if` starts the file's process group or spawns
-    its workers (`if args.multi_gpu: mp.spawn(...)`)."""
+    """The flags (a name or attribute chain, or a name's comparison with one value) whose `if`
+    starts the file's process group, spawns its workers or wraps the model in DDP (`if
+    args.multi_gpu: mp.spawn(...)`, `if device == torch.device("cuda"): model = DDP(model)`)."""
     def switches(i: FileIndex) -> frozenset[str]:
         found = set()
-        for ci in i.calls_to(*INIT_PROCESS_GROUP, *SPAWN):
+        for ci in i.calls_to(*INIT_PROCESS_GROUP, *SPAWN, *DDP_CLASSES):
             child = ci.node
             for p in i.ancestors(ci.node):
                 if isinstance(p, cst.If) and child is p.body:
                     flag, sign = _truth_of(p.test)
-                    name = dotted_name(flag) if sign > 0 else None
+                    name = (dotted_name(flag) or _equality(i, flag)) if sign > 0 else None
                     if name is not None:
                         found.add(name)
                     break
@@ -447,6 +467,16 @@ def group_switches(index: FileIndex) -> frozenset[str]:
         return frozenset(found)
 
     return index.cached("group_switches", switches)
+
+
+def _equality(index: FileIndex, test: cst.BaseExpression) -> Optional[str]:
+    """`device == torch.device("cuda")` as the switch "device == torch.device("cuda")": a name
+    compared with one value (the group starts, or the model is wrapped, only for that value)."""
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.comparisons[0].operator, cst.Equal):
+        name = dotted_name(test.left)
+        if name is not None:
+            return f"{name} == {index.code(test.comparisons[0].comparator)}"
+    return None
 
 
 def _truth_of(test: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:

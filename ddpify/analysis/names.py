@@ -214,6 +214,9 @@ DESTINATION_LISTS = (
     (spelled({"torch.distributed.scatter"}), "scatter_list", 1),
     (spelled({"torch.distributed.scatter_object_list"}), "scatter_object_input_list", 1),
 )
+# gathers of a tensor of one shape from every rank (the tensor is the second argument)
+SHAPED_GATHERS = spelled({"torch.distributed.all_gather", "torch.distributed.all_gather_into_tensor"})
+ZERO_OPTIMIZERS = spelled({"torch.distributed.optim.ZeroRedundancyOptimizer"})
 PLATEAU_SCHEDULERS = spelled({"torch.optim.lr_scheduler.ReduceLROnPlateau"})
 DEFAULT_DEVICE_SETTERS = spelled({"torch.set_default_device", "torch.set_default_tensor_type"})
 ACTIVATION_CHECKPOINTS = spelled({"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"})

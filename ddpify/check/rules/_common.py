@@ -388,3 +388,22 @@ def _decided(ctx, func, used: set[str], seen: set) -> bool:
         if caller is None or not _decided(ctx, caller, passed, seen):
             return False
     return all(rank.rank_analysis(index).under_rank_test(site.node) for index, site in remote)
+
+
+def dataset_classes(ctx, value: cst.BaseExpression, func) -> list[cst.ClassDef]:
+    """The program's classes that make `value` (a call, or a name the function binds to one)."""
+    values = [value]
+    if isinstance(value, cst.Name):
+        values = [b.value for b in ctx.assignments if b.dotted == value.value and b.func is func]
+    return [cls for v in values if isinstance(v, cst.Call) and (cls := class_of_call(ctx, v)) is not None]
+
+
+def is_iterable_dataset(ctx, cls: cst.ClassDef, depth: int = 0) -> bool:
+    """Does the class derive from `IterableDataset` (directly, or through classes of the file)?"""
+    for base in cls.bases:
+        if ctx.qnames(base.value) & N.ITERABLE_DATASET:
+            return True
+        local = [c for c in ctx.index.classes if c.name.value == getattr(base.value, "value", None)]
+        if depth < 4 and any(is_iterable_dataset(ctx, c, depth + 1) for c in local):
+            return True
+    return False

@@ -2,7 +2,7 @@ import libcst as cst
 
 from ddpify.analysis.flow import flow
 from ddpify.analysis.index import iter_nodes
-from ddpify.check.context import COLLECTIVES, is_false, kwarg
+from ddpify.check.context import COLLECTIVES, dotted_name, is_false, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
 
 
@@ -67,7 +67,7 @@ class CollectiveInRankZeroBranch(Rule):
     def check(self, ctx):
         collectives = ctx.calls_to(*COLLECTIVES)
         for ci in collectives:
-            if ci.name in ("destroy_process_group",):
+            if ci.name in ("destroy_process_group",) or _over_subgroup(ci):
                 continue
             if (ctx.in_rank0(ci.node) or _in_rank_split(ctx, ci, collectives)) and not _paired(ctx, ci, collectives):
                 yield Report(ci.node)
@@ -75,6 +75,17 @@ class CollectiveInRankZeroBranch(Rule):
         for ci in ctx.method_calls("compute") if metrics else ():
             if ctx.index.is_bound(ci.receiver, metrics) and ctx.in_rank0(ci.node):
                 yield Report(ci.node, _METRIC_MESSAGE)
+
+
+def _over_subgroup(ci) -> bool:
+    """A collective given a group (`group=pg`, not `None` or `dist.group.WORLD`): its members are
+    the ranks of that group, which the code here does not show, so a branch on the rank may be
+    exactly them (`if tp_rank == 0: broadcast(..., group=dp_group)`)."""
+    group = kwarg(ci.node, "group")
+    if group is None:
+        return False
+    code = dotted_name(group.value) or ""
+    return code != "None" and not code.endswith("WORLD")
 
 
 _METRIC_MESSAGE = (

@@ -1,3 +1,5 @@
+import libcst as cst
+
 from ddpify.analysis import names as N
 from ddpify.check.context import kwarg, positional, string_value
 from ddpify.check.rules._common import every_rank, library_code
@@ -69,6 +71,8 @@ class CudaWithoutSetDevice(Rule):
             if ci.receiver is not None and ci.name == "cuda" and not ci.node.args:
                 yield Report(ci.node)
             elif ci.is_(*N.TORCH_DEVICE) or (ci.receiver is not None and ci.name == "to"):
+                if isinstance(ctx.parent(ci.node), cst.ComparisonTarget) or isinstance(ctx.parent(ci.node), cst.Comparison):
+                    continue  # `device == torch.device("cuda")`: a test of the device, nothing placed
                 pos = positional(ci.node)
                 if pos and string_value(pos[0].value) == "cuda" and not _names_an_index(ci, pos):
                     yield Report(ci.node)

@@ -5,7 +5,9 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import DATALOADER, has_star_kwargs, is_true, iter_nodes, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import assigned_name, class_of_call, iterated_name, name_reads, single_process_branch
+from ddpify.check.rules._common import (
+    assigned_name, class_of_call, dataset_classes, is_iterable_dataset, iterated_name, name_reads, single_process_branch,
+)
 
 _LOCAL_SAMPLERS = N.RANDOM_SAMPLER | N.SEQUENTIAL_SAMPLER
 _TRAINING_NAME = re.compile(r"train|(^|[._])tr_")  # `train_loader`, `tr_loader`, `self.tr_dl`
@@ -64,8 +66,15 @@ class DataLoaderWithoutDistributedSampler(Rule):
                 "loader = DataLoader(ds, sampler=RandomSampler(ds))\n"),
     ]
 
-    def _local_sampler(self, ctx, expr) -> str | None:
-        """"RandomSampler" or "SequentialSampler" (also inside a BatchSampler), else None."""
+    def _local_sampler(self, ctx, expr, func=None) -> str | None:
+        """"RandomSampler" or "SequentialSampler" (also inside a BatchSampler, or bound to a name
+        the function gives no distributed sampler: `train_sampler = RandomSampler(data)` in the
+        branch a config picks), else None."""
+        if isinstance(expr, cst.Name):
+            values = [b.value for b in ctx.assignments if b.dotted == expr.value and b.func is func]
+            if any(ctx.is_distributed_sampler(v) for v in values):
+                return None
+            return next((found for v in values if (found := self._local_sampler(ctx, v))), None)
         if isinstance(expr, cst.Call):
             q = ctx.info(expr).qnames
             if q & _LOCAL_SAMPLERS:
@@ -86,7 +95,7 @@ class DataLoaderWithoutDistributedSampler(Rule):
             name = assigned_name(ctx, call) or ""
             trains = bool(_TRAINING_NAME.search(name.lower())) or (name and name in step_iterated)
             if sampler is not None:
-                local = self._local_sampler(ctx, sampler.value)
+                local = self._local_sampler(ctx, sampler.value, ctx.enclosing_func(call))
                 if local == "RandomSampler" or (local and trains):  # in-order evaluation is fine
                     yield Report(sampler)
                 continue
@@ -96,7 +105,23 @@ class DataLoaderWithoutDistributedSampler(Rule):
             if not (name in step_iterated) and _only_looked_at(ctx, call, name):
                 continue  # read only by loops that never train (a one-batch sanity check, a plot)
             if trains or (shuffle is not None and is_true(shuffle.value) and not _evaluates(ctx, call, name)):
-                yield Report(call, None if name and name in step_iterated else self.MESSAGE + _assumed(name))
+                message = _ITERABLE_MESSAGE if _over_iterable(ctx, call) else self.MESSAGE
+                if not (name and name in step_iterated):
+                    message += _assumed(name)
+                yield Report(call, None if message == self.MESSAGE else message)
+
+
+_ITERABLE_MESSAGE = (
+    "training DataLoader over an IterableDataset that does not split its items: every rank trains on all data; "
+    "keep this rank's items in its `__iter__` (a DataLoader over an iterable dataset takes no sampler)"
+)
+
+
+def _over_iterable(ctx, call: cst.Call) -> bool:
+    data = kwarg(call, "dataset") or next((a for a in call.args if a.keyword is None), None)
+    return data is not None and any(
+        is_iterable_dataset(ctx, cls) for cls in dataset_classes(ctx, data.value, ctx.enclosing_func(call))
+    )
 
 
 def _only_looked_at(ctx, call, name: str) -> bool:

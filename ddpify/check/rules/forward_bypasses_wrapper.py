@@ -106,6 +106,8 @@ class ForwardBypassesWrapper(Rule):
                 continue  # (in a branch that runs without a group nothing is wrapped)
             if not any(_feeds(ctx, ci.node, b.node) for b in backwards if b.func is ci.func):
                 continue
+            if isinstance(ctx.parent(ci.node), cst.Expr):
+                continue  # its result is dropped: it feeds no loss (`simulator.module.load(path)`)
             done.add(ci.node)
             yield Report(ci.node, f"`{ctx.code(ci.node.func)}(...)` {why}: DDP's all-reduce is armed in the "
                          "wrapper's forward, so this backward averages nothing and the ranks drift apart; call the "
