@@ -196,3 +196,43 @@ def test_a_wrapped_model_handed_to_an_imported_engine_is_ddp_there(tmp_path: Pat
     assert _codes(tmp_path / "engine.py") == ["7 DDP204"]
     _write(tmp_path, {"main.py": MAIN.format(model="net.cuda()")})
     assert _codes(tmp_path / "engine.py") == []
+
+
+TRAIN_LOOP = """\
+import torch
+
+
+def train(model, loader, optimizer, path):
+    for x in loader:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    torch.save({"state_dict": model.state_dict()}, path)
+"""
+
+LAUNCH = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from train import train
+
+
+def main(net, loader, optimizer, path, resume):
+    dist.init_process_group("nccl")
+    model = DDP(net)
+    {resume}
+    train(model, loader, optimizer, path)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_wrapper_state_saved_in_one_file_and_loaded_into_the_wrapper_by_its_importer(tmp_path: Path) -> None:
+    """train.py saves the wrapper's `state_dict()` (`module.` keys); main.py, which hands it the
+    wrapper, resumes by loading into the wrapper: the round trip is consistent (DDP120 silent).
+    Loaded into nothing, the saved keys carry a `module.` prefix no plain model reads."""
+    _write(tmp_path, {"pyproject.toml": "", "train.py": TRAIN_LOOP,
+                      "main.py": LAUNCH.format(resume="model.load_state_dict(torch.load(resume)['state_dict'])")})
+    assert [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP120")] == []
+    _write(tmp_path, {"main.py": LAUNCH.format(resume="pass")})
+    assert [c for c in _codes(tmp_path / "train.py") if c.endswith("DDP120")] == ["9 DDP120"]

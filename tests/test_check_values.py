@@ -1147,3 +1147,154 @@ def test_a_random_sampler_bound_to_a_name_is_not_split(random, flagged):
     """`train_sampler = RandomSampler(train_data)` in the branch a config picks, then
     `DataLoader(..., sampler=train_sampler)`: every rank draws from the whole set (DDP110)."""
     assert _lines(NAMED_SAMPLER.format(random=random), "DDP110") == ([12] if flagged else [])
+
+
+WRITES = """\
+import json
+import os
+
+import torch.distributed as dist
+
+
+def main(args):
+    dist.init_process_group("nccl")
+    {line}
+
+
+if __name__ == "__main__":
+    main(None)
+"""
+
+
+@pytest.mark.parametrize(
+    "line, flagged",
+    [
+        ('with open(os.path.join(args.out, "args.txt"), "w") as f:\n        f.write(str(args))', True),
+        ('with open(os.path.join(args.out, "args.txt")) as f:\n        print(f.read())', False),
+        ('with open(f"preds_{dist.get_rank()}.txt", "w") as f:\n        f.write("y")', False),
+        ("os.makedirs(args.out)", True),
+        ("os.makedirs(args.out, exist_ok=True)", False),
+        ("if not os.path.exists(args.out):\n        os.makedirs(args.out)", False),
+    ],
+)
+def test_a_file_opened_to_write_or_a_folder_made_on_every_rank(line, flagged):
+    """`open(path, "w")` of one path on every rank writes N copies (DDP308); reading it, or a
+    path that names the rank, does not. `os.makedirs(path)` on every rank raises
+    FileExistsError on all but the first; `exist_ok=True` does not, and a test that the
+    folder is absent is a race, not a certain failure (silent)."""
+    assert _lines(WRITES.format(line=line), "DDP308") == ([9] if flagged else [])
+
+
+FROZEN = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def wrap(model):
+    {check}return DDP(model.cuda())
+
+
+def main(teacher, student):
+    dist.init_process_group("nccl")
+    teacher.requires_grad_(False)
+    teacher = wrap(teacher)
+    student = wrap(student)
+"""
+
+
+@pytest.mark.parametrize(
+    "check, flagged",
+    [("", True), ("if not any(p.requires_grad for p in model.parameters()):\n        return model\n    ", False)],
+)
+def test_a_frozen_model_handed_to_a_wrapping_helper(check, flagged):
+    """The teacher, frozen, goes through `wrap(...)`, whose DDP raises on a model with no
+    parameter that requires a gradient (DDP167 at the call); a helper that returns a frozen
+    model unwrapped is right."""
+    source = FROZEN.format(check=check)
+    assert _lines(source, "DDP167") == ([12] if flagged else [])
+
+
+OWN_SAMPLER = """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Sampler
+
+
+class ShardSampler(Sampler):
+    def __init__(self, n, rank, world):
+        self.n, self.rank, self.world, self.epoch = n, rank, world, 0
+
+    def __iter__(self):
+        g = torch.Generator()
+        g.manual_seed(self.epoch)
+        return iter(torch.randperm(self.n, generator=g)[self.rank :: self.world].tolist())
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+def main(data, model, epochs):
+    dist.init_process_group("nccl")
+    sampler = ShardSampler(len(data), dist.get_rank(), dist.get_world_size())
+    loader = DataLoader(data, sampler=sampler)
+    for epoch in range(epochs):
+        {call}
+        for x in loader:
+            model(x).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("call, flagged", [("sampler.set_epoch(epoch)", False), ("pass", True)])
+def test_a_sampler_class_of_the_program_that_shuffles_by_epoch_needs_set_epoch(call, flagged):
+    """A copy of DistributedSampler in the program (it defines `set_epoch` and `__iter__`) never
+    told the epoch shuffles the same way every epoch (DDP112, MagFace's ParallelDistributedSampler)."""
+    assert _lines(OWN_SAMPLER.format(call=call), "DDP112") == ([21] if flagged else [])
+
+
+SAVE_MODEL = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def save_model(model, scaler, path):
+    if scaler is not None:
+        torch.save(model.module.state_dict(), path)
+    else:
+        model.{method}(save_dir=path)
+
+
+def main(net, scaler, path):
+    dist.init_process_group("nccl")
+    model = DDP(net)
+    save_model(model, scaler, path)
+"""
+
+
+@pytest.mark.parametrize("method, flagged", [("save_checkpoint", False), ("save_weights", True)])
+def test_another_engines_checkpoint_method_is_not_read_on_the_wrapper(method, flagged):
+    """`model.save_checkpoint(...)` in the branch a DeepSpeed engine takes (MAE-style
+    `save_model`): the code expects that engine there, not DDP (DDP124 silent); another
+    method read on the wrapper raises."""
+    assert _lines(SAVE_MODEL.format(method=method), "DDP124") == ([10] if flagged else [])
+
+
+def test_a_flag_passed_down_a_chain_of_helpers_is_resolved_once_per_name(monkeypatch):
+    """`if verbose:` in the last of 20 helpers, each calling the next twice with its own
+    `verbose`: the rank test of each parameter is worked out once, not once per call path
+    (2**20; map-anything's check ran for over 80 minutes before)."""
+    from ddpify.analysis import rank
+
+    asked = []
+    original = rank.RankAnalysis._name_test
+    monkeypatch.setattr(rank.RankAnalysis, "_name_test", lambda self, e, name: asked.append(name) or original(self, e, name))
+    chain = "".join(
+        f"def step{i}(x, verbose):\n    step{i + 1}(x, verbose)\n    step{i + 1}(x + 1, verbose)\n\n\n" for i in range(20)
+    )
+    source = (
+        "import torch.distributed as dist\n\n\n" + chain
+        + "def step20(x, verbose):\n    if verbose:\n        print(x)\n\n\n"
+        "def main():\n    dist.init_process_group('nccl')\n    step0(1, dist.get_rank() == 0)\n"
+    )
+    assert _lines(source, "DDP302") == []
+    assert asked and len(asked) < 20 * 20

@@ -264,6 +264,8 @@ FUNCTIONAL_CALL = frozenset(
 DEEPCOPY = frozenset({"copy.deepcopy"})
 SET_DEVICE_CALLS = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.cuda.device"})
 # Libraries that run the distributed machinery themselves: their scripts are not ours to judge.
+# methods only another framework's engine (DeepSpeed's) has: code that calls one on the model expects that engine there
+ENGINE_METHODS = frozenset({"save_checkpoint", "load_checkpoint", "save_16bit_model", "save_fp16_model", "backward", "step", "optimizer"})
 FRAMEWORKS = ("lightning", "pytorch_lightning", "accelerate", "deepspeed", "horovod", "colossalai")
 
 # torch.distributed.checkpoint.state_dict: the getters gather a full state dict (an all-gather on

@@ -223,17 +223,25 @@ class RankAnalysis:
                 return 1
             name = dotted_name(e)
             key = (self.index.enclosing_func(e), name)  # (a parameter passed on under its own name is another)
+            known = self.__dict__.setdefault("_name_tests", {})
+            if key in known:  # (once per name and function: callers of callers are asked again and again)
+                return known[key]
             if key in self._resolving:  # `flag = flag and x`: a flag bound from itself
                 return 0
             self._resolving.add(key)
             try:
-                for b in self.rank_flags:
-                    if b.dotted == name:
-                        return self.rank_test(b.value)
-                if isinstance(e, cst.Name):
-                    return self._passed_test(e) or self._returned_test(e) or self._set_true_on_rank0(e)
+                known[key] = self._name_test(e, name)
             finally:
                 self._resolving.discard(key)
+            return known[key]
+        return 0
+
+    def _name_test(self, e: cst.BaseExpression, name: Optional[str]) -> int:
+        for b in self.rank_flags:
+            if b.dotted == name:
+                return self.rank_test(b.value)
+        if isinstance(e, cst.Name):
+            return self._passed_test(e) or self._returned_test(e) or self._set_true_on_rank0(e)
         return 0
 
     def _false_off_rank0(self, call: cst.Call) -> bool:

@@ -173,14 +173,24 @@ class FileContext:
         helper replaces `print` for `engine.py` too)?"""
         if self.call_sites(func) or func.name.value in self._passed_functions:
             return True  # called, or handed to a caller (`mp.spawn(main_worker, ...)`, `Process(target=run)`)
-        names = self.index.qnames(func.name)
-        return any(
-            q in names or any(q.endswith("." + n) for n in names)
-            for index in self._importers for ci in index.calls for q in ci.qnames
-        ) or any(  # `tools.setup_logger(...)`: a package of the project that re-exports it
-            ci.name == func.name.value and any(q.rpartition(".")[0] in self._project_packages for q in ci.qnames)
-            for index in self._importers for ci in index.calls
-        )  # fmt: skip
+        suffixes, through_packages = self._importer_calls
+        return any(n in suffixes for n in self.index.qnames(func.name)) or func.name.value in through_packages
+
+    @cached_property
+    def _importer_calls(self) -> tuple[set[str], set[str]]:
+        """What the importers call: every dotted tail of their calls' qualified names (`a.b.f`
+        gives `a.b.f`, `b.f`, `f`), and the names they call through a package of the project
+        that re-exports them (`tools.setup_logger(...)`)."""
+        suffixes: set[str] = set()
+        through_packages: set[str] = set()
+        for index in self._importers:
+            for ci in index.calls:
+                for q in ci.qnames:
+                    parts = q.split(".")
+                    suffixes.update(".".join(parts[i:]) for i in range(len(parts)))
+                    if q.rpartition(".")[0] in self._project_packages:
+                        through_packages.add(ci.name)
+        return suffixes, through_packages
 
     @cached_property
     def _passed_functions(self) -> set[str]:
@@ -543,10 +553,22 @@ class FileContext:
     @cached_property
     def ddp_state_round_trip(self) -> bool:
         """The program saves the DDP wrapper's state_dict and loads state into the wrapper too
-        (`module.` keys on both sides: a resume of its own checkpoints, a best-model copy): the
-        round trip is consistent, so neither side is a bug."""
-        saved = any(self.is_ddp(ci.receiver) for ci in self.method_calls("state_dict"))
-        return saved and any(self.is_ddp(ci.receiver) for ci in self.method_calls("load_state_dict"))
+        (`module.` keys on both sides: a resume of its own checkpoints, a best-model copy), here
+        or in a program that imports this file: the round trip is consistent, so neither side is
+        a bug."""
+        saved = any(self.is_ddp(ci.receiver) for ci in self.method_calls("state_dict")) or self._importers_wrapper_calls("state_dict")
+        return saved and (
+            any(self.is_ddp(ci.receiver) for ci in self.method_calls("load_state_dict"))
+            or self._importers_wrapper_calls("load_state_dict")
+        )
+
+    def _importers_wrapper_calls(self, method: str) -> bool:
+        """Does a program importing this file call `method` on its own DDP wrapper (main.py
+        loads the checkpoint that train.py saved, both with `module.` keys)?"""
+        return any(
+            ci.receiver is not None and ci.name == method and index.is_bound(ci.receiver, index.cached("ddp_bindings", _wrapped_models))
+            for index in self._importers for ci in index.calls
+        )
 
     # bindings ----------------------------------------------------------------------
     @cached_property

@@ -1,5 +1,7 @@
 import libcst as cst
 
+from ddpify.analysis import names as N
+
 from ddpify.analysis.index import iter_nodes
 from ddpify.analysis.names import DDP_OWN_API, NN_MODULE_API
 from ddpify.check.fix import insert_module_attr
@@ -20,7 +22,10 @@ class AttributeOfDDPWrapper(Rule):
     `model.generate(...)`, `model.backbone`): the wrapper does not forward attribute reads to the
     network it holds. Private names (`_x`), attributes the script sets on the wrapper itself, and
     reads under a test of what the name holds (`isinstance(model, DDP)`, `hasattr(model,
-    "module")`) or in the `except` of a `try` that read `model.module` first are left alone.
+    "module")`) or in the `except` of a `try` that read `model.module` first are left alone, as
+    is a method only another framework's engine has (`model.save_checkpoint(...)`,
+    `model.backward(loss)`, `model.step()`: DeepSpeed's; the code expects that engine there, as
+    MAE-style engines and `save_model` helpers do in their DeepSpeed branch).
 
     ## Why is this bad?
     It raises `AttributeError: 'DistributedDataParallel' object has no attribute ...` at run
@@ -68,7 +73,7 @@ class AttributeOfDDPWrapper(Rule):
         reads = [
             node for node in ctx.index.parents
             if isinstance(node, cst.Attribute) and isinstance(node.value, (cst.Name, cst.Attribute))
-            and node.attr.value not in WRAPPER_ATTRIBUTES and not node.attr.value.startswith("_")
+            and node.attr.value not in WRAPPER_ATTRIBUTES | N.ENGINE_METHODS and not node.attr.value.startswith("_")
             and ctx.is_ddp(node.value)
         ]  # fmt: skip
         own = {node.attr.value for node in reads if _assigned(ctx, node)}  # `model.tag = ...`: the wrapper's own

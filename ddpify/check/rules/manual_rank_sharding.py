@@ -94,7 +94,7 @@ class ManualRankSharding(Rule):
             s = node.slice[0].slice
             if isinstance(s, cst.Slice) and s.lower is not None and s.step is not None:
                 if _RANK.search(ctx.code(s.lower)) and "world" in ctx.code(s.step).lower() + "size":
-                    if not _parts_per_rank_equal(ctx, node.value) and _feeds_training(ctx, node):
+                    if not _parts_per_rank_equal(ctx, node.value) and not _cut_to_multiple(ctx, node) and _feeds_training(ctx, node):
                         yield Report(node)
             elif isinstance(s, cst.Index) and _RANK.search(ctx.code(s.value)):
                 v = node.value
@@ -187,6 +187,22 @@ def _even(ctx, low: cst.BaseExpression) -> bool:
     number of samples, the remainder dropped?"""
     sizes = {n.value for n in _names(low)}
     return any(b.dotted in sizes and "//" in ctx.code(b.value) for b in ctx.assignments) or "//" in ctx.code(low)
+
+
+def _cut_to_multiple(ctx, shard: cst.Subscript) -> bool:
+    """`batches = batches[: len(batches) - len(batches) % world]` before `batches[rank::world]`:
+    the list was cut to a multiple of the world size, so every rank takes as many items."""
+    value, line = shard.value, ctx.line(shard)
+    if not isinstance(value, cst.Name):
+        return False
+    func = ctx.enclosing_func(shard)
+    bound = [b for b in ctx.assignments if b.dotted == value.value and b.func is func and b._node is not None and b.line < line]
+    last = max(bound, key=lambda b: b.line, default=None)
+    cut = last.value if last is not None else None
+    return (
+        isinstance(cut, cst.Subscript) and len(cut.slice) == 1 and isinstance(cut.slice[0].slice, cst.Slice)
+        and cut.slice[0].slice.upper is not None and bool(_DIVIDES.search(ctx.code(cut.slice[0].slice.upper)))
+    )  # fmt: skip
 
 
 def _parts_per_rank_equal(ctx, value: cst.BaseExpression) -> bool:

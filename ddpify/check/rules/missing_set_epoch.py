@@ -3,6 +3,7 @@ import libcst as cst
 from ddpify.analysis.index import iter_nodes
 from ddpify.check.context import DISTRIBUTED_SAMPLER, is_false, kwarg
 from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import class_of_call
 
 
 class MissingSetEpoch(Rule):
@@ -57,7 +58,7 @@ class MissingSetEpoch(Rule):
     def check(self, ctx):
         if ctx.program_method_calls("set_epoch") or (ctx.project is not None and ctx.project.truncated):
             return  # (a program too large to read whole may call it where the check does not look)
-        for ci in ctx.calls_to(*DISTRIBUTED_SAMPLER):
+        for ci in [*ctx.calls_to(*DISTRIBUTED_SAMPLER), *_own_epoch_samplers(ctx)]:
             shuffle = kwarg(ci.node, "shuffle")
             if shuffle is not None and is_false(shuffle.value):
                 continue
@@ -67,6 +68,19 @@ class MissingSetEpoch(Rule):
             if func is not None and not ctx.has_importers and not ctx.call_sites(func) and _returns_value(func):
                 continue  # a builder for other modules: the caller sets the epoch
             yield Report(ci.node)
+
+
+def _own_epoch_samplers(ctx) -> list:
+    """Calls that make a sampler class of the program which shuffles by an epoch it is told
+    (it defines `set_epoch` and `__iter__`: a copy of DistributedSampler, MagFace's
+    `ParallelDistributedSampler`)."""
+    found = []
+    for ci in ctx.calls:
+        cls = class_of_call(ctx, ci.node) if not ci.qnames & DISTRIBUTED_SAMPLER else None
+        methods = {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)} if cls is not None else set()
+        if {"set_epoch", "__iter__"} <= methods:
+            found.append(ci)
+    return found
 
 
 def _seeded_by_loop(ctx, ci) -> bool:
