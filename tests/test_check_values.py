@@ -1298,3 +1298,26 @@ def test_a_flag_passed_down_a_chain_of_helpers_is_resolved_once_per_name(monkeyp
     )
     assert _lines(source, "DDP302") == []
     assert asked and len(asked) < 20 * 20
+
+
+LAUNCHED = """\
+import torch.multiprocessing as mp
+from detectron2.engine import launch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(net):
+    model = DDP(net)
+    return model
+
+
+if __name__ == "__main__":
+    {start}
+"""
+
+
+@pytest.mark.parametrize("start, flagged", [("launch(main, 2, args=(None,))", False), ("mp.spawn(main, nprocs=2)", True)])
+def test_a_function_an_imported_launcher_runs_may_have_its_group(start, flagged):
+    """`launch(main, num_gpus)` (detectron2) starts the group in each worker before `main` wraps
+    the model (DDP101 silent); `mp.spawn` starts none, so `main` must."""
+    assert _lines(LAUNCHED.format(start=start), "DDP101") == ([7] if flagged else [])

@@ -19,7 +19,9 @@ class DDPBeforeInitProcessGroup(Rule):
     test that the group is up (`if dist.is_initialized():`, a project's `is_enabled()` helper)
     in a file that never starts it. A call of a helper the analysis cannot see into whose name
     says it starts the group (`setup_dist(rank, world_size)` from another package,
-    `init_distributed_mode(args)`, `ddp_setup()`) counts as the start.
+    `init_distributed_mode(args)`, `ddp_setup()`) counts as the start, and so does handing the
+    function that wraps to an imported launcher other than `mp.spawn` (detectron2's
+    `launch(main, num_gpus)` starts the group before it calls `main`).
 
     ## Why is this bad?
     DDP broadcasts the parameters of rank 0 when it is constructed; without a default
@@ -82,7 +84,8 @@ class DDPBeforeInitProcessGroup(Rule):
         library = main_guard(ctx.module) is None  # a module of functions other programs call
         for ci in ctx.calls_to(*DDP_CLASSES):
             if not inits:
-                if not helper and (ci.func is None or not library) and not _under_group_test(ctx, ci.node):
+                if not helper and (ci.func is None or not library) and not _under_group_test(ctx, ci.node) \
+                        and not _run_by_a_library_launcher(ctx, ci.func):  # fmt: skip
                     yield Report(ci.node)
                 continue
             same = [i for i in inits if i.func is ci.func and ci.func is not None]
@@ -96,6 +99,21 @@ _STARTS_GROUP = re.compile(
     r"|(dist|ddp|distributed)_?(setup|init|initialize))$"
 )
 GROUP_IS_UP = ("is_initialized", "is_enabled", "is_dist_avail_and_initialized")
+
+
+def _run_by_a_library_launcher(ctx, func, depth: int = 0) -> bool:
+    """Is the function (or one that calls it) handed to an imported launcher, not `mp.spawn`
+    (detectron2's `launch(main, num_gpus, ...)`): the launcher may start the group before it
+    calls it, and what it does is not in sight."""
+    if func is None or depth > 3:
+        return False
+    name = func.name.value
+    for c in ctx.calls:
+        if ctx.local_callees(c) or c.qnames & N.SPAWN:
+            continue
+        if any(isinstance(a.value, cst.Name) and a.value.value == name for a in c.node.args):
+            return True
+    return any(_run_by_a_library_launcher(ctx, s.func, depth + 1) for s in ctx.call_sites(func) if s.func is not func)
 
 
 def _under_group_test(ctx, node) -> bool:
