@@ -1321,3 +1321,15 @@ def test_a_function_an_imported_launcher_runs_may_have_its_group(start, flagged)
     """`launch(main, num_gpus)` (detectron2) starts the group in each worker before `main` wraps
     the model (DDP101 silent); `mp.spawn` starts none, so `main` must."""
     assert _lines(LAUNCHED.format(start=start), "DDP101") == ([7] if flagged else [])
+
+
+def test_a_freeze_loop_with_a_test_in_its_body_is_read_without_error():
+    """`for name, p in model.named_parameters(): if name not in keep: p.requires_grad = False`:
+    a compound statement in the loop's body (SLIP's linear probe) is read, not iterated (an
+    internal error before), and freezes only some parameters (DDP167 silent)."""
+    source = (
+        "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        "dist.init_process_group('nccl')\nfor name, p in model.named_parameters():\n"
+        "    if name not in ('fc.weight', 'fc.bias'):\n        p.requires_grad = False\nmodel = DDP(model)\n"
+    )
+    assert _lines(source, "DDP167") == []

@@ -130,7 +130,7 @@ def _loops_over_parameters_of(loop: cst.For, name: str) -> bool:
 def _sets_requires_grad_off(loop: cst.For) -> bool:
     """The loop's body sets `.requires_grad = False` (or calls `.requires_grad_(False)`), with no test."""
     for stmt in loop.body.body:
-        for small in getattr(stmt, "body", ()):
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
             if isinstance(small, cst.Assign) and is_false(small.value) and any(
                 isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad" for t in small.targets
             ):
