@@ -407,3 +407,13 @@ def is_iterable_dataset(ctx, cls: cst.ClassDef, depth: int = 0) -> bool:
         if depth < 4 and any(is_iterable_dataset(ctx, c, depth + 1) for c in local):
             return True
     return False
+
+
+MOVES = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16"})
+
+
+def strip_moves(expr: cst.BaseExpression, also: frozenset[str] = frozenset()) -> cst.BaseExpression:
+    """The module under `.to(device).cuda()` (and the methods in `also`): `net` of `net.to(device)`."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in MOVES | also:
+        expr = expr.func.value
+    return expr

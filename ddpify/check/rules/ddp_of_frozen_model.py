@@ -2,6 +2,7 @@ import libcst as cst
 
 from ddpify.check.context import DDP_CLASSES, dotted_name, is_false, iter_nodes, positional
 from ddpify.check.rule import Invalid, Report, Rule
+from ddpify.check.rules._common import strip_moves
 
 
 class DdpOfFrozenModel(Rule):
@@ -53,7 +54,7 @@ class DdpOfFrozenModel(Rule):
     def check(self, ctx):
         for ci in ctx.calls_to(*DDP_CLASSES):
             args = positional(ci.node)
-            name = dotted_name(_unmoved(args[0].value)) if args else None
+            name = dotted_name(strip_moves(args[0].value, frozenset({"eval", "train"}))) if args else None
             if name is None or _tests_requires_grad(ctx, ci):
                 continue  # (`if not any(p.requires_grad for p in m.parameters()): return m` first)
             if _frozen_before(ctx, name, ci.func, ctx.line(ci.node)):
@@ -78,15 +79,6 @@ def _tests_requires_grad(ctx, ci) -> bool:
 
 
 _ADDS = {"add_module", "register_module", "append", "extend", "insert"}
-_MOVES = {"to", "cuda", "cpu", "float", "half", "bfloat16", "eval", "train"}
-
-
-def _unmoved(expr: cst.BaseExpression) -> cst.BaseExpression:
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _MOVES:
-        expr = expr.func.value
-    return expr
-
-
 def _frozen_before(ctx, name: str, func, line: int) -> bool:
     """Did the function (module level for None) freeze every parameter of `name` before `line`,
     and turn none back on?"""

@@ -7,7 +7,7 @@ import libcst as cst
 from ddpify.analysis import names as N
 from ddpify.check.context import dotted_name, positional
 from ddpify.check.rule import Invalid, Report, Rule
-from ddpify.check.rules._common import assigned_name, exclusive, may_precede, single_process_branch
+from ddpify.check.rules._common import assigned_name, exclusive, may_precede, single_process_branch, strip_moves
 
 # nn.Module methods that do not run the network (reading, moving, switching modes)
 MODULE_API = frozenset({
@@ -17,13 +17,6 @@ MODULE_API = frozenset({
     "register_buffer", "register_parameter", "register_forward_hook", "register_forward_pre_hook",
     "register_full_backward_hook", "add_module", "extra_repr", "type",
 })  # fmt: skip
-MOVES = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16"})
-
-
-def _strip_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in MOVES:
-        expr = expr.func.value
-    return expr
 
 
 def _module_of_wrapper(ctx, expr: cst.BaseExpression) -> bool:
@@ -127,7 +120,7 @@ class ForwardBypassesWrapper(Rule):
             args = positional(wrap.node)
             if not args or assigned_name(ctx, wrap.node) is None:
                 continue
-            inner = _strip_moves(args[0].value)
+            inner = strip_moves(args[0].value)
             names = {dotted_name(inner)} if dotted_name(inner) else set()
             if isinstance(inner, cst.Call):  # DDP(Combined(a, b)): its parts
                 names = {dotted_name(a.value) for a in inner.args if dotted_name(a.value)}
